@@ -1,0 +1,93 @@
+"""What a task family (an env) provides, and the handle its hooks use to touch a slot.
+
+Env code runs only inside activities: the workflow sees items as plain data and
+never imports an env.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollouts.messages import Message, ToolSpec
+from sandboxes.schema import ToolOutput
+
+
+class Item(BaseModel):
+    """One task, as the workflow carries it: an id plus small JSON data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Verdict(BaseModel):
+    score: float
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptedCall(BaseModel):
+    """A tool call in a reference solution, played by the demo policy."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+class SlotHandle(Protocol):
+    """The slot an env hook may use. Each call needs a `key` unique within the hook, so a
+    retried hook is answered from the sandbox's stored results instead of running twice."""
+
+    async def exec(self, key: str, command: str, timeout_s: float = 60.0) -> ToolOutput: ...
+
+    async def write_file(self, key: str, path: str, content: str) -> ToolOutput: ...
+
+    async def read_file(self, key: str, path: str) -> ToolOutput: ...
+
+
+class Env(ABC):
+    """A task family. Subclasses set `name` and are registered in `envs.registry`."""
+
+    name: ClassVar[str]
+    allow_network: ClassVar[bool] = False
+    tool_names: ClassVar[tuple[str, ...]] = ("terminal", "read_file", "write_file", "search")
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+
+    @abstractmethod
+    def load_items(self, count: int, offset: int = 0) -> list[Item]:
+        """Items `offset .. offset+count`, cycling through the task set when it is shorter."""
+
+    def system_prompt(self) -> str | None:
+        return None
+
+    @abstractmethod
+    def format_prompt(self, item: Item) -> str:
+        """The user message that states the task."""
+
+    def prompt_messages(self, item: Item) -> list[Message]:
+        messages = []
+        if system := self.system_prompt():
+            messages.append(Message(role="system", content=system))
+        messages.append(Message(role="user", content=self.format_prompt(item)))
+        return messages
+
+    async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
+        """Prepare the slot's workspace for the item; returns small metadata for verify."""
+        return {}
+
+    @abstractmethod
+    async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
+        """Score the rollout by checking the slot (run graders in the sandbox, not the worker)."""
+
+    def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
+        """Turns of tool calls that solve the item, for the demo policy; None if unknown."""
+        return None
+
+    def tool_specs(self) -> list[ToolSpec]:
+        from sandboxes.tools import tool_specs
+
+        return tool_specs(self.tool_names)

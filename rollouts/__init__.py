@@ -1,0 +1,1 @@
+"""temporal-rollouts: durable, sandboxed agent rollouts for RL on Temporal."""

@@ -1,0 +1,159 @@
+"""One settings object for the worker, the CLI and the tests.
+
+Values come from, highest first: keyword arguments, environment variables
+(`ROLLOUTS_` prefix, `__` between nested names, e.g. `ROLLOUTS_TEMPORAL__ADDRESS`),
+then a TOML file (`rollouts.toml` in the working directory, or the path in
+`ROLLOUTS_CONFIG`), then the defaults below. Environment variables are read
+once, when `Settings()` is built, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+DEMO_POLICY = "demo"
+
+
+class TemporalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = None
+    """host:port of a Temporal frontend; unset means the embedded dev server."""
+    namespace: str = "default"
+    """Temporal namespace for every workflow."""
+    task_queue: str = "rollouts"
+    """Task queue the worker polls and batches are started on."""
+    embedded_port: int = 7233
+    """gRPC port of the embedded dev server."""
+    embedded_ui_port: int = 8233
+    """Web UI port of the embedded dev server."""
+    ui_url: str | None = None
+    """Web UI address to print when connecting to a non-embedded server."""
+
+
+class PolicyEndpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    """OpenAI-compatible base URL, e.g. http://localhost:8000/v1."""
+    model: str = "default"
+    """Model name sent in each request."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key; the key never enters a workflow."""
+    timeout_s: float = 300.0
+    """Timeout of one model request."""
+
+
+class SandboxSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local"] = "local"
+    """Where sandbox containers run."""
+    start_local: bool = True
+    """Whether `python worker.py` starts the local sandbox container when none is running."""
+    slots_per_container: int = 8
+    """Isolated workspaces served by one sandbox server."""
+    host: str = "127.0.0.1"
+    """Address the local sandbox server binds."""
+    require_isolation: bool = False
+    """Refuse to run commands when bubblewrap is missing, instead of warning and running unisolated."""
+    lease_ttl_s: float = 1800.0
+    """A slot lease not renewed for this long expires; longer than the longest step."""
+    acquire_timeout_s: float = 600.0
+    """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
+    command_timeout_s: float = 60.0
+    """Default timeout of one terminal command; its whole process tree is killed after it."""
+    max_output_chars: int = 50_000
+    """Tool output longer than this is cut, keeping head and tail."""
+
+
+class DemoPolicySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    start_local: bool = True
+    """Whether `python worker.py` starts the demo policy server when the default policy is `demo`."""
+    host: str = "127.0.0.1"
+    """Address the demo policy server binds."""
+    port: int = 8765
+    """Port of the demo policy server."""
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrent_activities: int = 500
+    """Activities one worker runs at once (they are I/O bound)."""
+    max_concurrent_workflow_tasks: int = 200
+    """Workflow tasks one worker runs at once."""
+    graceful_shutdown_s: float = 30.0
+    """On SIGTERM, how long running activities get to finish before they are handed back."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="rollouts.toml"
+    )
+
+    data_dir: Path = Path(".rollouts")
+    """Where the embedded server's database, sandbox workspaces, results and logs live."""
+    default_policy: str = DEMO_POLICY
+    """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
+    policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
+    """Named model endpoints a batch may pick with `policy`."""
+    temporal: TemporalSettings = Field(default_factory=TemporalSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    demo_policy: DemoPolicySettings = Field(default_factory=DemoPolicySettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = os.environ.get("ROLLOUTS_CONFIG", "rollouts.toml")
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+
+    @property
+    def embedded(self) -> bool:
+        return self.temporal.address is None
+
+    @property
+    def temporal_address(self) -> str:
+        return self.temporal.address or f"127.0.0.1:{self.temporal.embedded_port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        if self.embedded:
+            return f"http://127.0.0.1:{self.temporal.embedded_ui_port}"
+        return self.temporal.ui_url
+
+    @property
+    def results_dir(self) -> Path:
+        return self.data_dir / "results"
+
+    @property
+    def demo_policy_url(self) -> str:
+        return f"http://{self.demo_policy.host}:{self.demo_policy.port}/v1"
+
+    def policy_endpoint(self, policy: str | None) -> PolicyEndpoint:
+        """Resolve a policy name or URL to an endpoint, in the worker (never in a workflow)."""
+        from rollouts.errors import ConfigError
+
+        name = policy or self.default_policy
+        if name in self.policies:
+            return self.policies[name]
+        if name == DEMO_POLICY:
+            return PolicyEndpoint(base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0)
+        if name.startswith(("http://", "https://")):
+            return PolicyEndpoint(base_url=name.rstrip("/"))
+        known = sorted({DEMO_POLICY, *self.policies})
+        raise ConfigError(f"unknown policy {name!r}: use a base URL or one of {known}")

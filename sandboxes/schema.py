@@ -1,0 +1,114 @@
+"""Request and response models of the sandbox server.
+
+Shared by the in-process slot manager, the HTTP server that wraps it and the
+HTTP client, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Holder(BaseModel):
+    """Who holds a slot: the workflow execution that leased it."""
+
+    workflow_id: str
+    run_id: str = ""
+
+
+class SlotLease(BaseModel):
+    """Proof that a slot is leased; every slot operation must present it."""
+
+    container_id: str
+    slot: int
+    lease_id: str
+    holder: Holder
+    expires_at: float = Field(description="Unix time at which the lease lapses unless renewed.")
+
+
+class AcquireRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    holder: Holder
+    ttl_s: float = 1800.0
+    wait_s: float = Field(default=30.0, description="How long to wait, first come first served, for a free slot.")
+    allow_network: bool = False
+
+
+class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slot: int
+    lease_id: str
+
+
+class RenewRequest(LeaseRequest):
+    ttl_s: float = 1800.0
+
+
+class ReleaseRequest(LeaseRequest):
+    reset: bool = Field(default=True, description="Empty the workspace so the next holder starts clean.")
+
+
+class ReleaseResult(BaseModel):
+    released: bool = Field(description="False when the lease was already gone (released, expired or reaped).")
+
+
+class ExecOp(BaseModel):
+    op: Literal["exec"] = "exec"
+    command: str
+    timeout_s: float = 60.0
+
+
+class ReadFileOp(BaseModel):
+    op: Literal["read_file"] = "read_file"
+    path: str
+
+
+class WriteFileOp(BaseModel):
+    op: Literal["write_file"] = "write_file"
+    path: str
+    content: str
+
+
+class SearchOp(BaseModel):
+    op: Literal["search"] = "search"
+    pattern: str
+    path: str = "."
+    max_matches: int = 200
+
+
+Operation = Annotated[ExecOp | ReadFileOp | WriteFileOp | SearchOp, Field(discriminator="op")]
+
+
+class ExecuteRequest(LeaseRequest):
+    call_id: str = Field(description="Unique per tool call; a repeated id is answered from the stored result.")
+    operation: Operation
+
+
+class ToolOutput(BaseModel):
+    call_id: str
+    ok: bool
+    output: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    replayed: bool = Field(default=False, description="True when answered from the stored result of an earlier attempt.")
+
+
+class SlotState(BaseModel):
+    slot: int
+    lease: SlotLease | None = None
+    busy: bool = False
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"
+    container_id: str
+    slots: int
+    free: int
+    waiters: int
+    isolation: Literal["bubblewrap", "none"]
