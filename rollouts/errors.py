@@ -30,6 +30,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+# A server's retry-after is honoured up to this; a day-long hint must not park a rollout.
+MAX_RETRY_AFTER_S = 300.0
+
 
 class RolloutError(Exception):
     retryable: bool = False
@@ -135,7 +138,7 @@ def as_application_error(err: RolloutError):  # -> temporalio.exceptions.Applica
 
     delay = None
     if isinstance(err, ModelError) and err.retry_after_s:
-        delay = timedelta(seconds=err.retry_after_s)
+        delay = timedelta(seconds=min(err.retry_after_s, MAX_RETRY_AFTER_S))
     return ApplicationError(
         err.message,
         type=type(err).__name__,

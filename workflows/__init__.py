@@ -1,0 +1,1 @@
+"""Workflow code only: deterministic, no I/O, no env code."""

@@ -1,0 +1,72 @@
+"""One model turn: one chat request to the rollout's policy endpoint.
+
+The endpoint (and its API key, read from the environment here) is resolved in the
+worker from the policy *name*, so no URL secret or key ever enters a workflow history.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from llm.chat import ChatClient
+from rollouts.errors import activity_boundary
+from rollouts.messages import Message, ToolSpec
+from rollouts.records import Sampling
+from rollouts.settings import PolicyEndpoint, Settings
+
+
+class LlmTurnInput(BaseModel):
+    policy: str | None = None
+    messages: list[Message]
+    tools: list[ToolSpec] = Field(default_factory=list)
+    sampling: Sampling = Field(default_factory=Sampling)
+
+
+class LlmTurnResult(BaseModel):
+    message: Message
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class LlmActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._clients: dict[str, ChatClient] = {}
+
+    def _client(self, endpoint: PolicyEndpoint) -> ChatClient:
+        key = endpoint.model_dump_json()
+        if key not in self._clients:
+            api_key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
+            self._clients[key] = ChatClient(
+                base_url=endpoint.base_url, model=endpoint.model, api_key=api_key, timeout_s=endpoint.timeout_s
+            )
+        return self._clients[key]
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    @activity.defn(name="llm_turn")
+    async def llm_turn(self, input: LlmTurnInput) -> LlmTurnResult:
+        with activity_boundary():
+            client = self._client(self._settings.policy_endpoint(input.policy))
+            reply = await heartbeating(
+                client.complete(
+                    input.messages,
+                    input.tools,
+                    temperature=input.sampling.temperature,
+                    max_tokens=input.sampling.max_tokens,
+                )
+            )
+            return LlmTurnResult(
+                message=reply.message,
+                finish_reason=reply.finish_reason,
+                prompt_tokens=reply.usage.get("prompt_tokens"),
+                completion_tokens=reply.usage.get("completion_tokens"),
+            )

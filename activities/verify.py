@@ -1,0 +1,38 @@
+"""Score a finished rollout with the env's verifier, run in the rollout's own slot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.slot_handle import LeasedSlot
+from envs import get_env
+from envs.base import Item, Verdict
+from rollouts.errors import activity_boundary
+from rollouts.messages import Message
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import SlotLease
+
+
+class VerifyInput(BaseModel):
+    env: str
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    item: Item
+    lease: SlotLease
+    rollout_key: str
+    messages: list[Message] = Field(default_factory=list)
+
+
+class VerifyActivities:
+    def __init__(self, pool: SandboxPool) -> None:
+        self._pool = pool
+
+    @activity.defn(name="verify")
+    async def verify(self, input: VerifyInput) -> Verdict:
+        with activity_boundary():
+            env = get_env(input.env, input.env_config)
+            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify")
+            return await heartbeating(env.verify(input.item, slot, input.messages))

@@ -1,0 +1,44 @@
+"""Prepare a slot's workspace for one item (the env's setup hook) and hand back the prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.slot_handle import LeasedSlot
+from envs import get_env
+from envs.base import Item
+from rollouts.errors import activity_boundary
+from rollouts.messages import Message, ToolSpec
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import SlotLease
+
+
+class SetupWorkspaceInput(BaseModel):
+    env: str
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    item: Item
+    lease: SlotLease
+    rollout_key: str
+
+
+class WorkspaceReady(BaseModel):
+    messages: list[Message]
+    tools: list[ToolSpec]
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class WorkspaceActivities:
+    def __init__(self, pool: SandboxPool) -> None:
+        self._pool = pool
+
+    @activity.defn(name="setup_workspace")
+    async def setup_workspace(self, input: SetupWorkspaceInput) -> WorkspaceReady:
+        with activity_boundary():
+            env = get_env(input.env, input.env_config)
+            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/setup")
+            meta = await heartbeating(env.setup_workspace(input.item, slot))
+            return WorkspaceReady(messages=env.prompt_messages(input.item), tools=env.tool_specs(), meta=meta)

@@ -1,0 +1,93 @@
+"""The `terminal_tasks` env: small shell chores graded by a bash check run in the slot."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from envs.base import Env, Item, ScriptedCall, SlotHandle, Verdict
+from envs.registry import register_env
+from envs.terminal_tasks.loader import bundled_tasks
+from envs.terminal_tasks.model import TerminalTask
+from rollouts.errors import BadItem, TaskError
+from rollouts.messages import Message
+from sandboxes.schema import ToolOutput
+
+SYSTEM_PROMPT = """\
+You are an agent working in a Linux sandbox. Your working directory is /workspace; \
+it holds every file of the task, and relative paths are resolved against it.
+
+Tools:
+- terminal(command, timeout?): run a bash command in /workspace and see its output.
+- read_file(path): read a text file.
+- write_file(path, content): create or overwrite a text file.
+- search(pattern, path?): find lines matching a regular expression under a path.
+
+Only common command-line tools and the Python 3 standard library (python3) are \
+available, and there is no network. Do what the task asks, check your work, and \
+when you are done reply with a short summary without calling any tool."""
+
+CHECK_TIMEOUT_S = 60.0
+OUTPUT_TAIL_CHARS = 2000
+
+
+@register_env
+class TerminalTasksEnv(Env):
+    """Bundled shell tasks; the task is looked up by id at every hook, so a fixed check applies at once."""
+
+    name = "terminal_tasks"
+
+    def tasks(self) -> dict[str, TerminalTask]:
+        return bundled_tasks()
+
+    def task(self, item: Item) -> TerminalTask:
+        try:
+            return self.tasks()[item.id]
+        except KeyError:
+            raise BadItem(f"{self.name} has no task {item.id!r}") from None
+
+    def load_items(self, count: int, offset: int = 0) -> list[Item]:
+        ids = list(self.tasks())
+        if not ids:
+            return []
+        return [Item(id=ids[(offset + i) % len(ids)]) for i in range(count)]
+
+    def system_prompt(self) -> str | None:
+        return SYSTEM_PROMPT
+
+    def format_prompt(self, item: Item) -> str:
+        return self.task(item).prompt
+
+    async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
+        task = self.task(item)
+        for index, (path, content) in enumerate(task.files.items()):
+            _must_succeed(task, path, await slot.write_file(f"file-{index}", path, content))
+        if task.executable:
+            _must_succeed(task, "chmod", await slot.exec("chmod", "chmod +x -- " + _quoted(task.executable)))
+        return {"task": task.id, "files": len(task.files)}
+
+    async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
+        task = self.task(item)
+        result = await slot.exec("check", task.check, timeout_s=CHECK_TIMEOUT_S)
+        solved = result.exit_code == 0 and not result.timed_out
+        return Verdict(
+            score=1.0 if solved else 0.0,
+            details={
+                "task": task.id,
+                "exit_code": result.exit_code,
+                "timed_out": result.timed_out,
+                "output": result.output[-OUTPUT_TAIL_CHARS:],
+            },
+        )
+
+    def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
+        return self.task(item).turns()
+
+
+def _quoted(paths: Any) -> str:
+    return " ".join(shlex.quote(path) for path in paths)
+
+
+def _must_succeed(task: TerminalTask, what: str, result: ToolOutput) -> None:
+    if not result.ok:
+        raise TaskError(f"setting up task {task.id!r} failed at {what}: {result.output[-500:]}")

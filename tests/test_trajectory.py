@@ -1,0 +1,203 @@
+"""One rollout at a time: stop reasons, slot release, and a retried tool call that runs once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from activities.envs import EnvActivities
+from activities.llm import LlmActivities
+from activities.slots import SlotActivities
+from activities.tools import ToolActivities, ToolCallInput, ToolCallResult
+from activities.verify import VerifyActivities
+from activities.workspace import WorkspaceActivities
+from envs.base import Item
+from rollouts.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
+from rollouts.settings import Settings
+from sandboxes.pool import SandboxPool
+from tests.conftest import DemoPolicyProcess, leased_slots, wait_until
+from workflows.trajectory import TrajectoryWorkflow
+
+pytestmark = pytest.mark.slow
+
+TASK = "csv-to-json"
+
+
+def rollout(item: str = TASK, env: str = "terminal_tasks", **kwargs) -> TrajectoryInput:
+    return TrajectoryInput(env=env, item=Item(id=item), **kwargs)
+
+
+async def run(client: Client, settings: Settings, input: TrajectoryInput, task_queue: str | None = None) -> TrajectoryResult:
+    return await client.execute_workflow(
+        TrajectoryWorkflow.run, input, id=f"rollout-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue or settings.temporal.task_queue,
+    )
+
+
+async def run_failing(client: Client, settings: Settings, input: TrajectoryInput) -> TrajectoryResult:
+    with pytest.raises(WorkflowFailureError) as caught:
+        await run(client, settings, input)
+    failure = caught.value.cause
+    assert isinstance(failure, ApplicationError) and failure.type == "RolloutFailed"
+    return TrajectoryResult.model_validate(failure.details[0])
+
+
+async def test_rollout_records_turns_tools_and_timings(client: Client, settings: Settings, pool: SandboxPool) -> None:
+    result = await run(client, settings, rollout())
+    assert result.score == 1.0 and result.stop_reason is StopReason.COMPLETED
+    assert result.turns >= 2 and result.tool_calls >= 2 and result.tool_errors == []
+    assert {"acquire", "setup", "llm", "tools", "verify", "total"} <= set(result.timings)
+    assert result.verify_details["exit_code"] == 0
+    assert await leased_slots(pool) == []
+
+
+async def test_model_error_is_recorded_and_the_slot_released(
+    client: Client, settings: Settings, pool: SandboxPool, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(fail_next=100, fail_status=400)
+    result = await run_failing(client, settings, rollout())
+    assert result.stop_reason is StopReason.MODEL_REJECTED
+    assert "400" in result.stop_detail
+    assert demo_policy.stats()["total"] == 1, "a 400 must not be retried"
+    assert await leased_slots(pool) == []
+
+
+async def test_model_outage_past_retries_fails_as_model_unavailable(
+    client: Client, settings: Settings, pool: SandboxPool, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(fail_next=1000, fail_status=503, retry_after=0.05)
+    result = await run_failing(client, settings, rollout())
+    assert result.stop_reason is StopReason.MODEL_UNAVAILABLE
+    assert demo_policy.stats()["total"] == 8, "every attempt of the retry policy, then stop"
+    assert await leased_slots(pool) == []
+
+
+async def test_a_transient_503_is_retried_and_the_rollout_completes(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(fail_next=2, fail_status=503, retry_after=0.05)
+    result = await run(client, settings, rollout())
+    assert result.score == 1.0 and result.stop_reason is StopReason.COMPLETED
+
+
+async def test_garbage_reply_stops_with_malformed_reply(
+    client: Client, settings: Settings, pool: SandboxPool, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(garbage_next=1)
+    result = await run(client, settings, rollout())
+    assert result.stop_reason is StopReason.MALFORMED_REPLY
+    assert result.turns == 0 and result.score == 0.0
+    assert await leased_slots(pool) == []
+
+
+async def test_unknown_tool_is_answered_with_the_tool_list_and_recorded(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(unknown_tool_next=1)
+    result = await run(client, settings, rollout())
+    assert [e.tool_name for e in result.tool_errors] == ["teleport"]
+    assert "unknown_tool" in result.tool_errors[0].error
+    reply = next(m for m in result.messages if m.role == "tool")
+    assert "terminal" in reply.content and "write_file" in reply.content
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0
+
+
+async def test_broken_tool_call_json_is_answered_and_recorded(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(malformed_next=1)
+    result = await run(client, settings, rollout())
+    assert len(result.tool_errors) == 1 and "bad_arguments" in result.tool_errors[0].error
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0
+
+
+async def test_max_turns_stops_and_still_scores(client: Client, settings: Settings) -> None:
+    result = await run(client, settings, rollout(limits=RolloutLimits(max_turns=1)))
+    assert result.stop_reason is StopReason.MAX_TURNS and result.turns == 1
+    assert result.score == 0.0 and "exit_code" in result.verify_details
+
+
+async def test_bad_item_is_a_recorded_failure(client: Client, settings: Settings, pool: SandboxPool) -> None:
+    result = await run_failing(client, settings, rollout(item="no-such-task"))
+    assert result.stop_reason is StopReason.BAD_ITEM and "no-such-task" in result.stop_detail
+    assert await leased_slots(pool) == []
+
+
+async def test_cancel_releases_the_slot(
+    client: Client, settings: Settings, pool: SandboxPool, demo_policy: DemoPolicyProcess
+) -> None:
+    demo_policy.control(delay_s=60)
+    handle = await client.start_workflow(
+        TrajectoryWorkflow.run, rollout(), id=f"rollout-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
+    )
+
+    async def held_by_rollout():
+        return [s for s in await leased_slots(pool) if s.lease.holder.workflow_id == handle.id]
+
+    await wait_until(held_by_rollout)
+    await asyncio.sleep(0.5)  # into the slow model turn
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    await wait_until(lambda: _no_leases(pool), timeout_s=15)
+
+
+async def _no_leases(pool: SandboxPool) -> bool:
+    return await leased_slots(pool) == []
+
+
+async def test_tool_call_retried_after_timeout_is_not_executed_twice(
+    client: Client, settings: Settings, pool: SandboxPool
+) -> None:
+    """The first attempt runs the command, then its worker goes silent (no heartbeat, no
+    result), as if it died; Temporal times it out and retries. The retry must be answered
+    from the sandbox's stored result: the sandbox's own log shows one execution."""
+    real = ToolActivities(pool)
+    attempts: list[ToolCallResult] = []
+
+    @activity.defn(name="tool_call")
+    async def tool_call_that_loses_its_first_result(input: ToolCallInput) -> ToolCallResult:
+        result = await real.tool_call(input)
+        attempts.append(result)
+        if activity.info().attempt == 1 and input.call_id.endswith("turn-1/call-0"):
+            await asyncio.sleep(20)  # silent past the 10 s heartbeat timeout
+        return result
+
+    slots = SlotActivities(pool, settings.sandbox)
+    llm = LlmActivities(settings)
+    task_queue = f"lossy-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        client, task_queue=task_queue, workflows=[TrajectoryWorkflow],
+        activities=[EnvActivities().load_items, slots.acquire_slot, slots.release_slot,
+                    WorkspaceActivities(pool).setup_workspace, llm.llm_turn, tool_call_that_loses_its_first_result,
+                    VerifyActivities(pool).verify],
+        graceful_shutdown_timeout=__import__("datetime").timedelta(seconds=1),
+    ):
+        input = rollout(item="echo-1", env="echo_chain", env_config={"steps": 2})
+        result = await run(client, settings, input, task_queue=task_queue)
+    await llm.aclose()
+
+    assert result.score == 1.0 and result.tool_calls == 2
+    first_call = [a for a in attempts if a.message.content and "step-1" in a.message.content]
+    assert [a.replayed for a in first_call] == [False, True]
+    executions = _executions(settings, f"{result.rollout_id}/")
+    first = [e for e in executions if e["call_id"].endswith("turn-1/call-0")]
+    assert len(first) == 1, executions
+
+
+def _executions(settings: Settings, prefix: str) -> list[dict]:
+    found = []
+    for log in Path(settings.data_dir).rglob("executions.jsonl"):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["call_id"].startswith(prefix):
+                found.append(entry)
+    return found

@@ -1,0 +1,56 @@
+"""Every activity's timeouts and retry policy, in one place.
+
+Heartbeat timeouts are what bring a step back after a worker dies: a step on a dead
+worker is retried on another within its heartbeat timeout (or its start-to-close
+timeout, for steps too short to heartbeat). Errors our code marks non-retryable (a
+400 from the model, a bad item, an unknown env) are never retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio.common import RetryPolicy
+
+NON_RETRYABLE = ["ConfigError", "TaskError", "UnknownEnv", "BadItem", "SandboxAuthError", "BadToolRequest"]
+
+
+def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float = 30.0) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=initial_s),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=max_interval_s),
+        maximum_attempts=max_attempts,
+        non_retryable_error_types=NON_RETRYABLE,
+    )
+
+
+@dataclass(frozen=True)
+class StepParams:
+    start_to_close_s: float
+    heartbeat_s: float | None
+    retry: RetryPolicy
+
+    def options(self, *, extra_start_to_close_s: float = 0.0) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(seconds=self.start_to_close_s + extra_start_to_close_s),
+            "retry_policy": self.retry,
+        }
+        if self.heartbeat_s is not None:
+            opts["heartbeat_timeout"] = timedelta(seconds=self.heartbeat_s)
+        return opts
+
+
+LOAD_ITEMS = StepParams(start_to_close_s=60, heartbeat_s=None, retry=_retry(5))
+# Acquire waits for a free slot itself (up to the sandbox acquire timeout) and heartbeats meanwhile.
+ACQUIRE_SLOT = StepParams(start_to_close_s=3600, heartbeat_s=10, retry=_retry(10))
+SETUP_WORKSPACE = StepParams(start_to_close_s=900, heartbeat_s=10, retry=_retry(5))
+# A model call may take minutes; the heartbeat finds a dead worker in seconds.
+LLM_TURN = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(8, max_interval_s=60))
+# Tool calls add the command's own timeout to this; the sandbox answers retries from its result store.
+TOOL_CALL = StepParams(start_to_close_s=60, heartbeat_s=10, retry=_retry(6))
+VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
+RELEASE_SLOT = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
+WRITE_GROUP = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(10))
