@@ -14,7 +14,7 @@ from activities.heartbeat import heartbeating
 from rollouts.errors import BadToolRequest, activity_boundary
 from rollouts.messages import Message, ToolCall
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease, ToolOutput
+from sandboxes.schema import ExecOp, Operation, SlotLease, ToolOutput
 from sandboxes.tools import ToolCallProblem, parse_tool_call, tool_result_message
 
 
@@ -48,7 +48,16 @@ class ToolActivities:
                 output: ToolOutput = await heartbeating(self._pool.execute(input.lease, input.call_id, parsed))
             except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
                 output = ToolOutput(call_id=input.call_id, ok=False, output=err.message)
-            error = None if output.ok else (output.output[-500:] or "tool failed")
             return ToolCallResult(
-                message=tool_result_message(input.call.id, output), error=error, replayed=output.replayed
+                message=tool_result_message(input.call.id, output), error=_tool_error(parsed, output),
+                replayed=output.replayed,
             )
+
+
+def _tool_error(operation: Operation, output: ToolOutput) -> str | None:
+    """A failed tool, not a command that merely exited non-zero (a failing test run is information)."""
+    if output.ok:
+        return None
+    if isinstance(operation, ExecOp) and not output.timed_out and (output.exit_code or 0) >= 0:
+        return None
+    return output.output[-500:] or "tool failed"

@@ -58,7 +58,11 @@ class DemoPolicyProcess:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:  # a request parked in an injected delay
+                self.proc.kill()
+                self.proc.wait(5)
 
     def control(self, **faults) -> dict:
         return httpx.post(f"{self.url}/control", json=faults, timeout=10).raise_for_status().json()

@@ -8,7 +8,7 @@ import time
 import tracemalloc
 
 import pytest
-from sandbox_fixtures import host_listener, needs_bubblewrap, processes_running, unique_sleep
+from tests.sandbox_fixtures import host_listener, needs_bubblewrap, processes_running, unique_sleep
 
 from rollouts.errors import SandboxRequired
 from sandboxes import isolation

@@ -10,7 +10,7 @@ import stat
 import time
 
 import pytest
-from sandbox_fixtures import processes_running, root_of, runs_of, unique_sleep, wait_until
+from tests.sandbox_fixtures import processes_running, root_of, runs_of, unique_sleep, wait_until
 
 from rollouts.errors import SandboxUnreachable, SlotUnavailable
 from rollouts.settings import Settings

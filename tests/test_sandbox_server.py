@@ -8,7 +8,7 @@ import uuid
 
 import httpx
 import pytest
-from sandbox_fixtures import (
+from tests.sandbox_fixtures import (
     host_listener,
     needs_bubblewrap,
     processes_running,

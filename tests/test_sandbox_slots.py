@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from sandbox_fixtures import needs_bubblewrap, processes_running, runs_of, unique_sleep
+from tests.sandbox_fixtures import needs_bubblewrap, processes_running, runs_of, unique_sleep
 
 from rollouts.errors import BadToolRequest, LeaseLost, SandboxRequired
 from sandboxes import isolation
