@@ -95,6 +95,7 @@ async def main_async(settings: Settings) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     asyncio.run(main_async(Settings()))
     return 0
 

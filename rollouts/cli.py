@@ -87,10 +87,11 @@ def print_summary(result: BatchResult, console: Console, settings: Settings) -> 
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
     table.add_row("groups written", str(result.groups_written))
-    table.add_row("results", str(result.output))
-    if settings.ui_url:
-        table.add_row("Temporal UI", f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}")
     console.print(table)
+    console.print(f"results:     {result.output}", soft_wrap=True)
+    if settings.ui_url:
+        page = f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}"
+        console.print(f"Temporal UI: {page}", soft_wrap=True)
 
 
 async def _warn_without_worker(client: Client, settings: Settings, console: Console) -> None:
@@ -170,7 +171,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     async with running_worker(settings) as client:
         batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
         handle = await start_batch(client, settings, batch)
-        return await _finish(handle, console, settings, as_json=False)
+        code = await _finish(handle, console, settings, as_json=False)
+    if settings.embedded:
+        console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
+                      "`rollouts server stop` stops them.")
+    return code
 
 
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
@@ -208,13 +213,22 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    """The embedded Temporal server; `stop` also stops the local sandbox containers and demo policy."""
+    from rollouts.services import stop_demo_policy
     from rollouts.temporal import ensure_dev_server, stop_dev_server
+    from sandboxes.local import LocalBackend
 
     if args.action == "start":
         started = ensure_dev_server(settings)
         print(f"{'started' if started else 'already running'}: {settings.temporal_address} (UI {settings.ui_url})")
-    else:
-        print("stopped" if stop_dev_server(settings) else "no embedded server was running")
+        return 0
+    backend = LocalBackend.from_settings(settings)
+    containers = await backend.list_containers()
+    for container in containers:
+        await backend.stop_container(container.container_id)
+    print(f"sandbox containers stopped: {len(containers)}")
+    print(f"demo policy: {'stopped' if stop_demo_policy(settings) else 'not running'}")
+    print(f"Temporal server: {'stopped' if stop_dev_server(settings) else 'not running'}")
     return 0
 
 

@@ -7,6 +7,8 @@ shared by every worker and CLI on the machine; a second start finds it listening
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,24 @@ from rollouts.errors import ConfigError
 from rollouts.settings import DEMO_POLICY, Settings
 
 log = logging.getLogger(__name__)
+
+
+def _demo_pid_file(settings: Settings) -> Path:
+    return settings.data_dir / "demo_policy.pid"
+
+
+def stop_demo_policy(settings: Settings) -> bool:
+    """Stop the demo policy server a worker started; True if one was running."""
+    pid_file = _demo_pid_file(settings)
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text())
+    pid_file.unlink()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def port_open(host: str, port: int) -> bool:
@@ -52,5 +72,6 @@ def ensure_demo_policy(settings: Settings) -> bool:
     log_path = settings.data_dir / "demo_policy.log"
     proc = start_detached("llm.demo_policy", ["--host", cfg.host, "--port", str(cfg.port)], log_path)
     wait_for_port(cfg.host, cfg.port, proc, "the demo policy server", log_path)
+    _demo_pid_file(settings).write_text(str(proc.pid))
     log.info("started the demo policy (a scripted test policy, not a model) at %s", settings.demo_policy_url)
     return True
