@@ -22,21 +22,24 @@ from temporalio.worker import Worker
 
 from activities.envs import EnvActivities
 from activities.llm import LlmActivities
+from activities.pool import PoolActivities
 from activities.sinks import SinkActivities
 from activities.slots import SlotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from rollouts.schedules import ensure_reaper_schedule
 from rollouts.services import ensure_demo_policy
 from rollouts.settings import Settings
 from rollouts.temporal import connect
 from sandboxes.pool import SandboxPool
 from workflows.batch import BatchWorkflow
+from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
 log = logging.getLogger("rollouts.worker")
 
-WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow]
+WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, SlotPoolMaintenanceWorkflow]
 
 
 def build_worker(client: Client, settings: Settings, pool: SandboxPool, llm: LlmActivities) -> Worker:
@@ -51,6 +54,7 @@ def build_worker(client: Client, settings: Settings, pool: SandboxPool, llm: Llm
         VerifyActivities(pool).verify,
         SinkActivities(settings).open_sink,
         SinkActivities(settings).write_group,
+        PoolActivities(pool, client, settings.sandbox).maintain_slot_pool,
     ]
     return Worker(
         client,
@@ -70,9 +74,10 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     if settings.embedded:
         await asyncio.to_thread(ensure_demo_policy, settings)
     pool = SandboxPool.from_settings(settings)
-    llm = LlmActivities(settings)
+    llm = LlmActivities(settings, pool)
     try:
-        await pool.ensure_running()
+        await pool.ensure_running(settings.sandbox.min_containers)
+        await ensure_reaper_schedule(client, settings)
         worker = build_worker(client, settings, pool, llm)
         async with worker:
             yield client

@@ -12,15 +12,19 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.lease_keeper import lease_kept
 from llm.chat import ChatClient
 from rollouts.errors import activity_boundary
 from rollouts.messages import Message, ToolSpec
 from rollouts.records import Sampling
 from rollouts.settings import PolicyEndpoint, Settings
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import SlotLease
 
 
 class LlmTurnInput(BaseModel):
     policy: str | None = None
+    lease: SlotLease | None = Field(default=None, description="The rollout's slot, kept leased while the model thinks.")
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
     sampling: Sampling = Field(default_factory=Sampling)
@@ -34,8 +38,9 @@ class LlmTurnResult(BaseModel):
 
 
 class LlmActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, pool: SandboxPool | None = None) -> None:
         self._settings = settings
+        self._pool = pool
         self._clients: dict[str, ChatClient] = {}
 
     def _client(self, endpoint: PolicyEndpoint) -> ChatClient:
@@ -56,14 +61,14 @@ class LlmActivities:
     async def llm_turn(self, input: LlmTurnInput) -> LlmTurnResult:
         with activity_boundary():
             client = self._client(self._settings.policy_endpoint(input.policy))
-            reply = await heartbeating(
-                client.complete(
-                    input.messages,
-                    input.tools,
-                    temperature=input.sampling.temperature,
-                    max_tokens=input.sampling.max_tokens,
-                )
+            request = client.complete(
+                input.messages, input.tools, temperature=input.sampling.temperature, max_tokens=input.sampling.max_tokens
             )
+            if self._pool is None:
+                reply = await heartbeating(request)
+            else:
+                async with lease_kept(self._pool, input.lease, self._settings.sandbox.lease_ttl_s):
+                    reply = await heartbeating(request)
             return LlmTurnResult(
                 message=reply.message,
                 finish_reason=reply.finish_reason,

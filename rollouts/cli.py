@@ -199,6 +199,32 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
+    """One pass of the reaper schedule's workflow, now: restart dead containers, free leases
+    of closed rollouts, stop idle containers."""
+    from activities.pool import MaintenanceReport
+    from workflows.pool import SlotPoolMaintenanceWorkflow
+
+    console = Console(stderr=args.json)
+    client = await connect(settings)
+    await _warn_without_worker(client, settings, console)
+    raw = await client.execute_workflow(
+        SlotPoolMaintenanceWorkflow.run, id=f"rollouts-slot-reaper-manual-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue,
+    )
+    report = MaintenanceReport.model_validate(raw)
+    if args.json:
+        print(report.model_dump_json())
+        return 0
+    console.print(f"reaped {len(report.reaped)} lease(s) of closed rollouts")
+    for lease in report.reaped:
+        console.print(f"  {lease.container_id} slot {lease.slot}: {lease.holder.workflow_id} ({lease.holder.run_id})")
+    if report.stopped_containers:
+        console.print(f"stopped idle containers: {', '.join(report.stopped_containers)}")
+    console.print(f"health: {json.dumps(report.health)}")
+    return 0
+
+
 def _now() -> float:
     import time
 
@@ -267,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     slots = sub.add_parser("slots", help="sandbox containers, slots, leases and their holders")
     slots.add_argument("--json", action="store_true")
 
+    reap = sub.add_parser("reap", help="run the slot reaper now")
+    reap.add_argument("--json", action="store_true")
+
     sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
@@ -281,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots,
+COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
             "worker": cmd_worker, "server": cmd_server}
 
 

@@ -58,6 +58,14 @@ class SandboxSettings(BaseModel):
     """Whether `python worker.py` starts the local sandbox container when none is running."""
     slots_per_container: int = 8
     """Isolated workspaces served by one sandbox server."""
+    min_containers: int = 1
+    """Containers kept running even when idle."""
+    max_containers: int = 4
+    """The pool starts another container when every slot is taken, up to this many."""
+    idle_stop_s: float = 300.0
+    """A container above `min_containers` whose slots were all free this long is stopped."""
+    reap_interval_s: float = 30.0
+    """Period of the reaper schedule that frees leases whose holder workflow has closed."""
     host: str = "127.0.0.1"
     """Address the local sandbox server binds."""
     require_isolation: bool = False

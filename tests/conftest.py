@@ -121,7 +121,7 @@ async def worker(temporal_env: WorkflowEnvironment, settings: Settings, pool: Sa
     from activities.llm import LlmActivities
     from worker import build_worker
 
-    llm = LlmActivities(settings)
+    llm = LlmActivities(settings, pool)
     async with build_worker(temporal_env.client, settings, pool, llm):
         yield
     await llm.aclose()

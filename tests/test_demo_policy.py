@@ -112,7 +112,7 @@ def test_echo_chain_of_any_length_is_played_to_the_end(client):
     while (message := chat(client, messages).json()["choices"][0]["message"]).get("tool_calls"):
         commands += [args["command"] for _, args in as_scripted(message)]
         answer_tools(messages, message)
-    assert commands == [f"echo step-{k}" for k in range(1, 7)]
+    assert commands == [f"echo step-{k} | tee -a chain.log" for k in range(1, 7)]
     assert message["content"] == "Done."
 
 
@@ -261,7 +261,7 @@ def test_command_line_entry_point_with_fault_flags():
         failed = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages})
         assert failed.status_code == 503 and failed.headers["retry-after"] == "2"
         ok = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages}).json()
-        assert as_scripted(ok["choices"][0]["message"]) == [("terminal", {"command": "echo step-1"})]
+        assert as_scripted(ok["choices"][0]["message"]) == [("terminal", {"command": "echo step-1 | tee -a chain.log"})]
     finally:
         proc.terminate()
         proc.wait(10)

@@ -277,9 +277,13 @@ def test_echo_chain_items_prompt_and_solution():
     items = env.load_items(3, offset=10)
     assert [item.id for item in items] == ["echo-10", "echo-11", "echo-12"]
     prompt = env.format_prompt(items[0])
-    assert prompt.startswith("Task echo-10:") and "4. echo step-4" in prompt and "step-5" not in prompt
+    assert prompt.startswith("Task echo-10:") and "4. echo step-4 | tee -a chain.log" in prompt
+    assert "step-5" not in prompt
     turns = env.reference_solution(items[0])
-    assert [[c.arguments["command"] for c in turn] for turn in turns] == [[f"echo step-{k}"] for k in range(1, 5)]
+    expected = [[f"echo step-{k} | tee -a chain.log"] for k in range(1, 5)]
+    assert [[c.arguments["command"] for c in turn] for turn in turns] == expected
+    slow = get_env("echo_chain", {"steps": 1, "sleep_s": 2})
+    assert slow.reference_solution(items[0])[0][0].arguments["command"].startswith("sleep 2; ")
     assert all(len(turn) == 1 and turn[0].name == "terminal" for turn in turns)
     assert env.tool_names == ("terminal",)
 
@@ -300,15 +304,23 @@ def test_echo_chain_rejects_bad_config_and_items():
         env.format_prompt(Item(id="csv-to-json"))
     with pytest.raises(BadItem):
         env.reference_solution(Item(id="echo-1", data={"steps": "many"}))
+    with pytest.raises(ConfigError):
+        get_env("echo_chain", {"sleep_s": -1})
 
 
 @needs_bwrap
-async def test_echo_chain_verify_is_a_cheap_pass(tmp_path):
+async def test_echo_chain_scores_each_step_once_in_order(tmp_path):
     env = get_env("echo_chain")
     item = env.load_items(1)[0]
     slot = BwrapSlot(tmp_path)
     assert await env.setup_workspace(item, slot) == {}
-    outputs = await play(slot, env.reference_solution(item))
+    assert (await env.verify(item, slot, [])).score == 0.0
+    turns = env.reference_solution(item)
+    outputs = await play(slot, turns)
     assert [out.output for out in outputs] == ["step-1\n", "step-2\n", "step-3\n"]
+    slot.keys.clear()  # each verify below stands for a separate rollout's hook
     verdict = await env.verify(item, slot, [])
     assert verdict.score == 1.0 and verdict.details["steps"] == 3
+    await slot.exec("again", turns[-1][0].arguments["command"])  # a step executed twice
+    slot.keys.clear()
+    assert (await env.verify(item, slot, [])).score == 0.0

@@ -1,8 +1,8 @@
 """Every activity's timeouts and retry policy, in one place.
 
 Heartbeat timeouts are what bring a step back after a worker dies: a step on a dead
-worker is retried on another within its heartbeat timeout (or its start-to-close
-timeout, for steps too short to heartbeat). Errors our code marks non-retryable (a
+worker is retried on another within its heartbeat timeout (10 s), or its start-to-close
+timeout for steps too short to heartbeat (at most 15 s for steps a rollout waits on). Errors our code marks non-retryable (a
 400 from the model, a bad item, an unknown env) are never retried.
 """
 
@@ -43,7 +43,7 @@ class StepParams:
         return opts
 
 
-LOAD_ITEMS = StepParams(start_to_close_s=60, heartbeat_s=None, retry=_retry(5))
+LOAD_ITEMS = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(5))
 # Acquire waits for a free slot itself (up to the sandbox acquire timeout) and heartbeats meanwhile.
 ACQUIRE_SLOT = StepParams(start_to_close_s=3600, heartbeat_s=10, retry=_retry(10))
 SETUP_WORKSPACE = StepParams(start_to_close_s=900, heartbeat_s=10, retry=_retry(5))
@@ -52,5 +52,7 @@ LLM_TURN = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(8, max_
 # Tool calls add the command's own timeout to this; the sandbox answers retries from its result store.
 TOOL_CALL = StepParams(start_to_close_s=60, heartbeat_s=10, retry=_retry(6))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
-RELEASE_SLOT = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
-WRITE_GROUP = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(10))
+RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
+WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))
+# Slot-pool maintenance: health checks, reaping and scale-down each take seconds.
+POOL_MAINTENANCE = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(3))

@@ -157,7 +157,7 @@ class TrajectoryWorkflow:
             try:
                 turn = await self._step(
                     LlmActivities.llm_turn,
-                    LlmTurnInput(policy=input.policy, messages=result.messages, tools=tools, sampling=input.sampling),
+                    LlmTurnInput(policy=input.policy, lease=lease, messages=result.messages, tools=tools, sampling=input.sampling),
                     params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
                 )
             except StepFailed as failed:

@@ -1,7 +1,10 @@
-"""The `echo_chain` env: a do-nothing task of a set number of turns, for benchmarks.
+"""The `echo_chain` env: a trivial task of a set number of turns, for benchmarks and crash tests.
 
-Each item asks for `steps` turns of one `echo step-k` terminal call, so a run
-measures the machinery (model calls, tool calls, checkpoints), not the task.
+Each item asks for `steps` turns of one terminal call that appends `step-k` to
+chain.log, so a run measures the machinery (model calls, tool calls, checkpoints),
+not the task. The verifier demands each step exactly once and in order: a tool call
+executed twice scores 0. Config `sleep_s`, `setup_sleep_s` and `verify_sleep_s`
+stretch the tool calls, setup and verification, so tests can crash a worker mid-step.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from rollouts.messages import Message
 DEFAULT_STEPS = 3
 ITEM_ID = re.compile(r"^echo-(\d+)$")
 PROMPT_HEADER = re.compile(r"^Task (echo-\d+): run these commands", re.MULTILINE)
-PROMPT_STEP = re.compile(r"^\d+\. (echo step-\d+)$", re.MULTILINE)
+PROMPT_STEP = re.compile(r"^\d+\. (.+)$", re.MULTILINE)
+LOG = "chain.log"
 
 
 @register_env
@@ -33,6 +37,9 @@ class EchoChainEnv(Env):
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ConfigError(f"echo_chain: `steps` must be a positive integer, got {steps!r}")
         self.steps = steps
+        self.sleep_s = _seconds(self.config, "sleep_s")
+        self.setup_sleep_s = _seconds(self.config, "setup_sleep_s")
+        self.verify_sleep_s = _seconds(self.config, "verify_sleep_s")
 
     def load_items(self, count: int, offset: int = 0) -> list[Item]:
         return [Item(id=f"echo-{offset + i}", data={"steps": self.steps}) for i in range(count)]
@@ -51,21 +58,35 @@ class EchoChainEnv(Env):
     def format_prompt(self, item: Item) -> str:
         steps = self.item_steps(item)
         lines = [f"Task {item.id}: run these commands with the terminal tool, exactly one call per turn, in order:"]
-        lines += [f"{k}. echo step-{k}" for k in range(1, steps + 1)]
+        lines += [f"{k}. {self.command(k)}" for k in range(1, steps + 1)]
         lines.append("When all of them have run, reply without calling a tool.")
         return "\n".join(lines)
 
+    def command(self, step: int) -> str:
+        append = f"echo step-{step} | tee -a {LOG}"
+        return f"sleep {self.sleep_s:g}; {append}" if self.sleep_s else append
+
+    async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
+        if self.setup_sleep_s:
+            await slot.exec("sleep", f"sleep {self.setup_sleep_s:g}", timeout_s=self.setup_sleep_s + 30)
+        return {}
+
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
         steps = self.item_steps(item)
-        result = await slot.exec("check", "test -d /workspace", timeout_s=10.0)
+        expected = "".join(f"step-{k}\\n" for k in range(1, steps + 1))
+        check = f"test \"$(cat {LOG} 2>/dev/null)\" = \"$(printf '{expected}')\""
+        if self.verify_sleep_s:
+            check = f"sleep {self.verify_sleep_s:g}; {check}"
+        result = await slot.exec("check", check, timeout_s=self.verify_sleep_s + 30)
         tool_calls = sum(len(m.tool_calls or []) for m in transcript if m.role == "assistant")
         return Verdict(
-            score=1.0 if result.exit_code == 0 else 0.0,
+            score=1.0 if result.exit_code == 0 and not result.timed_out else 0.0,
             details={"steps": steps, "tool_calls": tool_calls, "exit_code": result.exit_code},
         )
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
-        return _echo_turns(range(1, self.item_steps(item) + 1))
+        return [[ScriptedCall(name="terminal", arguments={"command": self.command(k)})]
+                for k in range(1, self.item_steps(item) + 1)]
 
     def solution_for_prompt(self, prompt: str) -> list[list[ScriptedCall]] | None:
         """The solution read back from a prompt of any step count (used by the demo policy)."""
@@ -75,5 +96,8 @@ class EchoChainEnv(Env):
         return [[ScriptedCall(name="terminal", arguments={"command": command})] for command in commands] or None
 
 
-def _echo_turns(steps: range) -> list[list[ScriptedCall]]:
-    return [[ScriptedCall(name="terminal", arguments={"command": f"echo step-{k}"})] for k in steps]
+def _seconds(config: dict[str, Any], key: str) -> float:
+    value = config.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"echo_chain: `{key}` must be a non-negative number of seconds, got {value!r}")
+    return float(value)

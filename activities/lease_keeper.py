@@ -1,0 +1,42 @@
+"""Keep a rollout's slot lease alive through steps that do not touch the slot (model turns).
+
+Every slot operation renews the lease on the sandbox; a model turn does not touch the
+slot, so it renews the lease itself while it runs. A lease therefore only lapses when
+no step of its rollout is running anywhere: the worker died and nothing retried it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from rollouts.errors import RolloutError
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import SlotLease
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def lease_kept(pool: SandboxPool, lease: SlotLease | None, ttl_s: float) -> AsyncIterator[None]:
+    if lease is None:
+        yield
+        return
+
+    async def renew_forever() -> None:
+        while True:
+            try:
+                await pool.renew(lease, ttl_s=ttl_s)
+            except RolloutError as err:  # the next slot operation reports it to the rollout
+                log.warning("could not renew the lease on slot %s: %s", lease.slot, err.message)
+            await asyncio.sleep(max(ttl_s / 3, 1.0))
+
+    renewer = asyncio.create_task(renew_forever())
+    try:
+        yield
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer

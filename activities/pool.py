@@ -1,0 +1,55 @@
+"""Slot-pool maintenance: restart dead containers, free leases of closed rollouts, stop idle containers.
+
+Run by the reaper schedule and by `rollouts reap`. The reaper is the second line of
+defence against leaked slots (the first is release in `finally`, the last is lease
+expiry): a lease whose holder workflow run has closed, for whatever reason, is freed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from rollouts.errors import activity_boundary
+from rollouts.settings import SandboxSettings
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import Holder, SlotLease
+
+
+class MaintenanceReport(BaseModel):
+    health: dict[str, Any] = Field(default_factory=dict)
+    reaped: list[SlotLease] = Field(default_factory=list)
+    stopped_containers: list[str] = Field(default_factory=list)
+
+
+class PoolActivities:
+    def __init__(self, pool: SandboxPool, client: Client, settings: SandboxSettings) -> None:
+        self._pool = pool
+        self._client = client
+        self._settings = settings
+
+    async def holder_closed(self, holder: Holder) -> bool:
+        """True when the lease's holder run can no longer use it. Leases held outside a
+        workflow (no workflow id) are left to lease expiry."""
+        if not holder.workflow_id:
+            return False
+        handle = self._client.get_workflow_handle(holder.workflow_id, run_id=holder.run_id or None)
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return True
+            raise
+        return described.status != WorkflowExecutionStatus.RUNNING
+
+    @activity.defn(name="maintain_slot_pool")
+    async def maintain_slot_pool(self) -> MaintenanceReport:
+        with activity_boundary():
+            health = await self._pool.check_health()
+            reaped = await self._pool.reap(self.holder_closed)
+            stopped = await self._pool.scale_down(self._settings.min_containers, self._settings.idle_stop_s)
+            return MaintenanceReport(health=health.model_dump(mode="json"), reaped=reaped, stopped_containers=stopped)

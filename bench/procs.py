@@ -1,0 +1,188 @@
+"""The real processes the orchestration benchmark runs against, and their cleanup.
+
+The demo policy and a sandbox server run as their own processes, Temporal as the dev
+server (with the project's tuning), and the worker either as `python worker.py` in its
+own process (the default, as in production) or built in this process. Every process
+is stopped by its pid when the block exits, Ctrl-C and SIGTERM included;
+`kill_leftover_children` is the last resort for a second Ctrl-C during cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from rollouts import search_attributes
+from rollouts.services import wait_for_port
+from rollouts.settings import Settings
+from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
+from sandboxes.local import LocalBackend
+from sandboxes.pool import SandboxPool
+
+REPO = Path(__file__).resolve().parent.parent
+TASK_QUEUE = "bench"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    client: Client
+    pool: SandboxPool
+    pids: dict[str, int] = field(default_factory=dict)  # role -> pid, for CPU accounting
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its reaped children (the sandbox's bwrap/bash)."""
+    try:
+        fields = _stat(pid)
+    except OSError:
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / CLOCK_TICKS
+
+
+def _my_children() -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if int(_stat(int(entry.name))[1]) == os.getpid():
+                    found[int(entry.name)] = (entry / "comm").read_text().strip()
+    return found
+
+
+def kill_leftover_children() -> None:
+    """SIGKILL whatever this process started and is still alive (never anything else)."""
+    for pid in _my_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        # Own session: a Ctrl-C reaches only us, and we stop the children in order.
+        return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+async def _wait_for_line(log_path: Path, text: str, proc: subprocess.Popen, wait_s: float = 60.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while text not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args} did not get ready; see {log_path}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _output_to(log_path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at a log while a child that inherits them is started."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _env_vars(settings: Settings) -> dict[str, str]:
+    """The same settings, as the ROLLOUTS_* variables `python worker.py` reads."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.update({
+        "ROLLOUTS_DATA_DIR": str(settings.data_dir),
+        "ROLLOUTS_TEMPORAL__ADDRESS": settings.temporal_address,
+        "ROLLOUTS_TEMPORAL__TASK_QUEUE": settings.temporal.task_queue,
+        "ROLLOUTS_DEMO_POLICY__PORT": str(settings.demo_policy.port),
+        "ROLLOUTS_DEMO_POLICY__START_LOCAL": "false",
+        "ROLLOUTS_SANDBOX__START_LOCAL": "false",
+        "ROLLOUTS_SANDBOX__SLOTS_PER_CONTAINER": str(settings.sandbox.slots_per_container),
+        "ROLLOUTS_WORKER__GRACEFUL_SHUTDOWN_S": str(settings.worker.graceful_shutdown_s),
+    })
+    return env
+
+
+@contextlib.asynccontextmanager
+async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool) -> AsyncIterator[Stack]:
+    async with contextlib.AsyncExitStack() as stack:
+        port = free_port()
+        policy = _spawn([sys.executable, "-m", "llm.demo_policy", "--port", str(port)], data_dir / "policy.log")
+        stack.callback(_stop, policy)
+        await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")
+
+        backend = LocalBackend(data_dir, slots_per_container=slots)
+        container = await backend.start_container()
+        stack.push_async_callback(backend.stop_container, container.container_id)
+
+        before = set(_my_children())
+        with _output_to(data_dir / "temporal.log"):  # the dev server inherits our stdout and stderr
+            env = await WorkflowEnvironment.start_local(
+                dev_server_existing_path=temporal_binary(),
+                dev_server_extra_args=FAST_STEP_FLAGS,
+                dev_server_database_filename=str(data_dir / "temporal.db") if db_file else None,
+                search_attributes=search_attributes.ALL,
+                data_converter=pydantic_data_converter,
+            )
+        stack.push_async_callback(env.shutdown)
+        server_pid = next(pid for pid, name in _my_children().items() if pid not in before and "temporal" in name)
+
+        settings = Settings(
+            data_dir=data_dir,
+            temporal={"address": env.client.service_client.config.target_host, "task_queue": TASK_QUEUE},
+            demo_policy={"port": port, "start_local": False},
+            sandbox={"slots_per_container": slots, "start_local": False},
+            worker={"graceful_shutdown_s": 2.0},
+        )
+        pool = SandboxPool(LocalBackend.from_settings(settings), start_containers=False)
+        stack.push_async_callback(pool.aclose)
+        await pool.ensure_running()
+        pids = {"policy": policy.pid, "sandbox": container.pid or 0, "temporal": server_pid}
+
+        if worker == "process":
+            log_path = data_dir / "worker.log"
+            proc = _spawn([sys.executable, "worker.py"], log_path, env=_env_vars(settings))
+            stack.callback(_stop, proc)
+            await _wait_for_line(log_path, "worker polling", proc)
+            pids["worker"] = proc.pid
+        else:  # exactly what `python worker.py` runs, in this process
+            from worker import running_worker
+
+            await stack.enter_async_context(running_worker(settings))
+        yield Stack(settings, env.client, pool, pids)
