@@ -172,6 +172,7 @@ class TrajectoryWorkflow:
             for index, call in enumerate(calls):
                 if result.tool_calls >= limits.max_tool_calls:
                     return self._stop(StopReason.MAX_TOOL_CALLS, f"reached {limits.max_tool_calls} tool calls")
+                self._phase = f"tool {result.turns}.{index}"
                 outcome = await self._step(
                     ToolActivities.tool_call,
                     ToolCallInput(lease=lease, call_id=f"{rollout_key}/turn-{result.turns}/call-{index}", call=call,
