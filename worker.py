@@ -18,13 +18,16 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporalio.worker import Worker
 
 from activities.envs import EnvActivities
 from activities.llm import LlmActivities
 from activities.pool import PoolActivities
+from activities.resume import ResumeActivities
 from activities.sinks import SinkActivities
 from activities.slots import SlotActivities
+from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
@@ -33,6 +36,8 @@ from rollouts.services import ensure_demo_policy
 from rollouts.settings import Settings
 from rollouts.temporal import connect
 from sandboxes.pool import SandboxPool
+from storage.objects import S3ObjectClient, object_client
+from storage.transcripts import TranscriptStore
 from workflows.batch import BatchWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -42,25 +47,55 @@ log = logging.getLogger("rollouts.worker")
 WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, SlotPoolMaintenanceWorkflow]
 
 
-def build_worker(client: Client, settings: Settings, pool: SandboxPool, llm: LlmActivities) -> Worker:
+class Parts:
+    """What activities are handed when the worker is built."""
+
+    def __init__(self, settings: Settings, objects: S3StorageDriverClient | None = None) -> None:
+        self.settings = settings
+        self.objects = objects or object_client(settings)
+        self.transcripts = TranscriptStore(self.objects, settings.storage.bucket)
+        self.pool = SandboxPool.from_settings(settings)
+        self.llm = LlmActivities(settings, self.transcripts, self.pool)
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+        await self.pool.aclose()
+        if isinstance(self.objects, S3ObjectClient):
+            await self.objects.aclose()
+
+
+def build_activities(client: Client, parts: Parts) -> list:
+    settings, pool, transcripts = parts.settings, parts.pool, parts.transcripts
     slots = SlotActivities(pool, settings.sandbox)
-    activities = [
+    sinks = SinkActivities(settings, transcripts)
+    snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
+    resume = ResumeActivities(client, parts.objects, settings.storage)
+    return [
         EnvActivities().load_items,
         slots.acquire_slot,
         slots.release_slot,
-        WorkspaceActivities(pool).setup_workspace,
-        llm.llm_turn,
-        ToolActivities(pool).tool_call,
-        VerifyActivities(pool).verify,
-        SinkActivities(settings).open_sink,
-        SinkActivities(settings).write_group,
-        PoolActivities(pool, client, settings.sandbox).maintain_slot_pool,
+        WorkspaceActivities(pool, transcripts).setup_workspace,
+        parts.llm.llm_turn,
+        ToolActivities(pool, transcripts).tool_call,
+        VerifyActivities(pool, transcripts).verify,
+        snapshots.snapshot_workspace,
+        snapshots.restore_workspace,
+        resume.load_resume_point,
+        resume.rollout_outcome,
+        resume.await_rollout,
+        sinks.open_sink,
+        sinks.write_group,
+        PoolActivities(pool, client, snapshots, settings.sandbox).maintain_slot_pool,
     ]
+
+
+def build_worker(client: Client, parts: Parts) -> Worker:
+    settings = parts.settings
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
         workflows=WORKFLOWS,
-        activities=activities,
+        activities=build_activities(client, parts),
         max_concurrent_activities=settings.worker.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.worker.max_concurrent_workflow_tasks,
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
@@ -70,20 +105,17 @@ def build_worker(client: Client, settings: Settings, pool: SandboxPool, llm: Llm
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
-    client = await connect(settings)
+    parts = Parts(settings)
+    client = await connect(settings, objects=parts.objects)
     if settings.embedded:
         await asyncio.to_thread(ensure_demo_policy, settings)
-    pool = SandboxPool.from_settings(settings)
-    llm = LlmActivities(settings, pool)
     try:
-        await pool.ensure_running(settings.sandbox.min_containers)
+        await parts.pool.ensure_running(settings.sandbox.min_containers)
         await ensure_reaper_schedule(client, settings)
-        worker = build_worker(client, settings, pool, llm)
-        async with worker:
+        async with build_worker(client, parts):
             yield client
     finally:
-        await llm.aclose()
-        await pool.aclose()
+        await parts.aclose()
 
 
 async def main_async(settings: Settings) -> None:

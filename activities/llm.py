@@ -15,31 +15,38 @@ from activities.heartbeat import heartbeating
 from activities.lease_keeper import lease_kept
 from llm.chat import ChatClient
 from rollouts.errors import activity_boundary
-from rollouts.messages import Message, ToolSpec
 from rollouts.records import Sampling
 from rollouts.settings import PolicyEndpoint, Settings
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import SlotLease
+from storage.transcripts import TranscriptRef, TranscriptStore
 
 
 class LlmTurnInput(BaseModel):
     policy: str | None = None
     lease: SlotLease | None = Field(default=None, description="The rollout's slot, kept leased while the model thinks.")
-    messages: list[Message]
-    tools: list[ToolSpec] = Field(default_factory=list)
+    transcript: TranscriptRef
     sampling: Sampling = Field(default_factory=Sampling)
 
 
+class CallSummary(BaseModel):
+    id: str
+    name: str
+
+
 class LlmTurnResult(BaseModel):
-    message: Message
+    transcript: TranscriptRef = Field(description="The transcript with the model's reply appended.")
+    assistant: str = Field(description="Transcript key of the reply, where tool calls read their arguments.")
+    calls: list[CallSummary] = Field(default_factory=list)
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
 
 class LlmActivities:
-    def __init__(self, settings: Settings, pool: SandboxPool | None = None) -> None:
+    def __init__(self, settings: Settings, transcripts: TranscriptStore, pool: SandboxPool | None = None) -> None:
         self._settings = settings
+        self._transcripts = transcripts
         self._pool = pool
         self._clients: dict[str, ChatClient] = {}
 
@@ -61,16 +68,21 @@ class LlmActivities:
     async def llm_turn(self, input: LlmTurnInput) -> LlmTurnResult:
         with activity_boundary():
             client = self._client(self._settings.policy_endpoint(input.policy))
+            messages = await self._transcripts.load(input.transcript)
+            tools = await self._transcripts.tools(input.transcript.tools) if input.transcript.tools else []
             request = client.complete(
-                input.messages, input.tools, temperature=input.sampling.temperature, max_tokens=input.sampling.max_tokens
+                messages, tools, temperature=input.sampling.temperature, max_tokens=input.sampling.max_tokens
             )
             if self._pool is None:
                 reply = await heartbeating(request)
             else:
                 async with lease_kept(self._pool, input.lease, self._settings.sandbox.lease_ttl_s):
                     reply = await heartbeating(request)
+            transcript = await self._transcripts.append(input.transcript, [reply.message])
             return LlmTurnResult(
-                message=reply.message,
+                transcript=transcript,
+                assistant=await self._transcripts.put_message(reply.message),
+                calls=[CallSummary(id=c.id, name=c.function.name) for c in reply.message.tool_calls or []],
                 finish_reason=reply.finish_reason,
                 prompt_tokens=reply.usage.get("prompt_tokens"),
                 completion_tokens=reply.usage.get("completion_tokens"),

@@ -2,7 +2,8 @@
 
 Run by the reaper schedule and by `rollouts reap`. The reaper is the second line of
 defence against leaked slots (the first is release in `finally`, the last is lease
-expiry): a lease whose holder workflow run has closed, for whatever reason, is freed.
+expiry): a lease whose holder workflow run has closed, for whatever reason, is freed,
+after its workspace is saved for a resume.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.snapshots import SnapshotActivities
 from rollouts.errors import activity_boundary
 from rollouts.settings import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import Holder, SlotLease
+from storage.snapshots import snapshot_key
 
 
 class MaintenanceReport(BaseModel):
@@ -27,9 +30,11 @@ class MaintenanceReport(BaseModel):
 
 
 class PoolActivities:
-    def __init__(self, pool: SandboxPool, client: Client, settings: SandboxSettings) -> None:
+    def __init__(self, pool: SandboxPool, client: Client, snapshots: SnapshotActivities,
+                 settings: SandboxSettings) -> None:
         self._pool = pool
         self._client = client
+        self._snapshots = snapshots
         self._settings = settings
 
     async def holder_closed(self, holder: Holder) -> bool:
@@ -46,10 +51,17 @@ class PoolActivities:
             raise
         return described.status != WorkflowExecutionStatus.RUNNING
 
+    async def save_workspace(self, lease: SlotLease) -> None:
+        """A closed holder never released its slot (terminated, or its worker died for good):
+        keep its workspace so that `rollouts resume` can continue the rollout."""
+        holder = lease.holder
+        if holder.workflow_id and holder.run_id:
+            await self._snapshots.save(lease, snapshot_key(holder.workflow_id, holder.run_id))
+
     @activity.defn(name="maintain_slot_pool")
     async def maintain_slot_pool(self) -> MaintenanceReport:
         with activity_boundary():
             health = await self._pool.check_health()
-            reaped = await self._pool.reap(self.holder_closed)
+            reaped = await self._pool.reap(self.holder_closed, self.save_workspace)
             stopped = await self._pool.scale_down(self._settings.min_containers, self._settings.idle_stop_s)
             return MaintenanceReport(health=health.model_dump(mode="json"), reaped=reaped, stopped_containers=stopped)

@@ -1,24 +1,28 @@
 """Where finished groups go: a JSONL file of Atropos `ScoredDataGroup`s.
 
-Appends are guarded by a file lock and an index of written group ids, so a retried
-write (or two workers) never writes a group twice.
+A group is written only when every rollout in it was scored. Appends are guarded by a
+file lock and an index of written group ids, so a retried write, two workers, or a
+batch gathering again after a resume never write a group twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from temporalio import activity
 
 from rollouts.errors import ConfigError, activity_boundary
+from rollouts.messages import Message
 from rollouts.records import TrajectoryResult
 from rollouts.settings import Settings
+from storage.transcripts import TranscriptStore
 
 
 class ScoredGroup(BaseModel):
@@ -37,25 +41,22 @@ class ScoredGroup(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def build_group(group_id: str, results: list[TrajectoryResult]) -> ScoredGroup | None:
-    """One item's group from its rollouts; failed rollouts are listed, not scored. None if none scored."""
-    scored = [r for r in results if not r.failed]
-    if not scored:
-        return None
-    tool_errors = [e for r in scored for e in r.tool_errors]
+def build_group(group_id: str, results: list[TrajectoryResult], transcripts: list[list[Message]]) -> ScoredGroup:
+    """One item's group from its scored rollouts and their transcripts."""
+    tool_errors = [e for r in results for e in r.tool_errors]
     return ScoredGroup(
-        tokens=[[] for _ in scored],
-        masks=[[] for _ in scored],
-        scores=[r.score for r in scored],
-        messages=[[m.to_openai() for m in r.messages] for r in scored],
-        overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in scored],
+        tokens=[[] for _ in results],
+        masks=[[] for _ in results],
+        scores=[r.score for r in results],
+        messages=[[m.to_openai() for m in transcript] for transcript in transcripts],
+        overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in results],
         metadata={
             "group_id": group_id,
-            "env": scored[0].env,
-            "item_id": scored[0].item_id,
-            "rollout_ids": [r.rollout_id for r in scored],
-            "stop_reasons": [r.stop_reason.value for r in scored],
-            "failed_rollouts": {r.rollout_id: r.stop_reason.value for r in results if r.failed},
+            "env": results[0].env,
+            "item_id": results[0].item_id,
+            "rollout_ids": [r.rollout_id for r in results],
+            "stop_reasons": [r.stop_reason.value for r in results],
+            "resumed_rollouts": [r.rollout_id for r in results if r.resumed_from_run],
             "tool_errors": {
                 "count": len(tool_errors),
                 "by_tool": dict(Counter(e.tool_name for e in tool_errors)),
@@ -77,12 +78,13 @@ class WriteGroupInput(BaseModel):
 
 
 class WriteGroupResult(BaseModel):
-    written: bool
+    status: Literal["written", "already_written", "pending"]
 
 
 class SinkActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, transcripts: TranscriptStore) -> None:
         self._settings = settings
+        self._transcripts = transcripts
 
     @activity.defn(name="open_sink")
     async def open_sink(self, input: OpenSinkInput) -> str:
@@ -97,10 +99,13 @@ class SinkActivities:
 
     @activity.defn(name="write_group")
     async def write_group(self, input: WriteGroupInput) -> WriteGroupResult:
-        group = build_group(input.group_id, input.results)
-        if group is None:
-            return WriteGroupResult(written=False)
-        return WriteGroupResult(written=append_once(Path(input.path), input.group_id, group.model_dump_json()))
+        """Write the group if every rollout in it was scored; else leave it pending for a resume."""
+        if not input.results or any(r.failed for r in input.results):
+            return WriteGroupResult(status="pending")
+        transcripts = [await self._transcripts.load(r.transcript) if r.transcript else [] for r in input.results]
+        line = build_group(input.group_id, input.results, transcripts).model_dump_json()
+        written = await asyncio.to_thread(append_once, Path(input.path), input.group_id, line)
+        return WriteGroupResult(status="written" if written else "already_written")
 
 
 def append_once(path: Path, key: str, line: str) -> bool:

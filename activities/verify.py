@@ -12,9 +12,9 @@ from activities.slot_handle import LeasedSlot
 from envs import get_env
 from envs.base import Item, Verdict
 from rollouts.errors import activity_boundary
-from rollouts.messages import Message
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import SlotLease
+from storage.transcripts import TranscriptRef, TranscriptStore
 
 
 class VerifyInput(BaseModel):
@@ -23,16 +23,18 @@ class VerifyInput(BaseModel):
     item: Item
     lease: SlotLease
     rollout_key: str
-    messages: list[Message] = Field(default_factory=list)
+    transcript: TranscriptRef
 
 
 class VerifyActivities:
-    def __init__(self, pool: SandboxPool) -> None:
+    def __init__(self, pool: SandboxPool, transcripts: TranscriptStore) -> None:
         self._pool = pool
+        self._transcripts = transcripts
 
     @activity.defn(name="verify")
     async def verify(self, input: VerifyInput) -> Verdict:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
             slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify")
-            return await heartbeating(env.verify(input.item, slot, input.messages))
+            messages = await self._transcripts.load(input.transcript)
+            return await heartbeating(env.verify(input.item, slot, messages))

@@ -1,4 +1,4 @@
-"""Prepare a slot's workspace for one item (the env's setup hook) and hand back the prompt."""
+"""Prepare a slot's workspace for one item (the env's setup hook), and start the transcript."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from activities.slot_handle import LeasedSlot
 from envs import get_env
 from envs.base import Item
 from rollouts.errors import activity_boundary
-from rollouts.messages import Message, ToolSpec
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import SlotLease
+from storage.transcripts import TranscriptRef, TranscriptStore
 
 
 class SetupWorkspaceInput(BaseModel):
@@ -26,14 +26,14 @@ class SetupWorkspaceInput(BaseModel):
 
 
 class WorkspaceReady(BaseModel):
-    messages: list[Message]
-    tools: list[ToolSpec]
+    transcript: TranscriptRef
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
 class WorkspaceActivities:
-    def __init__(self, pool: SandboxPool) -> None:
+    def __init__(self, pool: SandboxPool, transcripts: TranscriptStore) -> None:
         self._pool = pool
+        self._transcripts = transcripts
 
     @activity.defn(name="setup_workspace")
     async def setup_workspace(self, input: SetupWorkspaceInput) -> WorkspaceReady:
@@ -41,4 +41,5 @@ class WorkspaceActivities:
             env = get_env(input.env, input.env_config)
             slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/setup")
             meta = await heartbeating(env.setup_workspace(input.item, slot))
-            return WorkspaceReady(messages=env.prompt_messages(input.item), tools=env.tool_specs(), meta=meta)
+            transcript = await self._transcripts.start(env.prompt_messages(input.item), env.tool_specs())
+            return WorkspaceReady(transcript=transcript, meta=meta)

@@ -16,11 +16,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
-from rollouts.errors import RolloutError
-from rollouts.records import BatchInput, BatchProgress, BatchResult, RolloutLimits
+from rollouts import search_attributes as sa
+from rollouts.errors import ConfigError, RolloutError
+from rollouts.records import BatchInput, BatchProgress, BatchResult, RolloutLimits, TrajectoryInput
 from rollouts.settings import Settings
 from rollouts.temporal import connect
 
@@ -78,6 +81,7 @@ def summary_json(result: BatchResult) -> dict[str, Any]:
         "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
         "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
         "output": result.output, "groups_written": result.groups_written,
+        "groups_pending": result.groups_pending, "resumed": result.resumed,
     }
 
 
@@ -87,6 +91,10 @@ def print_summary(result: BatchResult, console: Console, settings: Settings) -> 
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
     table.add_row("groups written", str(result.groups_written))
+    if result.groups_pending:
+        table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
+    if result.resumed:
+        table.add_row("resumed", str(result.resumed))
     console.print(table)
     console.print(f"results:     {result.output}", soft_wrap=True)
     if settings.ui_url:
@@ -125,7 +133,8 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     return await _finish(handle, console, settings, as_json=args.json)
 
 
-async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool) -> int:
+async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
+                  extra: dict[str, Any] | None = None) -> int:
     try:
         result = await watch(handle, console)
     except WorkflowFailureError as err:
@@ -133,7 +142,7 @@ async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, 
         print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message)
         return 1
     if as_json:
-        print(json.dumps(summary_json(result)))
+        print(json.dumps({**summary_json(result), **(extra or {})}))
     else:
         print_summary(result, console, settings)
     return 0 if result.failed == 0 else 2
@@ -197,6 +206,86 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
                           lease.holder.workflow_id if lease else "", f"{lease.expires_at - _now():.0f}" if lease else "")
     Console().print(table)
     return 0
+
+
+CLOSED_UNSUCCESSFULLY = ("Failed", "Terminated", "TimedOut", "Canceled")
+
+
+async def _started_input(client: Client, handle: WorkflowHandle, model: type[BaseModel]) -> BaseModel:
+    """The input a run was started with, read from its history."""
+    history = await handle.fetch_history()
+    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    [value] = await client.data_converter.decode(payloads, [model])
+    return value
+
+
+async def _failed_rollouts(client: Client, batch_id: str) -> list[str]:
+    """Rollouts of a batch whose latest run failed, timed out, was terminated or cancelled."""
+    statuses = " OR ".join(f"ExecutionStatus = '{status}'" for status in CLOSED_UNSUCCESSFULLY)
+    query = f"RolloutBatchId = '{batch_id}' AND WorkflowType = 'TrajectoryWorkflow' AND ({statuses})"
+    candidates = sorted({execution.id async for execution in client.list_workflows(query)})
+    failed = []
+    for rollout in candidates:
+        described = await client.get_workflow_handle(rollout).describe()
+        if described.status != WorkflowExecutionStatus.RUNNING and described.status != WorkflowExecutionStatus.COMPLETED:
+            failed.append(rollout)
+    return failed
+
+
+async def resume_rollout(client: Client, settings: Settings, rollout: str) -> dict[str, Any]:
+    """A new run of the rollout that continues where its latest run stopped."""
+    from workflows.trajectory import TrajectoryWorkflow
+
+    handle = client.get_workflow_handle(rollout)
+    described = await handle.describe()
+    original = await _started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
+    resumed = original.model_copy(update={"resume_from_run": described.run_id})
+    new = await client.start_workflow(
+        TrajectoryWorkflow.run, resumed, id=rollout, task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
+        search_attributes=TypedSearchAttributes([
+            SearchAttributePair(sa.ENV, original.env), SearchAttributePair(sa.ITEM_ID, original.item.id),
+            *([SearchAttributePair(sa.BATCH_ID, original.batch_id)] if original.batch_id else []),
+        ]),
+    )
+    return {"rollout_id": rollout, "resumed_from_run": described.run_id, "run_id": new.result_run_id}
+
+
+async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
+    from workflows.batch import BatchWorkflow
+
+    console = Console(stderr=args.json)
+    client = await connect(settings)
+    handle = client.get_workflow_handle(args.id)
+    described = await handle.describe()
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        raise ConfigError(f"{args.id} is still running; resume it once it has stopped")
+    if described.workflow_type == "TrajectoryWorkflow":
+        resumed = await resume_rollout(client, settings, args.id)
+        if args.json:
+            print(json.dumps(resumed))
+        else:
+            console.print(f"resumed {resumed['rollout_id']} from run {resumed['resumed_from_run']} "
+                          f"as run {resumed['run_id']}")
+        return 0
+    if described.workflow_type != "BatchWorkflow":
+        raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
+    failed = await _failed_rollouts(client, args.id)
+    original = await _started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
+    batch = original.model_copy(update={"resume": True, "cursor": None})
+    new = await client.start_workflow(
+        BatchWorkflow.run, batch, id=args.id, task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
+    )
+    if not args.json:
+        console.print(f"resuming {len(failed)} rollout(s) of {args.id}: " + (", ".join(failed) or "none"))
+        console.print(f"the batch gathers its groups again as run {new.result_run_id}")
+    if not args.wait:
+        if args.json:
+            print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
+        return 0
+    return await _finish(new, console, settings, as_json=args.json, extra={"resumed": failed})
 
 
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
@@ -293,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     slots = sub.add_parser("slots", help="sandbox containers, slots, leases and their holders")
     slots.add_argument("--json", action="store_true")
 
+    resume = sub.add_parser("resume", help="resume a failed rollout, or the failed rollouts of a batch")
+    resume.add_argument("id", help="a batch id or a rollout id")
+    resume.add_argument("--wait", action="store_true", help="for a batch: show progress until it finishes")
+    resume.add_argument("--json", action="store_true")
+
     reap = sub.add_parser("reap", help="run the slot reaper now")
     reap.add_argument("--json", action="store_true")
 
@@ -311,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
+            "resume": cmd_resume,
             "worker": cmd_worker, "server": cmd_server}
 
 

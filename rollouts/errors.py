@@ -11,7 +11,8 @@
     │   ├── SlotUnavailable         no slot free within the acquire wait (retryable)
     │   ├── LeaseLost               the slot is no longer leased to the caller
     │   ├── SandboxRequired         isolation is required but bubblewrap is missing
-    │   └── BadToolRequest          a path outside the workspace, a bad op, ...
+    │   ├── BadToolRequest          a path outside the workspace, a bad op, ...
+    │   └── SnapshotTooLarge        a workspace too big to save for resume
     └── ModelError                  the model server; carries `status_code`
         ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
         ├── ModelRequestRejected    any other 4xx
@@ -88,6 +89,10 @@ class SandboxRequired(SandboxError):
 
 
 class BadToolRequest(SandboxError):
+    pass
+
+
+class SnapshotTooLarge(SandboxError):
     pass
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import Item
-from rollouts.messages import Message
+from storage.transcripts import TranscriptRef
 
 
 class StopReason(StrEnum):
@@ -80,8 +80,10 @@ class BatchInput(BaseModel):
     env_config: dict[str, Any] = Field(default_factory=dict)
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
-    max_concurrency: int = Field(default=32, ge=1, description="Trajectories running at once.")
+    max_concurrency: int = Field(default=32, ge=1, le=1000, description="Trajectories running at once.")
     output: str | None = Field(default=None, description="JSONL path for scored groups; results/<batch id>.jsonl when unset.")
+    resume: bool = Field(default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts.")
+    cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
 
 
 class TrajectoryInput(BaseModel):
@@ -96,6 +98,17 @@ class TrajectoryInput(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
     batch_id: str | None = None
     group_index: int = 0
+    resume_from_run: str | None = Field(
+        default=None, description="Run id of a failed run of this rollout to continue from, with its workspace."
+    )
+
+
+class PendingCalls(BaseModel):
+    """Tool calls of the last model turn that have not run yet."""
+
+    assistant: str = Field(description="Transcript key of the assistant message holding the calls.")
+    count: int
+    next_index: int = 0
 
 
 class ToolErrorRecord(BaseModel):
@@ -118,7 +131,12 @@ class TrajectoryResult(BaseModel):
     tool_errors: list[ToolErrorRecord] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total.")
     verify_details: dict[str, Any] = Field(default_factory=dict)
-    messages: list[Message] = Field(default_factory=list)
+    transcript: TranscriptRef | None = Field(default=None, description="The conversation, stored once per message.")
+    pending: PendingCalls | None = None
+    agent_stop: StopReason | None = Field(default=None, description="Why the model's part ended, once it has.")
+    agent_stop_detail: str = ""
+    snapshot: str | None = Field(default=None, description="Object key of the workspace saved when the rollout failed.")
+    resumed_from_run: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -132,7 +150,9 @@ class BatchProgress(BaseModel):
     completed: int = 0
     failed: int = 0
     running: int = 0
+    resumed: int = 0
     groups_written: int = 0
+    groups_pending: int = 0
     score_sum: float = 0.0
     stop_reasons: dict[str, int] = Field(default_factory=dict)
     output: str | None = None
@@ -153,3 +173,17 @@ class BatchResult(BaseModel):
     stop_reasons: dict[str, int]
     output: str | None
     groups_written: int
+    groups_pending: int = Field(default=0, description="Groups held back because a member failed; `rollouts resume` completes them.")
+    resumed: int = 0
+
+
+class BatchCursor(BaseModel):
+    """A batch's state carried across continue-as-new."""
+
+    next_item: int
+    progress: BatchProgress
+    items: list[Item]
+    allow_network: bool
+
+
+BatchInput.model_rebuild()

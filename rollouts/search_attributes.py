@@ -14,8 +14,9 @@ ITEM_ID = SearchAttributeKey.for_keyword("RolloutItemId")
 STOP_REASON = SearchAttributeKey.for_keyword("RolloutStopReason")
 SCORE = SearchAttributeKey.for_float("RolloutScore")
 COMPLETED = SearchAttributeKey.for_int("RolloutsCompleted")
+RESUMED_FROM = SearchAttributeKey.for_keyword("RolloutResumedFrom")
 
-ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED)
+ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM)
 
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}
 

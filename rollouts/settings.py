@@ -91,6 +91,25 @@ class DemoPolicySettings(BaseModel):
     """Port of the demo policy server."""
 
 
+class StorageSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["local", "s3"] = "local"
+    """Where large payloads, transcripts and workspace snapshots live: a local folder, or S3 (MinIO)."""
+    path: Path | None = None
+    """Folder of the local store; `<data_dir>/storage` when unset."""
+    bucket: str = "rollouts"
+    """Bucket (S3), or the top folder inside `path` (local)."""
+    endpoint_url: str | None = None
+    """S3 endpoint, e.g. http://minio:9000; unset for AWS."""
+    region: str | None = None
+    """S3 region."""
+    payload_size_threshold: int = 8 * 1024
+    """Workflow and activity payloads at least this large travel by reference, not in history."""
+    max_snapshot_bytes: int = 256 * 1024 * 1024
+    """A workspace snapshot larger than this is refused with an explained, non-retryable error."""
+
+
 class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -117,6 +136,7 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     demo_policy: DemoPolicySettings = Field(default_factory=DemoPolicySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -147,6 +167,10 @@ class Settings(BaseSettings):
     @property
     def results_dir(self) -> Path:
         return self.data_dir / "results"
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage.path or self.data_dir / "storage"
 
     @property
     def demo_policy_url(self) -> str:

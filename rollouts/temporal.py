@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 from rollouts import search_attributes
 from rollouts.errors import ConfigError
 from rollouts.settings import Settings
+from storage.converter import data_converter
+from storage.objects import object_client
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +120,12 @@ def stop_dev_server(settings: Settings) -> bool:
     return True
 
 
-async def connect(settings: Settings, *, start_embedded: bool = True) -> Client:
-    """A client with the pydantic data converter; starts the embedded server where configured."""
+async def connect(
+    settings: Settings, *, objects: S3StorageDriverClient | None = None, start_embedded: bool = True
+) -> Client:
+    """A client with the project's data converter (pydantic, large payloads by reference);
+    starts the embedded server where configured."""
+    converter = data_converter(settings, objects or object_client(settings))
     if settings.embedded and start_embedded:
         await asyncio.to_thread(ensure_dev_server, settings)
     last_error: Exception | None = None
@@ -128,7 +134,7 @@ async def connect(settings: Settings, *, start_embedded: bool = True) -> Client:
             return await Client.connect(
                 settings.temporal_address,
                 namespace=settings.temporal.namespace,
-                data_converter=pydantic_data_converter,
+                data_converter=converter,
             )
         except RuntimeError as err:  # the server may still be opening its frontend
             last_error = err

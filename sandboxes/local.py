@@ -4,13 +4,23 @@ Each container is `python -m sandboxes.server` in its own session, so it outlive
 the worker that started it and a restarted worker finds it again through the
 registry. Its directory `data_dir/sandboxes/<id>/` holds the token (mode 0600),
 the server log and the slot root, whose journals let a server restarted under
-the same id answer stored results.
+the same id answer stored results and keep its leases.
+
+A container whose process died is remembered in the registry's `dead` list until
+it is restarted in place (`restart_container`, which only one process does: it
+re-checks under the registry lock) or given up on (`forget_container`). A server
+whose starter died before registering it (a worker killed while scaling up) is an
+orphan nobody would ever stop: `list_containers` stops such servers. Starting holds
+the registry lock until the server is registered, so an orphan is told apart from a
+server still being started by looking again under the lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -18,18 +28,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
 from rollouts.errors import SandboxError, SandboxUnreachable
 from rollouts.settings import Settings
-from sandboxes.backend import ContainerInfo, SandboxBackend
+from sandboxes.backend import ContainerInfo, ContainerState, SandboxBackend
+from sandboxes.persistence import LeaseStore
+from sandboxes.processes import server_alive, stop_process, tail, terminate
 from sandboxes.registry import ContainerRegistry
+from sandboxes.schema import SlotLease
+
+log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 HEALTH_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 10.0
-LOG_TAIL_CHARS = 2_000
+
+Verdict = Literal["healthy", "unresponsive", "dead"]
 
 
 class LocalBackend(SandboxBackend):
@@ -70,14 +87,86 @@ class LocalBackend(SandboxBackend):
         return self.directory / container_id
 
     async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Start a new container, or restart a stopped one under its old id (keeping its journals)."""
+        """Start a new container, or restart a stopped one under its old id (keeping its journals and leases)."""
         container_id = container_id or f"local-{secrets.token_hex(4)}"
-        if (known := self.registry.get(container_id)) is not None:
-            verdict = await self._verdict(known)
-            if verdict == "healthy":
-                return known
-            if verdict == "busy":
-                raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
+        async with self.registry.locked():
+            if (known := self.registry.find(container_id)) is not None:
+                verdict = await self._verdict(known)
+                if verdict == "healthy":
+                    return known
+                if verdict == "unresponsive":
+                    raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
+            info = await self._launch(container_id)
+            await self.registry.upsert(info)
+            return info
+
+    async def restart_container(self, container_id: str) -> ContainerInfo:
+        """Restart a dead container in place; if another process already did, return what it started."""
+        async with self.registry.locked():
+            if self.registry.find(container_id) is None:
+                raise SandboxError(f"sandbox {container_id} is not registered: it was stopped, or never started")
+            return await self.start_container(container_id)
+
+    async def stop_container(self, container_id: str) -> None:
+        """Unregister first (and drop the ready file), so no pool takes the stopping server for a dead one
+        to restart, nor for an orphan."""
+        async with self.registry.locked():
+            info = self.registry.find(container_id)
+            (self.container_dir(container_id) / "ready.json").unlink(missing_ok=True)
+            await self.registry.remove([container_id])
+        if info is not None and info.pid is not None:
+            await stop_process(info.pid, container_id, self._children, STOP_TIMEOUT_S)
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        """Healthy containers; entries whose process is gone move to the dead list, to be restarted in place."""
+        known = self.registry.load()
+        verdicts = list(zip(known, await asyncio.gather(*(self._verdict(info) for info in known)), strict=True))
+        await self.registry.mark_dead(info.container_id for info, verdict in verdicts if verdict == "dead")
+        if self._orphans():
+            await self._stop_orphans()
+        return [info for info, verdict in verdicts if verdict == "healthy"]
+
+    def _orphans(self) -> list[tuple[str, int]]:
+        """(container id, pid) of running servers in our directory that the registry does not list."""
+        known = {info.container_id for info in [*self.registry.load(), *self.registry.dead()]}
+        found = []
+        for ready_file in self.directory.glob("*/ready.json"):
+            try:
+                ready = json.loads(ready_file.read_text(encoding="utf-8"))
+                container_id, pid = str(ready["container_id"]), int(ready["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if container_id not in known and server_alive(pid, container_id, self._children):
+                found.append((container_id, pid))
+        return found
+
+    async def _stop_orphans(self) -> None:
+        async with self.registry.locked():
+            orphans = self._orphans()
+            for container_id, _ in orphans:
+                (self.container_dir(container_id) / "ready.json").unlink(missing_ok=True)
+        for container_id, pid in orphans:
+            log.warning("stopping sandbox %s (pid %d): its starter died before registering it", container_id, pid)
+            await stop_process(pid, container_id, self._children, STOP_TIMEOUT_S)
+
+    async def container_state(self, container_id: str) -> ContainerState:
+        info = self.registry.find(container_id)
+        return "unknown" if info is None else await self._verdict(info)
+
+    async def dead_containers(self) -> list[ContainerInfo]:
+        """As last seen by `list_containers` (which moves a container here when its process is gone)."""
+        return self.registry.dead()
+
+    async def forget_container(self, container_id: str) -> list[SlotLease]:
+        """Unregister a container that cannot be restarted; the leases it had persisted are lost."""
+        await self.stop_container(container_id)
+        stored = LeaseStore(self.container_dir(container_id) / "root" / "leases.json").load()
+        return [entry.lease for entry in stored]
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.registry.locked()
+
+    async def _launch(self, container_id: str) -> ContainerInfo:
         directory = self.container_dir(container_id)
         directory.mkdir(parents=True, exist_ok=True)
         token_file = directory / "token"
@@ -95,46 +184,29 @@ class LocalBackend(SandboxBackend):
             started_at=time.time(),
         )
         if await self._verdict(info) != "healthy":
-            _terminate(process.pid, signal.SIGKILL)
+            terminate(process.pid, signal.SIGKILL)
             raise SandboxUnreachable(f"sandbox {container_id} wrote its ready file but /health does not answer")
-        self.registry.upsert(info)
         return info
 
-    async def stop_container(self, container_id: str) -> None:
-        info = self.registry.get(container_id)
-        if info is not None and info.pid is not None:
-            _terminate(info.pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while self._alive(info.pid) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if self._alive(info.pid):
-                _terminate(info.pid, signal.SIGKILL)
-                while self._alive(info.pid) and time.monotonic() < deadline + 2:
-                    await asyncio.sleep(0.05)
-        self.registry.remove([container_id])
-
-    async def list_containers(self) -> list[ContainerInfo]:
-        """Healthy containers; entries whose process is gone or whose port answers for another are dropped."""
-        known = self.registry.load()
-        verdicts = list(zip(known, await asyncio.gather(*(self._verdict(info) for info in known)), strict=True))
-        self.registry.remove(info.container_id for info, verdict in verdicts if verdict == "gone")
-        return [info for info, verdict in verdicts if verdict == "healthy"]
-
-    async def _verdict(self, info: ContainerInfo) -> str:
-        if info.pid is not None and not self._alive(info.pid):
-            return "gone"
+    async def _verdict(self, info: ContainerInfo) -> Verdict:
+        process_known = info.pid is not None
+        if info.pid is not None and not server_alive(info.pid, info.container_id, self._children):
+            return "dead"
         try:
-            async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S) as http:
+            # Plain HTTP on this machine: verify=False only skips loading the CA bundle (~30 ms a probe).
+            async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S, verify=False) as http:
                 reply = await http.get(f"{info.url}/health")
         except httpx.TimeoutException:
-            return "busy"
+            return "unresponsive"
         except httpx.TransportError:
-            return "gone"
+            return "unresponsive" if process_known else "dead"
         try:
             answered_id = reply.json().get("container_id") if reply.is_success else None
         except ValueError:
             answered_id = None
-        return "healthy" if answered_id == info.container_id else "gone"
+        if answered_id == info.container_id:
+            return "healthy"
+        return "unresponsive" if process_known else "dead"
 
     def _spawn_server(
         self, container_id: str, directory: Path, token_file: Path, ready_file: Path
@@ -169,24 +241,13 @@ class LocalBackend(SandboxBackend):
             if process.poll() is not None:
                 raise SandboxError(
                     f"sandbox server exited with status {process.returncode} while starting; "
-                    f"{log_path} ends with:\n{_tail(log_path)}"
+                    f"{log_path} ends with:\n{tail(log_path)}"
                 )
             if ready_file.exists():
                 return json.loads(ready_file.read_text(encoding="utf-8"))
             await asyncio.sleep(0.05)
-        _terminate(process.pid, signal.SIGKILL)
+        terminate(process.pid, signal.SIGKILL)
         raise SandboxUnreachable(f"sandbox server did not start within {self.start_timeout_s:g}s; see {log_path}")
-
-    def _alive(self, pid: int) -> bool:
-        if (child := self._children.get(pid)) is not None:
-            return child.poll() is None
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return _signalable(pid)
-        return state not in ("Z", "X")
 
 
 def _ensure_token(token_file: Path) -> None:
@@ -195,27 +256,3 @@ def _ensure_token(token_file: Path) -> None:
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(secrets.token_urlsafe(32))
-
-
-def _terminate(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _signalable(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
-    except OSError:
-        return "(no log)"

@@ -35,6 +35,30 @@ class AcquireRequest(BaseModel):
     ttl_s: float = 1800.0
     wait_s: float = Field(default=30.0, description="How long to wait, first come first served, for a free slot.")
     allow_network: bool = False
+    ticket: str | None = Field(
+        default=None, description="Names this request's place in line, so `POST /slots/withdraw` can take it back."
+    )
+
+
+class WithdrawRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ticket: str
+
+
+class WithdrawResult(BaseModel):
+    withdrawn: bool = Field(description="True when the ticket was still waiting in line and has now left it.")
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idle_s: float = Field(description="Drain only if no slot has had a lease or a waiter for this long.")
+
+
+class DrainResult(BaseModel):
+    draining: bool = Field(description="True when the server now refuses new leases and may be stopped.")
+    idle_since: float | None = None
 
 
 class LeaseRequest(BaseModel):
@@ -50,10 +74,32 @@ class RenewRequest(LeaseRequest):
 
 class ReleaseRequest(LeaseRequest):
     reset: bool = Field(default=True, description="Empty the workspace so the next holder starts clean.")
+    reason: Literal["released", "reaped"] = Field(
+        default="released", description="`reaped` when the reaper frees the lease of a closed workflow."
+    )
 
 
 class ReleaseResult(BaseModel):
     released: bool = Field(description="False when the lease was already gone (released, expired or reaped).")
+
+
+class ArchiveRequest(LeaseRequest):
+    max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+
+
+class WorkspaceArchive(BaseModel):
+    """A slot's workspace as a gzipped tar, base64-encoded."""
+
+    data: str
+    size: int
+
+
+class RestoreRequest(LeaseRequest):
+    data: str = Field(description="A WorkspaceArchive's data.")
+
+
+class RestoreResult(BaseModel):
+    entries: int
 
 
 class ExecOp(BaseModel):
@@ -112,3 +158,26 @@ class HealthStatus(BaseModel):
     free: int
     waiters: int
     isolation: Literal["bubblewrap", "none"]
+    idle_since: float | None = Field(
+        default=None, description="Unix time since when no slot has had a lease or a waiter; None while busy."
+    )
+    draining: bool = Field(default=False, description="True once drained for a stop: new leases are refused.")
+
+
+LeaseEventKind = Literal["queued", "granted", "released", "expired", "withdrawn", "reaped"]
+
+
+class LeaseEvent(BaseModel):
+    """One line of a server's `leases.jsonl`: what happened to a slot or a place in line, and when."""
+
+    t: float = Field(description="Unix time of the event.")
+    event: LeaseEventKind
+    slot: int | None = None
+    lease_id: str | None = None
+    holder: Holder | None = None
+    waiters: int = Field(description="Requests waiting in line after the event.")
+    free: int = Field(description="Slots without a lease after the event (a slot being reset counts as free).")
+    handed_over: bool = Field(
+        default=False, description="A release, expiry or reap whose slot went straight to a waiter."
+    )
+    reason: str | None = Field(default=None, description="Why a waiter left: withdrawn, disconnected, timeout, ...")

@@ -4,6 +4,13 @@ Backends start one such process per container. Every endpoint but /health needs
 the bearer token, which is read from a file so it never shows on a command line.
 Errors travel as `RolloutError.to_payload()` bodies that the client raises again
 with their own type.
+
+An acquire long-poll watches its connection: a client that goes away (its worker
+died, its request was cancelled) loses its place in line, and a slot granted to it
+in that instant is given back at once, so nobody waits behind a dead request and no
+slot goes to it. A lease whose response was written but never read is not lost
+either: the holder's retried acquire gets the same lease back, and the reaper or the
+lease's expiry frees it if the holder never asks again.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollouts.errors import (
+    SnapshotTooLarge,
     BadToolRequest,
     LeaseLost,
     RolloutError,
@@ -38,7 +47,18 @@ from rollouts.errors import (
     SlotUnavailable,
 )
 from sandboxes.persistence import write_json_atomically
-from sandboxes.schema import AcquireRequest, ExecuteRequest, ReleaseRequest, RenewRequest
+from sandboxes.schema import (
+    ArchiveRequest,
+    RestoreRequest,
+    AcquireRequest,
+    DrainRequest,
+    ExecuteRequest,
+    ReleaseRequest,
+    RenewRequest,
+    SlotLease,
+    WithdrawRequest,
+    WithdrawResult,
+)
 from sandboxes.slots import SlotManager
 
 log = logging.getLogger(__name__)
@@ -50,6 +70,7 @@ STATUS_BY_ERROR: dict[type[RolloutError], int] = {
     SlotUnavailable: 503,
     SandboxRequired: 503,
     SandboxUnreachable: 503,
+    SnapshotTooLarge: 413,
 }
 GRACEFUL_SHUTDOWN_S = 5.0
 
@@ -86,8 +107,14 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
         return list(manager.slot_states())
 
     async def acquire(request: Request) -> BaseModel:
-        body = await _parse(request, AcquireRequest)
-        return await manager.acquire(body.holder, body.ttl_s, body.wait_s, body.allow_network)
+        return await _acquire_while_connected(manager, request, await _parse(request, AcquireRequest))
+
+    async def withdraw(request: Request) -> BaseModel:
+        body = await _parse(request, WithdrawRequest)
+        return WithdrawResult(withdrawn=manager.withdraw(body.ticket))
+
+    async def drain(request: Request) -> BaseModel:
+        return manager.drain((await _parse(request, DrainRequest)).idle_s)
 
     async def renew(request: Request) -> BaseModel:
         body = await _parse(request, RenewRequest)
@@ -95,10 +122,18 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
 
     async def release(request: Request) -> BaseModel:
         body = await _parse(request, ReleaseRequest)
-        return await manager.release(body.slot, body.lease_id, body.reset)
+        return await manager.release(body.slot, body.lease_id, body.reset, body.reason)
 
     async def execute(request: Request) -> BaseModel:
         return await manager.execute(await _parse(request, ExecuteRequest))
+
+    async def archive(request: Request) -> BaseModel:
+        body = await _parse(request, ArchiveRequest)
+        return await manager.archive(body.slot, body.lease_id, body.max_bytes)
+
+    async def restore(request: Request) -> BaseModel:
+        body = await _parse(request, RestoreRequest)
+        return await manager.restore(body.slot, body.lease_id, body.data)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -111,9 +146,45 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
         Route("/slots/acquire", endpoint(acquire), methods=["POST"]),
         Route("/slots/renew", endpoint(renew), methods=["POST"]),
         Route("/slots/release", endpoint(release), methods=["POST"]),
+        Route("/slots/withdraw", endpoint(withdraw), methods=["POST"]),
+        Route("/drain", endpoint(drain), methods=["POST"]),
         Route("/execute", endpoint(execute), methods=["POST"]),
+        Route("/workspace/archive", endpoint(archive), methods=["POST"]),
+        Route("/workspace/restore", endpoint(restore), methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _acquire_while_connected(manager: SlotManager, request: Request, body: AcquireRequest) -> SlotLease:
+    """Race the acquire against the client leaving; see the module docstring."""
+    ticket = body.ticket or f"server-{uuid.uuid4().hex}"
+    attempt = asyncio.create_task(manager.take(body.holder, body.ttl_s, body.wait_s, body.allow_network, ticket))
+    watcher = asyncio.create_task(_client_left(request))
+    try:
+        done, _ = await asyncio.wait({attempt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        attempt.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    left = watcher in done
+    if left and attempt not in done:
+        manager.withdraw(ticket, reason="disconnected")
+    grant = await attempt
+    if left:
+        if grant.fresh:
+            manager.give_back(grant.lease, reason="disconnected")
+        raise SlotUnavailable("the client went away before its slot was granted")
+    return grant.lease
+
+
+async def _client_left(request: Request) -> None:
+    """Return once the client has disconnected; the body was read, so the next ASGI message is the disconnect."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        log.exception("watching the acquire connection failed; treating the client as gone")
 
 
 async def _parse(request: Request, model: type[Model]) -> Model:

@@ -23,8 +23,11 @@ from rollouts.records import BatchInput
 from rollouts.services import wait_for_port
 from rollouts.settings import Settings
 from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
+from rollouts.temporal import connect
 from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
+from storage.transcripts import TranscriptStore
+from worker import Parts, build_worker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,30 +109,42 @@ def settings(tmp_path_factory, temporal_env: WorkflowEnvironment, demo_policy: D
 
 
 @pytest.fixture(scope="session")
-async def pool(settings: Settings) -> AsyncIterator[SandboxPool]:
+async def parts(settings: Settings) -> AsyncIterator[Parts]:
+    """The worker's parts (sandbox pool, transcript store, ...), built as `python worker.py` builds them."""
+    worker_parts = Parts(settings)
+    await worker_parts.pool.ensure_running()
+    yield worker_parts
+    await worker_parts.aclose()
     backend = LocalBackend.from_settings(settings)
-    sandbox_pool = SandboxPool(backend)
-    await sandbox_pool.ensure_running()
-    yield sandbox_pool
-    await sandbox_pool.aclose()
     for container in await backend.list_containers():
         await backend.stop_container(container.container_id)
 
 
 @pytest.fixture(scope="session")
-async def worker(temporal_env: WorkflowEnvironment, settings: Settings, pool: SandboxPool) -> AsyncIterator[None]:
-    from activities.llm import LlmActivities
-    from worker import build_worker
+def pool(parts: Parts) -> SandboxPool:
+    return parts.pool
 
-    llm = LlmActivities(settings, pool)
-    async with build_worker(temporal_env.client, settings, pool, llm):
+
+@pytest.fixture(scope="session")
+def transcripts(parts: Parts) -> TranscriptStore:
+    return parts.transcripts
+
+
+@pytest.fixture(scope="session")
+async def project_client(settings: Settings, parts: Parts) -> Client:
+    """A client with the project's data converter (large payloads by reference)."""
+    return await connect(settings, objects=parts.objects, start_embedded=False)
+
+
+@pytest.fixture(scope="session")
+async def worker(project_client: Client, parts: Parts) -> AsyncIterator[None]:
+    async with build_worker(project_client, parts):
         yield
-    await llm.aclose()
 
 
 @pytest.fixture
-def client(temporal_env: WorkflowEnvironment, worker: None) -> Client:
-    return temporal_env.client
+def client(project_client: Client, worker: None) -> Client:
+    return project_client
 
 
 @pytest.fixture(autouse=True)

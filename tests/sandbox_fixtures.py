@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -17,6 +20,9 @@ from sandboxes.backend import ContainerInfo
 from sandboxes.client import SandboxClient
 from sandboxes.isolation import bubblewrap_path
 from sandboxes.local import LocalBackend
+from sandboxes.schema import Holder
+
+REPO = Path(__file__).resolve().parent.parent
 
 needs_bubblewrap = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap cannot build a sandbox here")
 
@@ -87,3 +93,33 @@ async def running_container(backend: LocalBackend) -> AsyncIterator[tuple[Contai
     finally:
         await client.aclose()
         await backend.stop_container(info.container_id)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:
+    """Poll an async condition until it holds (tests only: the code under test never polls)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(interval_s)
+    return await check()
+
+
+def holder(name: str) -> Holder:
+    return Holder(workflow_id=f"{name}-{random.randint(0, 1 << 30):x}", run_id="run")
+
+
+def spawn_waiting_client(info: ContainerInfo, workflow_id: str, wait_s: float = 60.0) -> subprocess.Popen[bytes]:
+    """Another process that waits in line for a slot; kill it to play a worker that died mid-wait."""
+    script = (
+        "import asyncio, sys\n"
+        "from sandboxes.client import SandboxClient\n"
+        "from sandboxes.schema import Holder\n"
+        "async def main():\n"
+        "    async with SandboxClient(sys.argv[1], open(sys.argv[2]).read().strip()) as client:\n"
+        "        await client.acquire(Holder(workflow_id=sys.argv[3]), ttl_s=60, wait_s=float(sys.argv[4]))\n"
+        "asyncio.run(main())\n"
+    )
+    argv = [sys.executable, "-c", script, info.url, str(info.token_file), workflow_id, str(wait_s)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

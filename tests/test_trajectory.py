@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,17 +14,14 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.envs import EnvActivities
-from activities.llm import LlmActivities
-from activities.slots import SlotActivities
 from activities.tools import ToolActivities, ToolCallInput, ToolCallResult
-from activities.verify import VerifyActivities
-from activities.workspace import WorkspaceActivities
 from envs.base import Item
 from rollouts.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
 from rollouts.settings import Settings
 from sandboxes.pool import SandboxPool
+from storage.transcripts import TranscriptStore
 from tests.conftest import DemoPolicyProcess, leased_slots, wait_until
+from worker import Parts, build_activities
 from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.slow
@@ -99,13 +97,14 @@ async def test_garbage_reply_stops_with_malformed_reply(
 
 
 async def test_unknown_tool_is_answered_with_the_tool_list_and_recorded(
-    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess, transcripts: TranscriptStore
 ) -> None:
     demo_policy.control(unknown_tool_next=1)
     result = await run(client, settings, rollout())
     assert [e.tool_name for e in result.tool_errors] == ["teleport"]
     assert "unknown_tool" in result.tool_errors[0].error
-    reply = next(m for m in result.messages if m.role == "tool")
+    messages = await transcripts.load(result.transcript)
+    reply = next(m for m in messages if m.role == "tool")
     assert "terminal" in reply.content and "write_file" in reply.content
     assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0
 
@@ -155,39 +154,35 @@ async def _no_leases(pool: SandboxPool) -> bool:
 
 
 async def test_tool_call_retried_after_timeout_is_not_executed_twice(
-    client: Client, settings: Settings, pool: SandboxPool
+    client: Client, settings: Settings, parts: Parts
 ) -> None:
     """The first attempt runs the command, then its worker goes silent (no heartbeat, no
     result), as if it died; Temporal times it out and retries. The retry must be answered
     from the sandbox's stored result: the sandbox's own log shows one execution."""
-    real = ToolActivities(pool)
-    attempts: list[ToolCallResult] = []
+    real = ToolActivities(parts.pool, parts.transcripts)
+    attempts: list[tuple[str, bool]] = []
 
     @activity.defn(name="tool_call")
     async def tool_call_that_loses_its_first_result(input: ToolCallInput) -> ToolCallResult:
         result = await real.tool_call(input)
-        attempts.append(result)
+        attempts.append((input.call_id, result.replayed))
         if activity.info().attempt == 1 and input.call_id.endswith("turn-1/call-0"):
             await asyncio.sleep(20)  # silent past the 10 s heartbeat timeout
         return result
 
-    slots = SlotActivities(pool, settings.sandbox)
-    llm = LlmActivities(settings)
+    activities = [a for a in build_activities(client, parts) if a.__name__ != "tool_call"]
     task_queue = f"lossy-{uuid.uuid4().hex[:6]}"
     async with Worker(
         client, task_queue=task_queue, workflows=[TrajectoryWorkflow],
-        activities=[EnvActivities().load_items, slots.acquire_slot, slots.release_slot,
-                    WorkspaceActivities(pool).setup_workspace, llm.llm_turn, tool_call_that_loses_its_first_result,
-                    VerifyActivities(pool).verify],
-        graceful_shutdown_timeout=__import__("datetime").timedelta(seconds=1),
+        activities=[*activities, tool_call_that_loses_its_first_result],
+        graceful_shutdown_timeout=timedelta(seconds=1),
     ):
         input = rollout(item="echo-1", env="echo_chain", env_config={"steps": 2})
         result = await run(client, settings, input, task_queue=task_queue)
-    await llm.aclose()
 
-    assert result.score == 1.0 and result.tool_calls == 2
-    first_call = [a for a in attempts if a.message.content and "step-1" in a.message.content]
-    assert [a.replayed for a in first_call] == [False, True]
+    assert result.score == 1.0 and result.tool_calls == 2, "each step appended exactly once"
+    first_call = [replayed for call_id, replayed in attempts if call_id.endswith("turn-1/call-0")]
+    assert first_call == [False, True]
     executions = _executions(settings, f"{result.rollout_id}/")
     first = [e for e in executions if e["call_id"].endswith("turn-1/call-0")]
     assert len(first) == 1, executions

@@ -1,7 +1,10 @@
 """BatchWorkflow: items x group size child trajectories, each item's group written to the sink.
 
-Progress is kept in the workflow (query `progress`) and mirrored to search attributes,
-so the CLI and the Temporal UI both show it.
+A group is written once all of its rollouts are scored; a group with a failed rollout
+is held back (`groups_pending`) until `rollouts resume` completes it, because a trainer
+normalises advantages over the whole group. Progress is kept in the workflow (query
+`progress`) and mirrored to search attributes. A long batch continues as new when
+Temporal suggests it, so 10,000 rollouts never reach the history or pending-child limits.
 """
 
 from __future__ import annotations
@@ -9,15 +12,18 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError, TerminatedError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
+    from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from envs.base import Item
     from rollouts import search_attributes as sa
-    from rollouts.records import BatchInput, BatchProgress, BatchResult, StopReason, TrajectoryInput, TrajectoryResult
+    from rollouts.records import (
+        BatchCursor, BatchInput, BatchProgress, BatchResult, StopReason, TrajectoryInput, TrajectoryResult,
+    )
     from workflows import params
     from workflows.trajectory import TrajectoryWorkflow
 
@@ -39,16 +45,15 @@ def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: I
         reason = StopReason.TIMED_OUT
     else:
         reason = StopReason.ENV_ERROR
-    return TrajectoryResult(
-        rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,
-        stop_reason=reason, stop_detail=str(cause or err),
-    )
+    return TrajectoryResult(rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,
+                            stop_reason=reason, stop_detail=str(cause or err))
 
 
 @workflow.defn(name="BatchWorkflow")
 class BatchWorkflow:
     def __init__(self) -> None:
         self._progress: BatchProgress | None = None
+        self._active = 0
 
     @workflow.query
     def progress(self) -> BatchProgress | None:
@@ -58,64 +63,110 @@ class BatchWorkflow:
     async def run(self, input: BatchInput) -> BatchResult:
         info = workflow.info()
         batch_id = info.workflow_id
-        loaded = await workflow.execute_activity_method(
-            EnvActivities.load_items,
-            LoadItemsInput(env=input.env, env_config=input.env_config, count=input.num_items, offset=input.item_offset),
-            **params.LOAD_ITEMS.options(),
-        )
-        output = await workflow.execute_activity_method(
-            SinkActivities.open_sink, OpenSinkInput(batch_id=batch_id, output=input.output), **params.WRITE_GROUP.options()
-        )
-        progress = self._progress = BatchProgress(
-            batch_id=batch_id, env=input.env, total=len(loaded.items) * input.group_size, output=output
-        )
-        workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(batch_id)])
-        slots = asyncio.Semaphore(input.max_concurrency)
-
-        async def run_rollout(index: int, item: Item, group_index: int) -> TrajectoryResult:
-            rollout = rollout_id(batch_id, index, group_index)
-            async with slots:
-                progress.running += 1
-                try:
-                    result = await workflow.execute_child_workflow(
-                        TrajectoryWorkflow.run,
-                        TrajectoryInput(
-                            env=input.env, item=item, env_config=input.env_config, policy=input.policy,
-                            allow_network=loaded.allow_network, limits=input.limits, sampling=input.sampling,
-                            batch_id=batch_id, group_index=group_index,
-                        ),
-                        id=rollout,
-                        task_queue=info.task_queue,
-                        search_attributes=TypedSearchAttributes([
-                            sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(batch_id), sa.ITEM_ID.value_set(item.id),
-                        ]),
-                    )
-                except ChildWorkflowError as err:
-                    result = result_from_failure(err, rollout, input.env, item, group_index)
-                finally:
-                    progress.running -= 1
-            self._record(result)
-            return result
-
-        async def run_group(index: int, item: Item) -> None:
-            results = await asyncio.gather(*(run_rollout(index, item, g) for g in range(input.group_size)))
-            written = await workflow.execute_activity_method(
-                SinkActivities.write_group,
-                WriteGroupInput(path=output, group_id=f"{batch_id}/item-{index}", results=list(results)),
+        if input.cursor is None:
+            loaded = await workflow.execute_activity_method(
+                EnvActivities.load_items,
+                LoadItemsInput(env=input.env, env_config=input.env_config, count=input.num_items, offset=input.item_offset),
+                **params.LOAD_ITEMS.options(),
+            )
+            output = await workflow.execute_activity_method(
+                SinkActivities.open_sink, OpenSinkInput(batch_id=batch_id, output=input.output),
                 **params.WRITE_GROUP.options(),
             )
-            if written.written:
-                progress.groups_written += 1
+            cursor = BatchCursor(
+                next_item=0, items=loaded.items, allow_network=loaded.allow_network,
+                progress=BatchProgress(batch_id=batch_id, env=input.env, total=len(loaded.items) * input.group_size,
+                                       output=output),
+            )
+        else:
+            cursor = input.cursor
+        progress = self._progress = cursor.progress
+        workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(batch_id)])
 
-        await asyncio.gather(*(run_group(i, item) for i, item in enumerate(loaded.items)))
+        room = max(input.max_concurrency, input.group_size)
+        groups: list[asyncio.Task] = []
+        while cursor.next_item < len(cursor.items):
+            if workflow.info().is_continue_as_new_suggested():
+                break
+            await workflow.wait_condition(lambda: self._active + input.group_size <= room)
+            index = cursor.next_item
+            groups.append(asyncio.ensure_future(self._run_group(input, cursor, index, cursor.items[index])))
+            cursor.next_item += 1
+        await asyncio.gather(*groups)
+
+        if cursor.next_item < len(cursor.items):
+            workflow.continue_as_new(input.model_copy(update={"cursor": cursor}))
         progress.done = True
         return BatchResult(
             batch_id=batch_id, env=input.env, total=progress.total, completed=progress.completed,
             failed=progress.failed, mean_score=progress.mean_score, stop_reasons=progress.stop_reasons,
-            output=output, groups_written=progress.groups_written,
+            output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
+            resumed=progress.resumed,
         )
 
-    def _record(self, result: TrajectoryResult) -> None:
+    async def _run_group(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item) -> None:
+        progress = cursor.progress
+        self._active += input.group_size
+        results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
+        written = await workflow.execute_activity_method(
+            SinkActivities.write_group,
+            WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results)),
+            **params.WRITE_GROUP.options(),
+        )
+        if written.status == "pending":
+            progress.groups_pending += 1
+        else:
+            progress.groups_written += 1
+
+    async def _run_rollout(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item,
+                           group_index: int) -> TrajectoryResult:
+        progress = cursor.progress
+        rollout = rollout_id(progress.batch_id, index, group_index)
+        progress.running += 1
+        try:
+            resume_from = None
+            if input.resume:
+                outcome = await self._outcome(rollout)
+                if outcome.result is not None and not outcome.result.failed:
+                    return self._record(outcome.result)
+                if outcome.status != "not_found":
+                    resume_from = outcome.run_id
+                    progress.resumed += 1
+            try:
+                result = await workflow.execute_child_workflow(
+                    TrajectoryWorkflow.run,
+                    TrajectoryInput(
+                        env=input.env, item=item, env_config=input.env_config, policy=input.policy,
+                        allow_network=cursor.allow_network, limits=input.limits, sampling=input.sampling,
+                        batch_id=progress.batch_id, group_index=group_index, resume_from_run=resume_from,
+                    ),
+                    id=rollout,
+                    task_queue=workflow.info().task_queue,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                    search_attributes=TypedSearchAttributes([
+                        SearchAttributePair(sa.ENV, input.env), SearchAttributePair(sa.BATCH_ID, progress.batch_id),
+                        SearchAttributePair(sa.ITEM_ID, item.id),
+                    ]),
+                )
+            except ChildWorkflowError as err:
+                result = result_from_failure(err, rollout, input.env, item, group_index)
+            return self._record(result)
+        finally:
+            progress.running -= 1
+            self._active -= 1
+
+    async def _outcome(self, rollout: str) -> RolloutOutcome:
+        """An earlier run's outcome; waits for one that is still running (resumed elsewhere)."""
+        outcome = await workflow.execute_activity_method(
+            ResumeActivities.rollout_outcome, RunRef(workflow_id=rollout), **params.LOAD_ITEMS.options()
+        )
+        if outcome.status == "running":
+            outcome = await workflow.execute_activity_method(
+                ResumeActivities.await_rollout, RunRef(workflow_id=rollout), **params.AWAIT_ROLLOUT.options()
+            )
+        return outcome
+
+    def _record(self, result: TrajectoryResult) -> TrajectoryResult:
         progress = self._progress
         assert progress is not None
         if result.failed:
@@ -126,3 +177,4 @@ class BatchWorkflow:
         reason = result.stop_reason.value
         progress.stop_reasons[reason] = progress.stop_reasons.get(reason, 0) + 1
         workflow.upsert_search_attributes([sa.COMPLETED.value_set(progress.completed + progress.failed)])
+        return result

@@ -54,5 +54,8 @@ TOOL_CALL = StepParams(start_to_close_s=60, heartbeat_s=10, retry=_retry(6))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
 RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
 WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))
+# A batch gathering again waits on a rollout that something else resumed.
+AWAIT_ROLLOUT = StepParams(start_to_close_s=24 * 3600, heartbeat_s=10, retry=_retry(10))
+SNAPSHOT = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(3))
 # Slot-pool maintenance: health checks, reaping and scale-down each take seconds.
 POOL_MAINTENANCE = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(3))

@@ -1,10 +1,12 @@
 """TrajectoryWorkflow: one rollout, each step an activity, the slot released whatever happens.
 
 acquire slot -> set up workspace -> (model turn -> tool calls)* -> verify -> release.
-A rollout the model ended (it stopped calling tools, or hit a limit) is verified and
-scored. A rollout the machinery ended (model down past its retries, no slot, an env
-bug) fails as a workflow, carrying its TrajectoryResult as the failure's details, so
-it shows as Failed in the UI and can be resumed.
+The conversation lives in the transcript store; the workflow carries only a reference,
+so history grows by a fixed number of bytes per turn. A rollout the model ended (it
+stopped calling tools, or hit a limit) is verified and scored. A rollout the machinery
+ended (model down past its retries, no slot, an env bug) saves its workspace, releases
+its slot and fails as a workflow carrying its TrajectoryResult, so it shows as Failed in
+the UI and a new run (`resume_from_run`) continues from where it stopped.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from activities.llm import LlmActivities, LlmTurnInput
+    from activities.resume import ResumeActivities, RunRef
     from activities.slots import AcquireSlotInput, SlotActivities
+    from activities.snapshots import SnapshotActivities, SnapshotInput
     from activities.tools import ToolActivities, ToolCallInput
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
-    from llm.context import estimate_tokens
     from rollouts import search_attributes as sa
-    from rollouts.messages import Message
-    from rollouts.records import StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
+    from rollouts.records import PendingCalls, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
     from sandboxes.schema import SlotLease
+    from storage.snapshots import snapshot_key
     from workflows import params
 
 MAX_COMMAND_TIMEOUT_S = 600.0
@@ -41,6 +44,7 @@ _STOP_FOR_ERROR = {
     "ConfigError": StopReason.CONFIG_ERROR,
     "TaskError": StopReason.ENV_ERROR,
 }
+_SANDBOX_ERRORS = {"SlotUnavailable", "LeaseLost", "BadToolRequest", "SnapshotTooLarge"}
 
 
 class StepFailed(Exception):
@@ -57,7 +61,7 @@ def _stop_for(err: ActivityError, phase_default: StopReason) -> StepFailed:
     if isinstance(cause, ApplicationError):
         name = cause.type or ""
         reason = _STOP_FOR_ERROR.get(name)
-        if reason is None and (name.startswith("Sandbox") or name in ("SlotUnavailable", "LeaseLost", "BadToolRequest")):
+        if reason is None and (name.startswith("Sandbox") or name in _SANDBOX_ERRORS):
             reason = StopReason.SANDBOX_ERROR
         return StepFailed(reason or phase_default, f"{name}: {cause.message}")
     if isinstance(cause, TimeoutError):
@@ -74,52 +78,61 @@ class TrajectoryWorkflow:
     @workflow.query
     def progress(self) -> dict:
         result = self._result
-        return {
-            "phase": self._phase,
-            "turns": result.turns if result else 0,
-            "tool_calls": result.tool_calls if result else 0,
-        }
+        return {"phase": self._phase, "turns": result.turns if result else 0,
+                "tool_calls": result.tool_calls if result else 0}
+
+    @workflow.query
+    def resume_state(self) -> TrajectoryResult | None:
+        """How far the rollout got; answered by replay even after it was terminated."""
+        return self._result
 
     @workflow.run
     async def run(self, input: TrajectoryInput) -> TrajectoryResult:
         info = workflow.info()
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
-            rollout_id=info.workflow_id,
-            env=input.env,
-            item_id=input.item.id,
-            group_index=input.group_index,
-            stop_reason=StopReason.COMPLETED,
+            rollout_id=info.workflow_id, env=input.env, item_id=input.item.id,
+            group_index=input.group_index, stop_reason=StopReason.COMPLETED,
         )
         started = workflow.now()
         lease: SlotLease | None = None
         try:
+            snapshot = await self._resume_point(input) if input.resume_from_run else None
             self._phase = "acquire"
             lease = await self._step(
                 SlotActivities.acquire_slot, AcquireSlotInput(allow_network=input.allow_network),
                 params.ACQUIRE_SLOT, StopReason.SANDBOX_ERROR, "acquire",
             )
-            self._phase = "setup"
-            ready = await self._step(
-                WorkspaceActivities.setup_workspace,
-                SetupWorkspaceInput(env=input.env, env_config=input.env_config, item=input.item, lease=lease, rollout_key=rollout_key),
-                params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
-            )
-            result.messages = list(ready.messages)
-            await self._agent_loop(input, lease, rollout_key, [t.name for t in ready.tools], ready.tools)
+            if snapshot:
+                self._phase = "restore"
+                await self._step(SnapshotActivities.restore_workspace, SnapshotInput(lease=lease, key=snapshot),
+                                 params.SETUP_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
+            else:
+                self._phase = "setup"
+                ready = await self._step(
+                    WorkspaceActivities.setup_workspace,
+                    SetupWorkspaceInput(env=input.env, env_config=input.env_config, item=input.item, lease=lease,
+                                        rollout_key=rollout_key),
+                    params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
+                )
+                result.transcript = ready.transcript
+            if result.agent_stop is None:
+                await self._agent_loop(input, lease, rollout_key)
+                result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
             if result.stop_reason.scored:
                 self._phase = "verify"
+                assert result.transcript is not None
                 verdict = await self._step(
                     VerifyActivities.verify,
                     VerifyInput(env=input.env, env_config=input.env_config, item=input.item, lease=lease,
-                                rollout_key=rollout_key, messages=result.messages),
+                                rollout_key=rollout_key, transcript=result.transcript),
                     params.VERIFY, StopReason.ENV_ERROR, "verify",
                 )
-                result.score = verdict.score
-                result.verify_details = verdict.details
+                result.score, result.verify_details = verdict.score, verdict.details
         except StepFailed as failed:
-            result.stop_reason, result.stop_detail = failed.reason, failed.detail
-            result.score = 0.0
+            result.stop_reason, result.stop_detail, result.score = failed.reason, failed.detail, 0.0
+            if lease is not None:
+                await self._save_workspace(lease, rollout_key)
         except asyncio.CancelledError:
             result.stop_reason, result.stop_detail = StopReason.CANCELLED, "the rollout was cancelled"
             raise
@@ -133,60 +146,90 @@ class TrajectoryWorkflow:
                 [sa.STOP_REASON.value_set(result.stop_reason.value), sa.SCORE.value_set(result.score)]
             )
         if result.failed:
-            raise ApplicationError(
-                f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}",
-                result,
-                type="RolloutFailed",
-                non_retryable=True,
-            )
+            raise ApplicationError(f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}", result,
+                                   type="RolloutFailed", non_retryable=True)
         return result
 
-    async def _agent_loop(self, input: TrajectoryInput, lease: SlotLease, rollout_key: str, tool_names, tools) -> None:
+    async def _resume_point(self, input: TrajectoryInput) -> str | None:
+        """Take over an earlier run's progress; returns the snapshot to restore, if any."""
         result = self._result
-        assert result is not None
+        assert result is not None and input.resume_from_run
+        self._phase = "resume"
+        point = await self._step(
+            ResumeActivities.load_resume_point, RunRef(workflow_id=result.rollout_id, run_id=input.resume_from_run),
+            params.LOAD_ITEMS, StopReason.CONFIG_ERROR, "resume",
+        )
+        workflow.upsert_search_attributes([sa.RESUMED_FROM.value_set(input.resume_from_run)])
+        result.resumed_from_run = input.resume_from_run
+        if point.snapshot is None or point.result.transcript is None:
+            workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
+            return None
+        earlier = point.result
+        for field in ("transcript", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
+            setattr(result, field, getattr(earlier, field))
+        if earlier.agent_stop is not None:
+            result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
+        return point.snapshot
+
+    async def _agent_loop(self, input: TrajectoryInput, lease: SlotLease, rollout_key: str) -> None:
+        result = self._result
+        assert result is not None and result.transcript is not None
         limits = input.limits
         loop_started = workflow.now()
         while True:
-            if result.turns >= limits.max_turns:
-                return self._stop(StopReason.MAX_TURNS, f"reached {limits.max_turns} turns")
-            if _seconds_since(loop_started) >= limits.wall_clock_s:
-                return self._stop(StopReason.WALL_CLOCK, f"used the {limits.wall_clock_s:.0f}s budget")
-            if estimate_tokens(result.messages) >= limits.context_tokens:
-                return self._stop(StopReason.CONTEXT_BUDGET, f"context reached {limits.context_tokens} tokens")
-            self._phase = f"turn {result.turns + 1}"
-            try:
-                turn = await self._step(
-                    LlmActivities.llm_turn,
-                    LlmTurnInput(policy=input.policy, lease=lease, messages=result.messages, tools=tools, sampling=input.sampling),
-                    params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
-                )
-            except StepFailed as failed:
-                if failed.reason is StopReason.MALFORMED_REPLY:
-                    return self._stop(failed.reason, failed.detail)
-                raise
-            result.turns += 1
-            result.messages.append(turn.message)
-            calls = turn.message.tool_calls or []
-            if not calls:
-                return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
-            for index, call in enumerate(calls):
-                if result.tool_calls >= limits.max_tool_calls:
-                    return self._stop(StopReason.MAX_TOOL_CALLS, f"reached {limits.max_tool_calls} tool calls")
-                self._phase = f"tool {result.turns}.{index}"
-                outcome = await self._step(
-                    ToolActivities.tool_call,
-                    ToolCallInput(lease=lease, call_id=f"{rollout_key}/turn-{result.turns}/call-{index}", call=call,
-                                  allowed_tools=tool_names, default_timeout_s=limits.command_timeout_s),
-                    params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools",
-                    extra_start_to_close_s=MAX_COMMAND_TIMEOUT_S,
-                )
-                result.tool_calls += 1
-                result.messages.append(outcome.message)
-                if outcome.error:
-                    result.tool_errors.append(ToolErrorRecord(
-                        turn=result.turns, tool_name=call.function.name,
-                        arguments=call.function.arguments[:500], error=outcome.error[:500],
-                    ))
+            if result.pending is None:
+                if result.turns >= limits.max_turns:
+                    return self._stop(StopReason.MAX_TURNS, f"reached {limits.max_turns} turns")
+                if _seconds_since(loop_started) >= limits.wall_clock_s:
+                    return self._stop(StopReason.WALL_CLOCK, f"used the {limits.wall_clock_s:.0f}s budget")
+                if result.transcript.tokens >= limits.context_tokens:
+                    return self._stop(StopReason.CONTEXT_BUDGET, f"context reached {limits.context_tokens} tokens")
+                self._phase = f"turn {result.turns + 1}"
+                try:
+                    turn = await self._step(
+                        LlmActivities.llm_turn,
+                        LlmTurnInput(policy=input.policy, lease=lease, transcript=result.transcript,
+                                     sampling=input.sampling),
+                        params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
+                    )
+                except StepFailed as failed:
+                    if failed.reason is StopReason.MALFORMED_REPLY:
+                        return self._stop(failed.reason, failed.detail)
+                    raise
+                result.turns += 1
+                result.transcript = turn.transcript
+                if not turn.calls:
+                    return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
+                result.pending = PendingCalls(assistant=turn.assistant, count=len(turn.calls))
+            await self._run_pending(input, lease, rollout_key)
+            if result.tool_calls >= limits.max_tool_calls and result.pending is not None:
+                return self._stop(StopReason.MAX_TOOL_CALLS, f"reached {limits.max_tool_calls} tool calls")
+
+    async def _run_pending(self, input: TrajectoryInput, lease: SlotLease, rollout_key: str) -> None:
+        result = self._result
+        assert result is not None and result.pending is not None and result.transcript is not None
+        pending = result.pending
+        while pending.next_index < pending.count:
+            if result.tool_calls >= input.limits.max_tool_calls:
+                return
+            index = pending.next_index
+            self._phase = f"tool {result.turns}.{index}"
+            outcome = await self._step(
+                ToolActivities.tool_call,
+                ToolCallInput(lease=lease, call_id=f"{rollout_key}/turn-{result.turns}/call-{index}",
+                              transcript=result.transcript, assistant=pending.assistant, index=index,
+                              default_timeout_s=input.limits.command_timeout_s),
+                params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools",
+                extra_start_to_close_s=MAX_COMMAND_TIMEOUT_S,
+            )
+            result.tool_calls += 1
+            result.transcript = outcome.transcript
+            pending.next_index += 1
+            if outcome.error:
+                result.tool_errors.append(ToolErrorRecord(
+                    turn=result.turns, tool_name=outcome.name, arguments=outcome.arguments_preview, error=outcome.error,
+                ))
+        result.pending = None
 
     def _stop(self, reason: StopReason, detail: str) -> None:
         assert self._result is not None
@@ -206,10 +249,25 @@ class TrajectoryWorkflow:
         finally:
             assert self._result is not None
             timings = self._result.timings
-            timings[timing] = timings.get(timing, 0.0) + _seconds_since(started)
+            timings[timing] = round(timings.get(timing, 0.0) + _seconds_since(started), 3)
+
+    async def _save_workspace(self, lease: SlotLease, rollout_key: str) -> None:
+        """Before the slot goes back: the files a resumed run will continue with."""
+        result = self._result
+        assert result is not None
+        info = workflow.info()
+        self._phase = "snapshot"
+        try:
+            result.snapshot = await workflow.execute_activity_method(
+                SnapshotActivities.snapshot_workspace,
+                SnapshotInput(lease=lease, key=snapshot_key(info.workflow_id, info.run_id)),
+                **params.SNAPSHOT.options(),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("could not save the workspace of %s: %s", rollout_key, err.cause or err)
 
     async def _release(self, lease: SlotLease) -> None:
-        """Release even while the workflow is being cancelled; a failed release is left to lease expiry."""
+        """Release even while the workflow is being cancelled; a failed release is left to the reaper."""
         release = asyncio.ensure_future(
             workflow.execute_activity_method(SlotActivities.release_slot, lease, **params.RELEASE_SLOT.options())
         )
@@ -219,7 +277,7 @@ class TrajectoryWorkflow:
             except asyncio.CancelledError:
                 continue
             except ActivityError as err:
-                workflow.logger.warning("releasing slot %s failed: %s; its lease will expire", lease.slot, err)
+                workflow.logger.warning("releasing slot %s failed: %s; the reaper will free it", lease.slot, err)
                 return
 
 

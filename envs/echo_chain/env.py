@@ -4,7 +4,8 @@ Each item asks for `steps` turns of one terminal call that appends `step-k` to
 chain.log, so a run measures the machinery (model calls, tool calls, checkpoints),
 not the task. The verifier demands each step exactly once and in order: a tool call
 executed twice scores 0. Config `sleep_s`, `setup_sleep_s` and `verify_sleep_s`
-stretch the tool calls, setup and verification, so tests can crash a worker mid-step.
+stretch the tool calls, setup and verification, so tests can crash a worker mid-step;
+`output_chars` makes each call print that many more characters (long contexts).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class EchoChainEnv(Env):
         self.sleep_s = _seconds(self.config, "sleep_s")
         self.setup_sleep_s = _seconds(self.config, "setup_sleep_s")
         self.verify_sleep_s = _seconds(self.config, "verify_sleep_s")
+        self.output_chars = int(_seconds(self.config, "output_chars"))
 
     def load_items(self, count: int, offset: int = 0) -> list[Item]:
         return [Item(id=f"echo-{offset + i}", data={"steps": self.steps}) for i in range(count)]
@@ -63,8 +65,10 @@ class EchoChainEnv(Env):
         return "\n".join(lines)
 
     def command(self, step: int) -> str:
-        append = f"echo step-{step} | tee -a {LOG}"
-        return f"sleep {self.sleep_s:g}; {append}" if self.sleep_s else append
+        command = f"echo step-{step} | tee -a {LOG}"
+        if self.output_chars:
+            command += f"; head -c {self.output_chars} /dev/zero | tr '\\0' x"
+        return f"sleep {self.sleep_s:g}; {command}" if self.sleep_s else command
 
     async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
         if self.setup_sleep_s:

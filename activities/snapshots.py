@@ -1,0 +1,47 @@
+"""Save a failing rollout's workspace to the object store, and restore it into a new slot."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+
+from activities.heartbeat import heartbeating
+from rollouts.errors import SnapshotTooLarge, activity_boundary
+from rollouts.settings import StorageSettings
+from sandboxes.pool import SandboxPool
+from sandboxes.schema import SlotLease
+
+
+class SnapshotInput(BaseModel):
+    lease: SlotLease
+    key: str
+
+
+class SnapshotActivities:
+    def __init__(self, pool: SandboxPool, objects: S3StorageDriverClient, settings: StorageSettings) -> None:
+        self._pool = pool
+        self._objects = objects
+        self._settings = settings
+
+    async def save(self, lease: SlotLease, key: str) -> int:
+        try:
+            archive = await self._pool.archive(lease, self._settings.max_snapshot_bytes)
+        except SnapshotTooLarge as err:
+            raise SnapshotTooLarge(
+                f"{err.message}: over storage.max_snapshot_bytes, so a resume of this rollout starts over"
+            ) from err
+        await self._objects.put_object(bucket=self._settings.bucket, key=key, data=archive)
+        return len(archive)
+
+    @activity.defn(name="snapshot_workspace")
+    async def snapshot_workspace(self, input: SnapshotInput) -> str:
+        with activity_boundary():
+            await heartbeating(self.save(input.lease, input.key))
+            return input.key
+
+    @activity.defn(name="restore_workspace")
+    async def restore_workspace(self, input: SnapshotInput) -> None:
+        with activity_boundary():
+            archive = await self._objects.get_object(bucket=self._settings.bucket, key=input.key)
+            await heartbeating(self._pool.restore(input.lease, archive))
