@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.limits import ensure_small
 from activities.slot_handle import LeasedSlot
 from envs import get_env
 from envs.base import Item, Verdict
@@ -37,4 +38,6 @@ class VerifyActivities:
             env = get_env(input.env, input.env_config)
             slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify")
             messages = await self._transcripts.load(input.transcript)
-            return await heartbeating(env.verify(input.item, slot, messages))
+            verdict = await heartbeating(env.verify(input.item, slot, messages))
+            ensure_small(f"the {input.env} verifier's details", verdict.details)
+            return verdict

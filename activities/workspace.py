@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.limits import ensure_small
 from activities.slot_handle import LeasedSlot
 from envs import get_env
 from envs.base import Item
@@ -40,6 +41,6 @@ class WorkspaceActivities:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
             slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/setup")
-            meta = await heartbeating(env.setup_workspace(input.item, slot))
+            meta = ensure_small(f"the {input.env} setup's metadata", await heartbeating(env.setup_workspace(input.item, slot)))
             transcript = await self._transcripts.start(env.prompt_messages(input.item), env.tool_specs())
             return WorkspaceReady(transcript=transcript, meta=meta)

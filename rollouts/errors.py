@@ -4,7 +4,8 @@
     ├── ConfigError                 settings, unknown env / policy / sink; never retryable
     ├── TaskError                   an env or one of its items is wrong
     │   ├── UnknownEnv
-    │   └── BadItem
+    │   ├── BadItem
+    │   └── PayloadTooLarge         env data too big to travel through Temporal
     ├── SandboxError                the sandbox server or a slot
     │   ├── SandboxUnreachable      connection refused / timed out (retryable)
     │   ├── SandboxAuthError        wrong or missing token
@@ -61,6 +62,10 @@ class UnknownEnv(TaskError):
 
 
 class BadItem(TaskError):
+    pass
+
+
+class PayloadTooLarge(TaskError):
     pass
 
 

@@ -104,7 +104,7 @@ class StorageSettings(BaseModel):
     """S3 endpoint, e.g. http://minio:9000; unset for AWS."""
     region: str | None = None
     """S3 region."""
-    payload_size_threshold: int = 8 * 1024
+    payload_size_threshold: int = Field(default=8 * 1024, ge=0, le=1024 * 1024)
     """Workflow and activity payloads at least this large travel by reference, not in history."""
     max_snapshot_bytes: int = 256 * 1024 * 1024
     """A workspace snapshot larger than this is refused with an explained, non-retryable error."""

@@ -9,15 +9,18 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
+from activities.sinks import read_groups
 from envs.base import Item
 from envs.terminal_tasks.env import TerminalTasksEnv
 from rollouts import search_attributes as sa
 from rollouts.records import BatchInput, BatchResult, RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
 from rollouts.settings import Settings
+from rollouts.temporal import connect
 from sandboxes.pool import SandboxPool
 from tests.conftest import REPO, DemoPolicyProcess, leased_slots, wait_until
 from tests.processes import settings_environment
@@ -140,3 +143,34 @@ async def test_a_hundred_turn_rollout_keeps_its_history_small(client: Client, se
     size = sum(event.ByteSize() for event in history.events)
     assert result.score == 1.0 and result.turns == 101 and result.transcript.tokens > 200_000
     assert len(history.events) < 5000 and size < 500_000, (len(history.events), size)
+
+
+async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Settings, parts, demo_policy) -> None:
+    """On a server that suggests continue-as-new after 60 events, a 12-rollout batch spans
+    several runs; every rollout is counted once and every group written once."""
+    from temporalio.testing import WorkflowEnvironment
+
+    from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
+    from worker import build_worker
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), search_attributes=sa.ALL,
+        dev_server_extra_args=[*FAST_STEP_FLAGS, "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=60"],
+    )
+    try:
+        own = settings.model_copy(update={"temporal": settings.temporal.model_copy(
+            update={"address": env.client.service_client.config.target_host})})
+        client = await connect(own, objects=parts.objects, start_embedded=False)
+        batch_id = f"long-batch-{uuid.uuid4().hex[:6]}"
+        async with build_worker(client, parts):
+            result = BatchResult.model_validate(await client.execute_workflow(
+                BatchWorkflow.run, BatchInput(env="echo_chain", num_items=12, group_size=1, max_concurrency=2,
+                                              env_config={"steps": 1}),
+                id=batch_id, task_queue=own.temporal.task_queue,
+            ))
+            runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
+    finally:
+        await env.shutdown()
+    assert len(runs) > 1, "the batch continued as new"
+    assert (result.total, result.completed, result.groups_written) == (12, 12, 12)
+    assert len(read_groups(Path(result.output))) == 12

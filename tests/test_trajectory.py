@@ -196,3 +196,22 @@ def _executions(settings: Settings, prefix: str) -> list[dict]:
             if entry["call_id"].startswith(prefix):
                 found.append(entry)
     return found
+
+
+async def test_oversized_verifier_details_fail_once_with_an_explanation(
+    client: Client, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from envs.base import Verdict
+    from envs.echo_chain.env import EchoChainEnv
+
+    async def chatty_verify(self, item, slot, transcript):
+        return Verdict(score=1.0, details={"log": "x" * 3_000_000})
+
+    monkeypatch.setattr(EchoChainEnv, "verify", chatty_verify)
+    result = await run_failing(client, settings, rollout(item="echo-5", env="echo_chain", env_config={"steps": 1}))
+    assert result.stop_reason is StopReason.ENV_ERROR
+    assert "PayloadTooLarge" in result.stop_detail and "over the 1048576-byte limit" in result.stop_detail
+    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
+    verify_attempts = [e for e in history.events if e.HasField("activity_task_started_event_attributes")
+                       and e.activity_task_started_event_attributes.attempt > 1]
+    assert verify_attempts == [], "a payload that is too large is not retried"

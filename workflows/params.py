@@ -14,7 +14,10 @@ from typing import Any
 
 from temporalio.common import RetryPolicy
 
-NON_RETRYABLE = ["ConfigError", "TaskError", "UnknownEnv", "BadItem", "SandboxAuthError", "BadToolRequest"]
+NON_RETRYABLE = [
+    "ConfigError", "TaskError", "UnknownEnv", "BadItem", "PayloadTooLarge", "SandboxAuthError", "BadToolRequest",
+    "SnapshotTooLarge",
+]
 
 
 def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float = 30.0) -> RetryPolicy:

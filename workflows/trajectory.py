@@ -43,6 +43,7 @@ _STOP_FOR_ERROR = {
     "UnknownEnv": StopReason.CONFIG_ERROR,
     "ConfigError": StopReason.CONFIG_ERROR,
     "TaskError": StopReason.ENV_ERROR,
+    "PayloadTooLarge": StopReason.ENV_ERROR,
 }
 _SANDBOX_ERRORS = {"SlotUnavailable", "LeaseLost", "BadToolRequest", "SnapshotTooLarge"}
 
