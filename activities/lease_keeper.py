@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator
 
 from rollouts.errors import RolloutError
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease
+from sandboxes.schema import SlotRef
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def lease_kept(pool: SandboxPool, lease: SlotLease | None, ttl_s: float) -> AsyncIterator[None]:
+async def lease_kept(pool: SandboxPool, lease: SlotRef | None, ttl_s: float) -> AsyncIterator[None]:
     if lease is None:
         yield
         return

@@ -18,26 +18,21 @@ from rollouts.errors import activity_boundary
 from rollouts.records import Sampling
 from rollouts.settings import PolicyEndpoint, Settings
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease
+from sandboxes.schema import SlotRef
 from storage.transcripts import TranscriptRef, TranscriptStore
 
 
 class LlmTurnInput(BaseModel):
     policy: str | None = None
-    lease: SlotLease | None = Field(default=None, description="The rollout's slot, kept leased while the model thinks.")
+    lease: SlotRef | None = Field(default=None, description="The rollout's slot, kept leased while the model thinks.")
     transcript: TranscriptRef
-    sampling: Sampling = Field(default_factory=Sampling)
-
-
-class CallSummary(BaseModel):
-    id: str
-    name: str
+    sampling: Sampling | None = Field(default=None, description="None for the defaults (keeps history small).")
 
 
 class LlmTurnResult(BaseModel):
     transcript: TranscriptRef = Field(description="The transcript with the model's reply appended.")
     assistant: str = Field(description="Transcript key of the reply, where tool calls read their arguments.")
-    calls: list[CallSummary] = Field(default_factory=list)
+    calls: int = Field(default=0, description="How many tool calls the reply makes.")
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -69,10 +64,9 @@ class LlmActivities:
         with activity_boundary():
             client = self._client(self._settings.policy_endpoint(input.policy))
             messages = await self._transcripts.load(input.transcript)
-            tools = await self._transcripts.tools(input.transcript.tools) if input.transcript.tools else []
-            request = client.complete(
-                messages, tools, temperature=input.sampling.temperature, max_tokens=input.sampling.max_tokens
-            )
+            tools = await self._transcripts.offered_tools(input.transcript)
+            sampling = input.sampling or Sampling()
+            request = client.complete(messages, tools, temperature=sampling.temperature, max_tokens=sampling.max_tokens)
             if self._pool is None:
                 reply = await heartbeating(request)
             else:
@@ -82,7 +76,7 @@ class LlmActivities:
             return LlmTurnResult(
                 transcript=transcript,
                 assistant=await self._transcripts.put_message(reply.message),
-                calls=[CallSummary(id=c.id, name=c.function.name) for c in reply.message.tool_calls or []],
+                calls=len(reply.message.tool_calls or []),
                 finish_reason=reply.finish_reason,
                 prompt_tokens=reply.usage.get("prompt_tokens"),
                 completion_tokens=reply.usage.get("completion_tokens"),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import ExecOp, ReadFileOp, SlotLease, ToolOutput, WriteFileOp
+from sandboxes.schema import ExecOp, ReadFileOp, SlotRef, ToolOutput, WriteFileOp
 
 
 class LeasedSlot:
-    def __init__(self, pool: SandboxPool, lease: SlotLease, key_prefix: str) -> None:
+    def __init__(self, pool: SandboxPool, lease: SlotRef, key_prefix: str) -> None:
         self._pool = pool
         self._lease = lease
         self._prefix = key_prefix

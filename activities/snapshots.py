@@ -10,11 +10,11 @@ from activities.heartbeat import heartbeating
 from rollouts.errors import SnapshotTooLarge, activity_boundary
 from rollouts.settings import StorageSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease
+from sandboxes.schema import SlotLease, SlotRef
 
 
 class SnapshotInput(BaseModel):
-    lease: SlotLease
+    lease: SlotRef
     key: str
 
 
@@ -24,7 +24,7 @@ class SnapshotActivities:
         self._objects = objects
         self._settings = settings
 
-    async def save(self, lease: SlotLease, key: str) -> int:
+    async def save(self, lease: SlotRef, key: str) -> int:
         try:
             archive = await self._pool.archive(lease, self._settings.max_snapshot_bytes)
         except SnapshotTooLarge as err:

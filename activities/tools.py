@@ -8,22 +8,22 @@ failure. The call id makes a retried attempt replay the sandbox's stored result.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from rollouts.errors import BadToolRequest, activity_boundary
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import ExecOp, Operation, SlotLease, ToolOutput
+from sandboxes.schema import ExecOp, Operation, SlotRef, ToolOutput
 from sandboxes.tools import ToolCallProblem, parse_tool_call, tool_result_message
 from storage.transcripts import TranscriptRef, TranscriptStore
 
-PREVIEW_CHARS = 500
+PREVIEW_CHARS = 200
 
 
 class ToolCallInput(BaseModel):
-    lease: SlotLease
-    call_id: str
+    lease: SlotRef
+    call_key: str = Field(description="Unique within the run, e.g. turn-3/call-0; the sandbox call id adds the run.")
     transcript: TranscriptRef
     assistant: str
     index: int
@@ -32,9 +32,9 @@ class ToolCallInput(BaseModel):
 
 class ToolCallResult(BaseModel):
     transcript: TranscriptRef
-    name: str
-    arguments_preview: str
     error: str | None = None
+    name: str | None = Field(default=None, description="Set with `error`, for the rollout's tool-error record.")
+    arguments_preview: str | None = Field(default=None, description="Set with `error`.")
     replayed: bool = False
 
 
@@ -48,23 +48,25 @@ class ToolActivities:
         with activity_boundary():
             assistant = await self._transcripts.message(input.assistant)
             call = (assistant.tool_calls or [])[input.index]
-            allowed = [t.name for t in await self._transcripts.tools(input.transcript.tools)] if input.transcript.tools else []
+            allowed = [t.name for t in await self._transcripts.offered_tools(input.transcript)]
             parsed = parse_tool_call(call, allowed, default_timeout_s=input.default_timeout_s)
             replayed = False
             if isinstance(parsed, ToolCallProblem):
                 message, error = tool_result_message(call.id, parsed), f"{parsed.kind}: {parsed.message}"
             else:
+                info = activity.info()
+                call_id = f"{info.workflow_id}/{info.workflow_run_id}/{input.call_key}"
                 try:
-                    output: ToolOutput = await heartbeating(self._pool.execute(input.lease, input.call_id, parsed))
+                    output: ToolOutput = await heartbeating(self._pool.execute(input.lease, call_id, parsed))
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
-                    output = ToolOutput(call_id=input.call_id, ok=False, output=err.message)
+                    output = ToolOutput(call_id=call_id, ok=False, output=err.message)
                 message, error, replayed = tool_result_message(call.id, output), _tool_error(parsed, output), output.replayed
+            transcript = await self._transcripts.append(input.transcript, [message])
+            if error is None:
+                return ToolCallResult(transcript=transcript, replayed=replayed)
             return ToolCallResult(
-                transcript=await self._transcripts.append(input.transcript, [message]),
-                name=call.function.name,
-                arguments_preview=call.function.arguments[:PREVIEW_CHARS],
-                error=error[:PREVIEW_CHARS] if error else None,
-                replayed=replayed,
+                transcript=transcript, error=error[:PREVIEW_CHARS], name=call.function.name,
+                arguments_preview=call.function.arguments[:PREVIEW_CHARS], replayed=replayed,
             )
 
 

@@ -14,7 +14,7 @@ from envs import get_env
 from envs.base import Item
 from rollouts.errors import activity_boundary
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease
+from sandboxes.schema import SlotRef
 from storage.transcripts import TranscriptRef, TranscriptStore
 
 
@@ -22,7 +22,7 @@ class SetupWorkspaceInput(BaseModel):
     env: str
     env_config: dict[str, Any] = Field(default_factory=dict)
     item: Item
-    lease: SlotLease
+    lease: SlotRef
     rollout_key: str
 
 

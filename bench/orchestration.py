@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.procs import TASK_QUEUE, Stack, cpu_seconds, kill_leftover_children, services  # noqa: E402
+from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, kill_leftover_children, services  # noqa: E402
 from bench.runs import SLOT_STEPS, AsyncioRunner, Tally, TemporalRunner  # noqa: E402
 
 ROLES = ("bench", "worker", "temporal", "sandbox", "policy")
@@ -39,6 +39,7 @@ class Measured:
     wall_s: float
     tally: Tally
     cpu_s: dict[str, float]
+    host_busy: float  # fraction of the whole machine's CPU that was busy, whoever used it
 
     @property
     def steps_per_s(self) -> float:
@@ -50,22 +51,25 @@ class Measured:
         cpu = "".join(f"{self.cpu_s.get(role, 0.0) * 1000 / t.steps:9.2f}" for role in ROLES)
         total = sum(self.cpu_s.values())
         return (f"  {self.variant:9}{self.wall_s:8.2f}{t.steps:8d}{self.steps_per_s:9.1f}{latency:9.2f} |{cpu}"
-                f"{total * 1000 / t.steps:8.2f}{100 * total / self.wall_s / os.cpu_count():6.0f}%")
+                f"{total * 1000 / t.steps:8.2f}{100 * total / self.wall_s / os.cpu_count():6.0f}%{100 * self.host_busy:6.0f}%")
 
 
 HEADER = ("  variant    wall s   steps  steps/s  ms/step | CPU ms per step, by process\n"
-          + " " * 46 + "|" + "".join(f"{role:>9}" for role in ROLES) + "   total  busy")
+          + " " * 46 + "|" + "".join(f"{role:>9}" for role in ROLES) + "   total  ours  host")
 
 
 async def measure(name: str, runner, stack: Stack, concurrency: int, trajectories: int, steps: int) -> Measured:
     pids = {"bench": os.getpid(), **stack.pids}
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+    host_before = host_cpu()
     started = time.perf_counter()
     tally = await runner.run(concurrency, trajectories, steps)
     wall = time.perf_counter() - started
     expected = trajectories * (2 * steps + 1)
     assert tally.steps == expected and tally.trajectories == trajectories, (tally.steps, expected)
-    return Measured(name, wall, tally, {role: cpu_seconds(pid) - before[role] for role, pid in pids.items()})
+    host_after = host_cpu()
+    host_busy = (host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9)
+    return Measured(name, wall, tally, {role: cpu_seconds(pid) - before[role] for role, pid in pids.items()}, host_busy)
 
 
 def compare(a: Measured, t: Measured, concurrency: int, steps: int) -> dict:

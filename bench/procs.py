@@ -64,6 +64,13 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(value) for value in fields[11:15]) / CLOCK_TICKS
 
 
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far: what else ran shows as busy here."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values) - idle) / CLOCK_TICKS, sum(values) / CLOCK_TICKS
+
+
 def _my_children() -> dict[int, str]:
     found = {}
     for entry in Path("/proc").iterdir():
@@ -125,7 +132,7 @@ def _output_to(log_path: Path) -> Iterator[None]:
 
 def _env_vars(settings: Settings) -> dict[str, str]:
     """The same settings, as the ROLLOUTS_* variables `python worker.py` reads."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.update({
         "ROLLOUTS_DATA_DIR": str(settings.data_dir),
         "ROLLOUTS_TEMPORAL__ADDRESS": settings.temporal_address,

@@ -43,7 +43,7 @@ from rollouts.settings import Settings
 from sandboxes import placement, upkeep
 from sandboxes.backend import ContainerInfo, SandboxBackend
 from sandboxes.client import SandboxClient
-from sandboxes.schema import Holder, Operation, ReleaseResult, SlotLease, SlotState, ToolOutput
+from sandboxes.schema import Holder, Operation, ReleaseResult, SlotLease, SlotRef, SlotState, ToolOutput
 from sandboxes.upkeep import HealthReport
 
 log = logging.getLogger(__name__)
@@ -154,20 +154,20 @@ class SandboxPool:
         """Lease a slot on some container; a holder that already has a slot gets the same lease again."""
         return await placement.acquire(self, holder, ttl_s, wait_s, allow_network)
 
-    async def renew(self, lease: SlotLease, ttl_s: float = 1800.0) -> SlotLease:
+    async def renew(self, lease: SlotRef, ttl_s: float = 1800.0) -> SlotLease:
         return await self._on(lease.container_id, lambda c: c.renew(lease.slot, lease.lease_id, ttl_s))
 
-    async def release(self, lease: SlotLease, reset: bool = True) -> ReleaseResult:
+    async def release(self, lease: SlotRef, reset: bool = True) -> ReleaseResult:
         return await self._on(lease.container_id, lambda c: c.release(lease.slot, lease.lease_id, reset))
 
-    async def execute(self, lease: SlotLease, call_id: str, operation: Operation) -> ToolOutput:
+    async def execute(self, lease: SlotRef, call_id: str, operation: Operation) -> ToolOutput:
         return await self._on(lease.container_id, lambda c: c.execute(lease.slot, lease.lease_id, call_id, operation))
 
-    async def archive(self, lease: SlotLease, max_bytes: int = 256 * 1024 * 1024) -> bytes:
+    async def archive(self, lease: SlotRef, max_bytes: int = 256 * 1024 * 1024) -> bytes:
         """The leased slot's workspace as a gzipped tar."""
         return await self._on(lease.container_id, lambda c: c.archive(lease.slot, lease.lease_id, max_bytes))
 
-    async def restore(self, lease: SlotLease, data: bytes) -> None:
+    async def restore(self, lease: SlotRef, data: bytes) -> None:
         """Replace the leased slot's workspace with an archive from `archive`."""
         await self._on(lease.container_id, lambda c: c.restore(lease.slot, lease.lease_id, data))
 

@@ -18,14 +18,22 @@ class Holder(BaseModel):
     run_id: str = ""
 
 
-class SlotLease(BaseModel):
-    """Proof that a slot is leased; every slot operation must present it."""
+class SlotRef(BaseModel):
+    """What a slot operation must present: which slot, under which lease."""
 
     container_id: str
     slot: int
     lease_id: str
+
+
+class SlotLease(SlotRef):
+    """Proof that a slot is leased, and to whom."""
+
     holder: Holder
     expires_at: float = Field(description="Unix time at which the lease lapses unless renewed.")
+
+    def ref(self) -> SlotRef:
+        return SlotRef(container_id=self.container_id, slot=self.slot, lease_id=self.lease_id)
 
 
 class AcquireRequest(BaseModel):

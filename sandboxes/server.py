@@ -228,7 +228,7 @@ async def serve(args: argparse.Namespace) -> None:
         sweep_interval_s=args.sweep_interval,
     )
     app = create_app(manager, read_token(args.token_file))
-    listener = socket.create_server((args.host, args.port))
+    listener = _tcp_listener(args.host, args.port)
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
     )
@@ -251,6 +251,17 @@ class _SandboxServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.manager.close()
         await super().shutdown(sockets)
+
+
+def _tcp_listener(host: str, port: int) -> socket.socket:
+    """A listening socket created as IPPROTO_TCP: asyncio turns Nagle off only on connections
+    accepted from such a socket, and with Nagle on every small reply waits ~40 ms for an ACK."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(2048)
+    return listener
 
 
 async def _announce_when_started(server: uvicorn.Server, listener: socket.socket, args: argparse.Namespace) -> None:

@@ -24,21 +24,25 @@ PREFIX = "transcripts"
 
 
 class TranscriptRef(BaseModel):
-    """A transcript as workflows carry it: the head node plus counts, a few hundred bytes."""
+    """A transcript as workflows carry it: the head node plus counts, about a hundred bytes."""
 
     head: str
     messages: int = Field(description="How many messages the transcript holds.")
     tokens: int = Field(description="Estimated context tokens (llm.context.estimate_tokens).")
-    tools: str | None = Field(default=None, description="Key of the tool specs offered to the model.")
 
 
 class _Node(BaseModel):
     parent: str | None
     messages: list[str]
+    tools: str | None = Field(default=None, description="On the first node: the tools offered to the model.")
 
 
-def _key(kind: str, data: bytes) -> str:
-    return f"{PREFIX}/{kind}/{hashlib.sha256(data).hexdigest()}"
+# 128 bits of SHA-256: collision-free for any transcript store, and half the bytes in history.
+DIGEST_HEX = 32
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:DIGEST_HEX]
 
 
 class _Lru(OrderedDict):
@@ -60,37 +64,39 @@ class TranscriptStore:
         self._cache = _Lru(cache_entries)
 
     async def _put(self, kind: str, data: bytes) -> str:
-        key = _key(kind, data)
-        if key not in self._cache and not await self._objects.object_exists(bucket=self._bucket, key=key):
-            await self._objects.put_object(bucket=self._bucket, key=key, data=data)
-        self._cache.put(key, data)
-        return key
+        """Store `data` once; returns its digest, the key that references carry."""
+        digest = _digest(data)
+        path = f"{PREFIX}/{kind}/{digest}"
+        if path not in self._cache and not await self._objects.object_exists(bucket=self._bucket, key=path):
+            await self._objects.put_object(bucket=self._bucket, key=path, data=data)
+        self._cache.put(path, data)
+        return digest
 
-    async def _get(self, key: str) -> bytes:
-        if (cached := self._cache.get(key)) is not None:
-            self._cache.move_to_end(key)
+    async def _get(self, kind: str, digest: str) -> bytes:
+        path = f"{PREFIX}/{kind}/{digest}"
+        if (cached := self._cache.get(path)) is not None:
+            self._cache.move_to_end(path)
             return cached
-        data = await self._objects.get_object(bucket=self._bucket, key=key)
-        self._cache.put(key, data)
+        data = await self._objects.get_object(bucket=self._bucket, key=path)
+        self._cache.put(path, data)
         return data
 
     async def put_tools(self, tools: list[ToolSpec]) -> str:
         return await self._put("tools", json.dumps([t.model_dump() for t in tools], sort_keys=True).encode())
 
     async def tools(self, key: str) -> list[ToolSpec]:
-        return [ToolSpec.model_validate(t) for t in json.loads(await self._get(key))]
+        return [ToolSpec.model_validate(t) for t in json.loads(await self._get("tools", key))]
 
     async def put_message(self, message: Message) -> str:
         return await self._put("messages", message.model_dump_json(exclude_none=True).encode())
 
     async def message(self, key: str) -> Message:
-        return Message.model_validate_json(await self._get(key))
+        return Message.model_validate_json(await self._get("messages", key))
 
     async def start(self, messages: list[Message], tools: list[ToolSpec]) -> TranscriptRef:
         """A new transcript holding `messages`, offering `tools`."""
-        head = await self._append_node(None, messages)
-        return TranscriptRef(head=head, messages=len(messages), tokens=estimate_tokens(messages),
-                             tools=await self.put_tools(tools))
+        head = await self._append_node(None, messages, tools=await self.put_tools(tools))
+        return TranscriptRef(head=head, messages=len(messages), tokens=estimate_tokens(messages))
 
     async def append(self, transcript: TranscriptRef, messages: list[Message]) -> TranscriptRef:
         head = await self._append_node(transcript.head, messages)
@@ -99,16 +105,25 @@ class TranscriptStore:
             "tokens": transcript.tokens + estimate_tokens(messages),
         })
 
-    async def _append_node(self, parent: str | None, messages: list[Message]) -> str:
+    async def _append_node(self, parent: str | None, messages: list[Message], tools: str | None = None) -> str:
         keys = [await self.put_message(m) for m in messages]
-        return await self._put("nodes", _Node(parent=parent, messages=keys).model_dump_json().encode())
+        return await self._put("nodes", _Node(parent=parent, messages=keys, tools=tools).model_dump_json().encode())
 
-    async def load(self, transcript: TranscriptRef | str) -> list[Message]:
-        """Every message, oldest first."""
-        head: str | None = transcript.head if isinstance(transcript, TranscriptRef) else transcript
-        chunks: list[list[str]] = []
+    async def _chain(self, transcript: TranscriptRef) -> list[_Node]:
+        """The nodes from the first to the head."""
+        nodes: list[_Node] = []
+        head: str | None = transcript.head
         while head is not None:
-            node = _Node.model_validate_json(await self._get(head))
-            chunks.append(node.messages)
+            node = _Node.model_validate_json(await self._get("nodes", head))
+            nodes.append(node)
             head = node.parent
-        return [await self.message(key) for chunk in reversed(chunks) for key in chunk]
+        return nodes[::-1]
+
+    async def load(self, transcript: TranscriptRef) -> list[Message]:
+        """Every message, oldest first."""
+        return [await self.message(key) for node in await self._chain(transcript) for key in node.messages]
+
+    async def offered_tools(self, transcript: TranscriptRef) -> list[ToolSpec]:
+        """The tools the transcript was started with."""
+        first = (await self._chain(transcript))[0]
+        return await self.tools(first.tools) if first.tools else []

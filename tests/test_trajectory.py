@@ -165,8 +165,8 @@ async def test_tool_call_retried_after_timeout_is_not_executed_twice(
     @activity.defn(name="tool_call")
     async def tool_call_that_loses_its_first_result(input: ToolCallInput) -> ToolCallResult:
         result = await real.tool_call(input)
-        attempts.append((input.call_id, result.replayed))
-        if activity.info().attempt == 1 and input.call_id.endswith("turn-1/call-0"):
+        attempts.append((input.call_key, result.replayed))
+        if activity.info().attempt == 1 and input.call_key.endswith("turn-1/call-0"):
             await asyncio.sleep(20)  # silent past the 10 s heartbeat timeout
         return result
 

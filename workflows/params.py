@@ -2,7 +2,10 @@
 
 Heartbeat timeouts are what bring a step back after a worker dies: a step on a dead
 worker is retried on another within its heartbeat timeout (10 s), or its start-to-close
-timeout for steps too short to heartbeat (at most 15 s for steps a rollout waits on). Errors our code marks non-retryable (a
+timeout for steps too short to heartbeat (at most 15 s for steps a rollout waits on).
+Which errors are worth retrying is decided where they are raised (rollouts/errors.py
+marks each ApplicationError), not listed here: the list would be repeated in every
+scheduled step's history event. Errors our code marks non-retryable (a
 400 from the model, a bad item, an unknown env) are never retried.
 """
 
@@ -14,10 +17,6 @@ from typing import Any
 
 from temporalio.common import RetryPolicy
 
-NON_RETRYABLE = [
-    "ConfigError", "TaskError", "UnknownEnv", "BadItem", "PayloadTooLarge", "SandboxAuthError", "BadToolRequest",
-    "SnapshotTooLarge",
-]
 
 
 def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float = 30.0) -> RetryPolicy:
@@ -26,7 +25,6 @@ def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float =
         backoff_coefficient=2.0,
         maximum_interval=timedelta(seconds=max_interval_s),
         maximum_attempts=max_attempts,
-        non_retryable_error_types=NON_RETRYABLE,
     )
 
 

@@ -26,8 +26,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from rollouts import search_attributes as sa
-    from rollouts.records import PendingCalls, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
-    from sandboxes.schema import SlotLease
+    from rollouts.records import PendingCalls, Sampling, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
+    from sandboxes.schema import SlotLease, SlotRef
     from storage.snapshots import snapshot_key
     from workflows import params
 
@@ -104,28 +104,29 @@ class TrajectoryWorkflow:
                 SlotActivities.acquire_slot, AcquireSlotInput(allow_network=input.allow_network),
                 params.ACQUIRE_SLOT, StopReason.SANDBOX_ERROR, "acquire",
             )
+            slot = lease.ref()
             if snapshot:
                 self._phase = "restore"
-                await self._step(SnapshotActivities.restore_workspace, SnapshotInput(lease=lease, key=snapshot),
+                await self._step(SnapshotActivities.restore_workspace, SnapshotInput(lease=slot, key=snapshot),
                                  params.SETUP_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
             else:
                 self._phase = "setup"
                 ready = await self._step(
                     WorkspaceActivities.setup_workspace,
-                    SetupWorkspaceInput(env=input.env, env_config=input.env_config, item=input.item, lease=lease,
+                    SetupWorkspaceInput(env=input.env, env_config=input.env_config, item=input.item, lease=slot,
                                         rollout_key=rollout_key),
                     params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
                 )
                 result.transcript = ready.transcript
             if result.agent_stop is None:
-                await self._agent_loop(input, lease, rollout_key)
+                await self._agent_loop(input, slot)
                 result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
             if result.stop_reason.scored:
                 self._phase = "verify"
                 assert result.transcript is not None
                 verdict = await self._step(
                     VerifyActivities.verify,
-                    VerifyInput(env=input.env, env_config=input.env_config, item=input.item, lease=lease,
+                    VerifyInput(env=input.env, env_config=input.env_config, item=input.item, lease=slot,
                                 rollout_key=rollout_key, transcript=result.transcript),
                     params.VERIFY, StopReason.ENV_ERROR, "verify",
                 )
@@ -133,7 +134,7 @@ class TrajectoryWorkflow:
         except StepFailed as failed:
             result.stop_reason, result.stop_detail, result.score = failed.reason, failed.detail, 0.0
             if lease is not None:
-                await self._save_workspace(lease, rollout_key)
+                await self._save_workspace(lease.ref(), rollout_key)
         except asyncio.CancelledError:
             result.stop_reason, result.stop_detail = StopReason.CANCELLED, "the rollout was cancelled"
             raise
@@ -172,7 +173,7 @@ class TrajectoryWorkflow:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
         return point.snapshot
 
-    async def _agent_loop(self, input: TrajectoryInput, lease: SlotLease, rollout_key: str) -> None:
+    async def _agent_loop(self, input: TrajectoryInput, slot: SlotRef) -> None:
         result = self._result
         assert result is not None and result.transcript is not None
         limits = input.limits
@@ -189,8 +190,8 @@ class TrajectoryWorkflow:
                 try:
                     turn = await self._step(
                         LlmActivities.llm_turn,
-                        LlmTurnInput(policy=input.policy, lease=lease, transcript=result.transcript,
-                                     sampling=input.sampling),
+                        LlmTurnInput(policy=input.policy, lease=slot, transcript=result.transcript,
+                                     sampling=None if input.sampling == Sampling() else input.sampling),
                         params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
                     )
                 except StepFailed as failed:
@@ -201,12 +202,12 @@ class TrajectoryWorkflow:
                 result.transcript = turn.transcript
                 if not turn.calls:
                     return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
-                result.pending = PendingCalls(assistant=turn.assistant, count=len(turn.calls))
-            await self._run_pending(input, lease, rollout_key)
+                result.pending = PendingCalls(assistant=turn.assistant, count=turn.calls)
+            await self._run_pending(input, slot)
             if result.tool_calls >= limits.max_tool_calls and result.pending is not None:
                 return self._stop(StopReason.MAX_TOOL_CALLS, f"reached {limits.max_tool_calls} tool calls")
 
-    async def _run_pending(self, input: TrajectoryInput, lease: SlotLease, rollout_key: str) -> None:
+    async def _run_pending(self, input: TrajectoryInput, slot: SlotRef) -> None:
         result = self._result
         assert result is not None and result.pending is not None and result.transcript is not None
         pending = result.pending
@@ -217,7 +218,7 @@ class TrajectoryWorkflow:
             self._phase = f"tool {result.turns}.{index}"
             outcome = await self._step(
                 ToolActivities.tool_call,
-                ToolCallInput(lease=lease, call_id=f"{rollout_key}/turn-{result.turns}/call-{index}",
+                ToolCallInput(lease=slot, call_key=f"turn-{result.turns}/call-{index}",
                               transcript=result.transcript, assistant=pending.assistant, index=index,
                               default_timeout_s=input.limits.command_timeout_s),
                 params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools",
@@ -228,7 +229,8 @@ class TrajectoryWorkflow:
             pending.next_index += 1
             if outcome.error:
                 result.tool_errors.append(ToolErrorRecord(
-                    turn=result.turns, tool_name=outcome.name, arguments=outcome.arguments_preview, error=outcome.error,
+                    turn=result.turns, tool_name=outcome.name or "", arguments=outcome.arguments_preview or "",
+                    error=outcome.error,
                 ))
         result.pending = None
 
@@ -252,7 +254,7 @@ class TrajectoryWorkflow:
             timings = self._result.timings
             timings[timing] = round(timings.get(timing, 0.0) + _seconds_since(started), 3)
 
-    async def _save_workspace(self, lease: SlotLease, rollout_key: str) -> None:
+    async def _save_workspace(self, slot: SlotRef, rollout_key: str) -> None:
         """Before the slot goes back: the files a resumed run will continue with."""
         result = self._result
         assert result is not None
@@ -261,7 +263,7 @@ class TrajectoryWorkflow:
         try:
             result.snapshot = await workflow.execute_activity_method(
                 SnapshotActivities.snapshot_workspace,
-                SnapshotInput(lease=lease, key=snapshot_key(info.workflow_id, info.run_id)),
+                SnapshotInput(lease=slot, key=snapshot_key(info.workflow_id, info.run_id)),
                 **params.SNAPSHOT.options(),
             )
         except ActivityError as err:
