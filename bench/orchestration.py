@@ -81,7 +81,8 @@ def compare(a: Measured, t: Measured, concurrency: int, steps: int) -> dict:
     ratio = t.steps_per_s / a.steps_per_s
     print(f"  => orchestration cost {extra_ms:+.2f} ms per step ({per_activity:+.2f} ms per activity counting "
           f"acquire/setup/verify/release), {cpu_extra:+.2f} CPU-ms per step; throughput temporal/asyncio = {ratio:.2f}")
-    return {"c": concurrency, "asyncio": a.steps_per_s, "temporal": t.steps_per_s, "ratio": ratio, "extra_ms": extra_ms}
+    return {"c": concurrency, "asyncio": a.steps_per_s, "temporal": t.steps_per_s, "ratio": ratio, "extra_ms": extra_ms,
+            "cpu": {name: sum(m.cpu_s.values()) * 1000 / n for name, m in (("asyncio", a), ("temporal", t))}}
 
 
 async def run_level(stack: Stack, runners: dict, args, concurrency: int, trajectories: int) -> dict:
@@ -113,6 +114,10 @@ def summary(rows: list[dict]) -> None:
         else:
             target = "-"
         print(f"  {r['c']:11d}{r['asyncio']:17.1f}{r['temporal']:18.1f}{r['ratio']:18.2f}{r['extra_ms']:14.2f}  {target}")
+    budget = os.cpu_count() * 1000 / TARGET_STEPS_S
+    cpu = rows[-1]["cpu"]
+    print(f"  {TARGET_STEPS_S:.0f} steps/s on {os.cpu_count()} CPUs leaves {budget:.1f} CPU-ms per step for every process; at "
+          f"concurrency {rows[-1]['c']} the asyncio variant used {cpu['asyncio']:.1f}, the Temporal one {cpu['temporal']:.1f}")
 
 
 async def amain(args, data_dir: Path) -> None:
@@ -175,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted; every process this benchmark started was stopped", file=sys.stderr)
         code = 130
     finally:
-        kill_leftover_children()
+        kill_leftover_children(data_dir)
         if args.keep:
             print(f"data directory kept: {data_dir}", file=sys.stderr)
         else:
-            shutil.rmtree(data_dir, ignore_errors=True)
+            for _ in range(10):  # a just-stopped server may still be emptying a workspace
+                shutil.rmtree(data_dir, ignore_errors=True)
+                if not data_dir.exists():
+                    break
+                time.sleep(0.5)
+            else:
+                print(f"could not remove the data directory {data_dir}", file=sys.stderr)
     return code
 
 

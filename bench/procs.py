@@ -81,9 +81,16 @@ def _my_children() -> dict[int, str]:
     return found
 
 
-def kill_leftover_children() -> None:
-    """SIGKILL whatever this process started and is still alive (never anything else)."""
-    for pid in _my_children():
+def kill_leftover_children(data_dir: Path | None = None) -> None:
+    """SIGKILL whatever this process started and is still alive, and any process whose command
+    line names our private data directory (a sandbox server restarted by the worker's pool)."""
+    pids = set(_my_children())
+    if data_dir is not None:
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and str(data_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.add(int(entry.name))
+    for pid in pids - {os.getpid()}:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

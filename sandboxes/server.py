@@ -31,7 +31,7 @@ from typing import TypeVar
 import uvicorn
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -94,6 +94,9 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
                 return _json_response(await handler(request))
             except RolloutError as err:
                 return _error_response(err)
+            except ClientDisconnect:  # the caller went away (cancelled or died): nobody to answer
+                log.debug("%s %s: the client disconnected", request.method, request.url.path)
+                return Response(status_code=499)
             except Exception as err:
                 log.exception("%s %s failed", request.method, request.url.path)
                 return _error_response(SandboxError(f"sandbox server error: {type(err).__name__}: {err}"), 500)
