@@ -10,7 +10,7 @@ from activities.heartbeat import heartbeating
 from rollouts.errors import SnapshotTooLarge, activity_boundary
 from rollouts.settings import StorageSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotLease, SlotRef
+from sandboxes.schema import SlotRef
 
 
 class SnapshotInput(BaseModel):

@@ -25,9 +25,8 @@ def _demo_pid_file(settings: Settings) -> Path:
     return settings.data_dir / "demo_policy.pid"
 
 
-def stop_demo_policy(settings: Settings) -> bool:
-    """Stop the demo policy server a worker started; True if one was running."""
-    pid_file = _demo_pid_file(settings)
+def stop_by_pid_file(pid_file: Path, wait_s: float = 10.0) -> bool:
+    """SIGTERM the process a pid file names, SIGKILL it after `wait_s`; True if it was running."""
     if not pid_file.exists():
         return False
     pid = int(pid_file.read_text())
@@ -36,7 +35,20 @@ def stop_demo_policy(settings: Settings) -> bool:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
     return True
+
+
+def stop_demo_policy(settings: Settings) -> bool:
+    """Stop the demo policy server a worker started; True if one was running."""
+    return stop_by_pid_file(_demo_pid_file(settings))
 
 
 def port_open(host: str, port: int) -> bool:

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +21,7 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 from rollouts import search_attributes
 from rollouts.errors import ConfigError
+from rollouts.services import port_open, stop_by_pid_file
 from rollouts.settings import Settings
 from storage.converter import data_converter
 from storage.objects import object_client
@@ -53,12 +51,6 @@ def dev_server_flags() -> list[str]:
     return [*FAST_STEP_FLAGS, *search_attributes.dev_server_flags()]
 
 
-def _listening(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
 def _pid_file(settings: Settings) -> Path:
     return settings.data_dir / "temporal" / "server.pid"
 
@@ -69,7 +61,7 @@ def ensure_dev_server(settings: Settings, *, wait_s: float = 60.0) -> bool:
     Returns True when this call started it.
     """
     port = settings.temporal.embedded_port
-    if _listening("127.0.0.1", port):
+    if port_open("127.0.0.1", port):
         return False
     folder = settings.data_dir / "temporal"
     folder.mkdir(parents=True, exist_ok=True)
@@ -89,7 +81,7 @@ def ensure_dev_server(settings: Settings, *, wait_s: float = 60.0) -> bool:
         )
     _pid_file(settings).write_text(str(proc.pid))
     deadline = time.monotonic() + wait_s
-    while not _listening("127.0.0.1", port):
+    while not port_open("127.0.0.1", port):
         if proc.poll() is not None:
             raise ConfigError(f"the embedded Temporal server exited; see {folder / 'server.log'}")
         if time.monotonic() > deadline:
@@ -101,23 +93,7 @@ def ensure_dev_server(settings: Settings, *, wait_s: float = 60.0) -> bool:
 
 def stop_dev_server(settings: Settings) -> bool:
     """Stop the embedded dev server this project started; True if one was running."""
-    pid_file = _pid_file(settings)
-    if not pid_file.exists():
-        return False
-    pid = int(pid_file.read_text())
-    pid_file.unlink()
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    return True
+    return stop_by_pid_file(_pid_file(settings))
 
 
 async def connect(
