@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
@@ -21,6 +23,7 @@ from llm.context import estimate_tokens
 from rollouts.messages import Message, ToolSpec
 
 PREFIX = "transcripts"
+T = TypeVar("T")
 
 
 class TranscriptRef(BaseModel):
@@ -63,35 +66,36 @@ class TranscriptStore:
         self._bucket = bucket
         self._cache = _Lru(cache_entries)
 
-    async def _put(self, kind: str, data: bytes) -> str:
-        """Store `data` once; returns its digest, the key that references carry."""
+    async def _put(self, kind: str, data: bytes, value: object) -> str:
+        """Store `data` once; returns its digest, the key that references carry. The worker
+        keeps `value` (the parsed form) so a later read costs neither I/O nor parsing."""
         digest = _digest(data)
         path = f"{PREFIX}/{kind}/{digest}"
         if path not in self._cache and not await self._objects.object_exists(bucket=self._bucket, key=path):
             await self._objects.put_object(bucket=self._bucket, key=path, data=data)
-        self._cache.put(path, data)
+        self._cache.put(path, value)
         return digest
 
-    async def _get(self, kind: str, digest: str) -> bytes:
+    async def _get(self, kind: str, digest: str, parse: Callable[[bytes], T]) -> T:
         path = f"{PREFIX}/{kind}/{digest}"
         if (cached := self._cache.get(path)) is not None:
             self._cache.move_to_end(path)
             return cached
-        data = await self._objects.get_object(bucket=self._bucket, key=path)
-        self._cache.put(path, data)
-        return data
+        value = parse(await self._objects.get_object(bucket=self._bucket, key=path))
+        self._cache.put(path, value)
+        return value
 
     async def put_tools(self, tools: list[ToolSpec]) -> str:
-        return await self._put("tools", json.dumps([t.model_dump() for t in tools], sort_keys=True).encode())
+        return await self._put("tools", json.dumps([t.model_dump() for t in tools], sort_keys=True).encode(), tools)
 
     async def tools(self, key: str) -> list[ToolSpec]:
-        return [ToolSpec.model_validate(t) for t in json.loads(await self._get("tools", key))]
+        return await self._get("tools", key, lambda data: [ToolSpec.model_validate(t) for t in json.loads(data)])
 
     async def put_message(self, message: Message) -> str:
-        return await self._put("messages", message.model_dump_json(exclude_none=True).encode())
+        return await self._put("messages", message.model_dump_json(exclude_none=True).encode(), message)
 
     async def message(self, key: str) -> Message:
-        return Message.model_validate_json(await self._get("messages", key))
+        return await self._get("messages", key, Message.model_validate_json)
 
     async def start(self, messages: list[Message], tools: list[ToolSpec]) -> TranscriptRef:
         """A new transcript holding `messages`, offering `tools`."""
@@ -107,14 +111,15 @@ class TranscriptStore:
 
     async def _append_node(self, parent: str | None, messages: list[Message], tools: str | None = None) -> str:
         keys = [await self.put_message(m) for m in messages]
-        return await self._put("nodes", _Node(parent=parent, messages=keys, tools=tools).model_dump_json().encode())
+        node = _Node(parent=parent, messages=keys, tools=tools)
+        return await self._put("nodes", node.model_dump_json().encode(), node)
 
     async def _chain(self, transcript: TranscriptRef) -> list[_Node]:
         """The nodes from the first to the head."""
         nodes: list[_Node] = []
         head: str | None = transcript.head
         while head is not None:
-            node = _Node.model_validate_json(await self._get("nodes", head))
+            node = await self._get("nodes", head, _Node.model_validate_json)
             nodes.append(node)
             head = node.parent
         return nodes[::-1]

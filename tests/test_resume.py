@@ -54,11 +54,11 @@ async def failed_result(client: Client, workflow_id: str) -> TrajectoryResult:
 async def test_resume_after_a_model_outage_keeps_turns_and_files(
     client: Client, settings: Settings, demo_policy: DemoPolicyProcess, pool: SandboxPool
 ) -> None:
-    demo_policy.control(delay_s=0.5)
+    demo_policy.control(delay_s=1.0)
     rollout = f"outage-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(
         TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id="echo-77"), env_config={"steps": 5}),
+        TrajectoryInput(env="echo_chain", item=Item(id="echo-77"), env_config={"steps": 8}),
         id=rollout, task_queue=settings.temporal.task_queue,
     )
 
@@ -78,7 +78,7 @@ async def test_resume_after_a_model_outage_keeps_turns_and_files(
     result = TrajectoryResult.model_validate(await client.get_workflow_handle(rollout).result())
 
     assert result.score == 1.0, "chain.log holds every step once: the files survived and no command ran twice"
-    assert result.turns == 6 and result.resumed_from_run == handle.result_run_id
+    assert result.turns == 9 and result.resumed_from_run == handle.result_run_id
     turns = Counter(next(iter(demo_policy.stats()["conversations"].values())))
     assert all(turns[t] == 0 for t in range(done_before)), f"finished turns were sent again: {turns}"
     described = await client.get_workflow_handle(rollout).describe()
