@@ -73,6 +73,7 @@ STATUS_BY_ERROR: dict[type[RolloutError], int] = {
     SnapshotTooLarge: 413,
 }
 GRACEFUL_SHUTDOWN_S = 5.0
+KEEP_ALIVE_S = 30.0
 
 Model = TypeVar("Model", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel]]]
@@ -233,7 +234,9 @@ async def serve(args: argparse.Namespace) -> None:
     app = create_app(manager, read_token(args.token_file))
     listener = _tcp_listener(args.host, args.port)
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # Longer than httpx's 5 s keep-alive expiry, so a client never reuses a connection the server is closing.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _SandboxServer(config, manager)
     announcer = asyncio.create_task(_announce_when_started(server, listener, args))

@@ -27,6 +27,7 @@ from rollouts.temporal import connect
 from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
 from storage.transcripts import TranscriptStore
+from tests.processes import kill_servers_under
 from worker import Parts, build_worker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +119,7 @@ async def parts(settings: Settings) -> AsyncIterator[Parts]:
     backend = LocalBackend.from_settings(settings)
     for container in await backend.list_containers():
         await backend.stop_container(container.container_id)
+    kill_servers_under(settings.data_dir)
 
 
 @pytest.fixture(scope="session")

@@ -64,3 +64,24 @@ class WorkerProcess:
                 return
             time.sleep(0.1)
         raise AssertionError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
+
+
+def kill_servers_under(data_dir: Path) -> list[int]:
+    """SIGKILL every sandbox server whose root lies under `data_dir`: what a test leaves behind
+    when it kills processes on purpose (a container restarted twice, a worker killed mid-scale-up)."""
+    killed = []
+    marker = str(Path(data_dir).resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "sandboxes.server" in cmdline and marker in cmdline:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+            except ProcessLookupError:
+                pass
+    return killed

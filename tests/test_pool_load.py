@@ -19,7 +19,7 @@ from sandboxes.lease_log import idle_while_waiting, read_lease_events, utilisati
 from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
 from tests.conftest import DemoPolicyProcess, leased_slots, wait_until
-from tests.processes import WorkerProcess
+from tests.processes import WorkerProcess, kill_servers_under
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow
@@ -45,6 +45,7 @@ async def small_pool(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[
     backend = LocalBackend.from_settings(own)
     for container in await backend.list_containers():
         await backend.stop_container(container.container_id)
+    kill_servers_under(own.data_dir)
 
 
 async def test_more_rollouts_than_slots_all_finish_and_no_slot_idles_while_one_waits(
