@@ -149,6 +149,15 @@ def client(project_client: Client, worker: None) -> Client:
     return project_client
 
 
+@pytest.fixture
+async def backend(tmp_path) -> AsyncIterator[LocalBackend]:
+    """A local sandbox backend of two-slot containers in a test's own folder."""
+    local = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
+    yield local
+    for info in local.registry.load():
+        await local.stop_container(info.container_id)
+
+
 @pytest.fixture(autouse=True)
 def _clean_policy(request) -> Iterator[None]:
     """Every test starts with a fault-free demo policy and zeroed counters."""

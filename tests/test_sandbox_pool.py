@@ -15,17 +15,8 @@ from tests.sandbox_fixtures import processes_running, root_of, runs_of, unique_s
 from rollouts.errors import SandboxUnreachable, SlotUnavailable
 from rollouts.settings import Settings
 from sandboxes.client import SandboxClient
-from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import ExecOp, Holder, ReadFileOp
-
-
-@pytest.fixture
-async def backend(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
-    yield backend
-    for info in backend.registry.load():
-        await backend.stop_container(info.container_id)
 
 
 def process_gone(pid: int) -> bool:

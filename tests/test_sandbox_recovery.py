@@ -19,14 +19,6 @@ from sandboxes.registry import ContainerRegistry, RegistryBusy
 from sandboxes.schema import ExecOp, ReadFileOp, WriteFileOp
 
 
-@pytest.fixture
-async def backend(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
-    yield backend
-    for info in backend.registry.load():
-        await backend.stop_container(info.container_id)
-
-
 def kill_server(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
