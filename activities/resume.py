@@ -13,11 +13,10 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollouts.errors import ConfigError, activity_boundary
-from rollouts.records import TrajectoryResult
+from rollouts.records import TrajectoryResult, failed_rollout_result
 from rollouts.settings import StorageSettings
 from storage.snapshots import snapshot_key
 
@@ -46,9 +45,8 @@ async def run_result(client: Client, workflow_id: str, run_id: str | None = None
     try:
         return TrajectoryResult.model_validate(await handle.result(follow_runs=False))
     except WorkflowFailureError as err:
-        cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "RolloutFailed" and cause.details:
-            return TrajectoryResult.model_validate(cause.details[0])
+        if (result := failed_rollout_result(err.cause)) is not None:
+            return result
     try:
         return TrajectoryResult.model_validate(await handle.query("resume_state"))
     except RPCError:

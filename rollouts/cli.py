@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -203,7 +205,7 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
         for slot in container.slots:
             lease = slot.lease
             table.add_row(container.container_id, str(slot.slot), "leased" if lease else "free",
-                          lease.holder.workflow_id if lease else "", f"{lease.expires_at - _now():.0f}" if lease else "")
+                          lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
     Console().print(table)
     return 0
 
@@ -314,12 +316,6 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _now() -> float:
-    import time
-
-    return time.time()
-
-
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from worker import main_async
 
@@ -423,5 +419,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `rollouts` command. It leaves with os._exit once its output is flushed: the Temporal
+    client's native threads can abort the interpreter while it finalizes, which would turn a
+    finished command into a crash and a wrong exit code."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

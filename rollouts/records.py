@@ -143,6 +143,19 @@ class TrajectoryResult(BaseModel):
         return not self.stop_reason.scored
 
 
+ROLLOUT_FAILED = "RolloutFailed"
+"""Type of the ApplicationError a failed rollout ends with; its first detail is the TrajectoryResult."""
+
+
+def failed_rollout_result(cause: BaseException | None) -> TrajectoryResult | None:
+    """The TrajectoryResult a failed rollout carried in its failure, if that is what `cause` is."""
+    from temporalio.exceptions import ApplicationError
+
+    if isinstance(cause, ApplicationError) and cause.type == ROLLOUT_FAILED and cause.details:
+        return TrajectoryResult.model_validate(cause.details[0])
+    return None
+
+
 class BatchProgress(BaseModel):
     batch_id: str
     env: str

@@ -13,7 +13,7 @@ import asyncio
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, CancelledError, ChildWorkflowError, TerminatedError, TimeoutError
+from temporalio.exceptions import CancelledError, ChildWorkflowError, TerminatedError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from rollouts import search_attributes as sa
     from rollouts.records import (
         BatchCursor, BatchInput, BatchProgress, BatchResult, StopReason, TrajectoryInput, TrajectoryResult,
+        failed_rollout_result,
     )
     from workflows import params
     from workflows.trajectory import TrajectoryWorkflow
@@ -35,8 +36,8 @@ def rollout_id(batch_id: str, item_index: int, group_index: int) -> str:
 def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: Item, group_index: int) -> TrajectoryResult:
     """A failed child's TrajectoryResult: carried in its failure, or rebuilt from how it ended."""
     cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type == "RolloutFailed" and cause.details:
-        return TrajectoryResult.model_validate(cause.details[0])
+    if (carried := failed_rollout_result(cause)) is not None:
+        return carried
     if isinstance(cause, TerminatedError):
         reason = StopReason.TERMINATED
     elif isinstance(cause, CancelledError):

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from rollouts import search_attributes as sa
-    from rollouts.records import PendingCalls, Sampling, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
+    from rollouts.records import ROLLOUT_FAILED, PendingCalls, Sampling, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
     from sandboxes.schema import SlotLease, SlotRef
     from storage.snapshots import snapshot_key
     from workflows import params
@@ -149,7 +149,7 @@ class TrajectoryWorkflow:
             )
         if result.failed:
             raise ApplicationError(f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}", result,
-                                   type="RolloutFailed", non_retryable=True)
+                                   type=ROLLOUT_FAILED, non_retryable=True)
         return result
 
     async def _resume_point(self, input: TrajectoryInput) -> str | None:
