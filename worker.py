@@ -32,12 +32,14 @@ from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from rollouts.schedules import ensure_reaper_schedule
+from rollouts.groups import GroupBuilder
 from rollouts.services import ensure_demo_policy
 from rollouts.settings import Settings
 from rollouts.temporal import connect
 from sandboxes.pool import SandboxPool
 from storage.objects import S3ObjectClient, object_client
 from storage.transcripts import TranscriptStore
+from storage.token_traces import TokenTraceStore
 from workflows.batch import BatchWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -55,7 +57,8 @@ class Parts:
         self.objects = objects or object_client(settings)
         self.transcripts = TranscriptStore(self.objects, settings.storage.bucket)
         self.pool = SandboxPool.from_settings(settings)
-        self.llm = LlmActivities(settings, self.transcripts, self.pool)
+        self.traces = TokenTraceStore(self.objects, settings.storage.bucket)
+        self.llm = LlmActivities(settings, self.transcripts, self.traces, self.pool)
 
     async def aclose(self) -> None:
         await self.llm.aclose()
@@ -67,7 +70,7 @@ class Parts:
 def build_activities(client: Client, parts: Parts) -> list:
     settings, pool, transcripts = parts.settings, parts.pool, parts.transcripts
     slots = SlotActivities(pool, settings.sandbox)
-    sinks = SinkActivities(settings, transcripts)
+    sinks = SinkActivities(settings, GroupBuilder(transcripts, parts.traces))
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
     return [

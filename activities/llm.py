@@ -1,11 +1,15 @@
-"""One model turn: one chat request to the rollout's policy endpoint.
+"""One model turn: one request to the rollout's policy endpoint.
 
 The endpoint (and its API key, read from the environment here) is resolved in the
 worker from the policy *name*, so no URL secret or key ever enters a workflow history.
+A chat policy gets the conversation fitted into the context budget; a token-level
+policy (`sglang`/`vllm`) also extends the rollout's token trace, which travels by
+reference like the transcript.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from pydantic import BaseModel, Field
@@ -14,12 +18,20 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from activities.lease_keeper import lease_kept
 from llm.chat import ChatClient
-from rollouts.errors import activity_boundary
+from llm.context import fit_context
+from llm.generate import GenerateClient
+from llm.templates import ChatTemplate
+from llm.token_client import TokenClient
+from rollouts.errors import ConfigError, activity_boundary
+from rollouts.messages import Message
 from rollouts.records import Sampling
-from rollouts.settings import PolicyEndpoint, Settings
+from rollouts.settings import ChatPolicy, GeneratePolicy, Settings
 from sandboxes.pool import SandboxPool
 from sandboxes.schema import SlotRef
+from storage.token_traces import TokenTraceRef, TokenTraceStore
 from storage.transcripts import TranscriptRef, TranscriptStore
+
+DEFAULT_CONTEXT_TOKENS = 32_768
 
 
 class LlmTurnInput(BaseModel):
@@ -27,6 +39,8 @@ class LlmTurnInput(BaseModel):
     lease: SlotRef | None = Field(default=None, description="The rollout's slot, kept leased while the model thinks.")
     transcript: TranscriptRef
     sampling: Sampling | None = Field(default=None, description="None for the defaults (keeps history small).")
+    context_tokens: int = Field(default=DEFAULT_CONTEXT_TOKENS, description="The turn's context budget.")
+    tokens: TokenTraceRef | None = Field(default=None, description="The token trace so far (token-level policies).")
 
 
 class LlmTurnResult(BaseModel):
@@ -36,48 +50,92 @@ class LlmTurnResult(BaseModel):
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    tokens: TokenTraceRef | None = Field(default=None, description="The token trace with this turn (token-level policies).")
 
 
 class LlmActivities:
-    def __init__(self, settings: Settings, transcripts: TranscriptStore, pool: SandboxPool | None = None) -> None:
+    def __init__(self, settings: Settings, transcripts: TranscriptStore, traces: TokenTraceStore,
+                 pool: SandboxPool | None = None) -> None:
         self._settings = settings
         self._transcripts = transcripts
+        self._traces = traces
         self._pool = pool
-        self._clients: dict[str, ChatClient] = {}
+        self._chat_clients: dict[str, ChatClient] = {}
+        self._token_clients: dict[str, TokenClient] = {}
 
-    def _client(self, endpoint: PolicyEndpoint) -> ChatClient:
+    def _chat_client(self, endpoint: ChatPolicy) -> ChatClient:
         key = endpoint.model_dump_json()
-        if key not in self._clients:
-            api_key = os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None
-            self._clients[key] = ChatClient(
-                base_url=endpoint.base_url, model=endpoint.model, api_key=api_key, timeout_s=endpoint.timeout_s
+        if key not in self._chat_clients:
+            self._chat_clients[key] = ChatClient(
+                base_url=endpoint.base_url, model=endpoint.model, api_key=_api_key(endpoint), timeout_s=endpoint.timeout_s
             )
-        return self._clients[key]
+        return self._chat_clients[key]
+
+    async def _token_client(self, endpoint: GeneratePolicy) -> TokenClient:
+        key = endpoint.model_dump_json()
+        if key not in self._token_clients:
+            template = await asyncio.to_thread(ChatTemplate.load, endpoint.tokenizer, endpoint.chat_template)
+            generator = GenerateClient(endpoint.base_url, endpoint.type, _api_key(endpoint), endpoint.timeout_s)
+            self._token_clients.setdefault(key, TokenClient(template, generator, endpoint.tool_call_parser))
+        return self._token_clients[key]
 
     async def aclose(self) -> None:
-        for client in self._clients.values():
+        for client in [*self._chat_clients.values(), *self._token_clients.values()]:
             await client.aclose()
-        self._clients.clear()
+        self._chat_clients.clear()
+        self._token_clients.clear()
 
     @activity.defn(name="llm_turn")
     async def llm_turn(self, input: LlmTurnInput) -> LlmTurnResult:
         with activity_boundary():
-            client = self._client(self._settings.policy_endpoint(input.policy))
-            messages = await self._transcripts.load(input.transcript)
-            tools = await self._transcripts.offered_tools(input.transcript)
-            sampling = input.sampling or Sampling()
-            request = client.complete(messages, tools, temperature=sampling.temperature, max_tokens=sampling.max_tokens)
+            endpoint = self._settings.policy_endpoint(input.policy)
             if self._pool is None:
-                reply = await heartbeating(request)
-            else:
-                async with lease_kept(self._pool, input.lease, self._settings.sandbox.lease_ttl_s):
-                    reply = await heartbeating(request)
-            transcript = await self._transcripts.append(input.transcript, [reply.message])
-            return LlmTurnResult(
-                transcript=transcript,
-                assistant=await self._transcripts.put_message(reply.message),
-                calls=len(reply.message.tool_calls or []),
-                finish_reason=reply.finish_reason,
-                prompt_tokens=reply.usage.get("prompt_tokens"),
-                completion_tokens=reply.usage.get("completion_tokens"),
+                return await heartbeating(self._turn(endpoint, input))
+            async with lease_kept(self._pool, input.lease, self._settings.sandbox.lease_ttl_s):
+                return await heartbeating(self._turn(endpoint, input))
+
+    async def _turn(self, endpoint: ChatPolicy | GeneratePolicy, input: LlmTurnInput) -> LlmTurnResult:
+        messages = await self._transcripts.load(input.transcript)
+        tools = await self._transcripts.offered_tools(input.transcript)
+        sampling = input.sampling or Sampling()
+        if isinstance(endpoint, ChatPolicy):
+            seen = fit_context(messages, input.context_tokens - (sampling.max_tokens or 0))
+            reply = await self._chat_client(endpoint).complete(
+                seen, tools, temperature=sampling.temperature, max_tokens=sampling.max_tokens
             )
+            return await self._record(input, reply.message, finish_reason=reply.finish_reason,
+                                      prompt_tokens=reply.usage.get("prompt_tokens"),
+                                      completion_tokens=reply.usage.get("completion_tokens"))
+        client = await self._token_client(endpoint)
+        prefill = await self._prefill(endpoint, messages, tools)
+        prior = await self._traces.load(input.tokens) if input.tokens else None
+        turn = await client.turn(
+            messages, tools, prior=prior, prior_messages=input.tokens.messages if input.tokens else 0,
+            temperature=sampling.temperature, max_tokens=sampling.max_tokens, context_tokens=input.context_tokens,
+            prefill=prefill, id_seed=input.transcript.head,
+        )
+        restarts = (input.tokens.restarts if input.tokens else 0) + (1 if turn.restarted else 0)
+        trace = await self._traces.append(None if turn.restarted else input.tokens, turn.added,
+                                          messages=len(messages) + 1, restarts=restarts)
+        return await self._record(input, turn.message, finish_reason=turn.finish_reason, prompt_tokens=turn.prompt_tokens,
+                                  completion_tokens=turn.completion_tokens, tokens=trace)
+
+    async def _prefill(self, endpoint: GeneratePolicy, messages: list[Message], tools) -> Message | None:
+        if endpoint.prefill_from is None:
+            return None
+        steer = self._settings.policy_endpoint(endpoint.prefill_from)
+        if not isinstance(steer, ChatPolicy):
+            raise ConfigError(f"prefill_from must name a chat policy, not a {steer.type} one")
+        return (await self._chat_client(steer).complete(messages, tools, temperature=0.0)).message
+
+    async def _record(self, input: LlmTurnInput, reply: Message, **fields) -> LlmTurnResult:
+        return LlmTurnResult(
+            transcript=await self._transcripts.append(input.transcript, [reply]),
+            assistant=await self._transcripts.put_message(reply),
+            calls=len(reply.tool_calls or []),
+            **fields,
+        )
+
+
+def _api_key(endpoint: ChatPolicy | GeneratePolicy) -> str | None:
+    return os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None

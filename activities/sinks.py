@@ -1,8 +1,11 @@
-"""Where finished groups go: a JSONL file of Atropos `ScoredDataGroup`s.
+"""Where finished groups go: a JSONL file of Atropos `ScoredDataGroup`s, and with
+`sink: atropos` also Atropos' trajectory API (`run-api`), where a trainer pulls them.
 
 A group is written only when every rollout in it was scored. Appends are guarded by a
 file lock and an index of written group ids, so a retried write, two workers, or a
-batch gathering again after a resume never write a group twice.
+batch gathering again after a resume never write a group twice. Posting is marked in
+a second index once run-api accepted it; a post whose answer was lost is sent again
+(at least once: a lost group wastes the rollouts, a repeated one only reweights it).
 """
 
 from __future__ import annotations
@@ -11,59 +14,17 @@ import asyncio
 import fcntl
 import json
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from temporalio import activity
 
+from integrations.atropos.api import TrajectoryApi
 from rollouts.errors import ConfigError, activity_boundary
-from rollouts.messages import Message
+from rollouts.groups import GroupBuilder
 from rollouts.records import TrajectoryResult
 from rollouts.settings import Settings
-from storage.transcripts import TranscriptStore
-
-
-class ScoredGroup(BaseModel):
-    """The fields of atroposlib's `ScoredDataGroup`, plus our own `metadata`."""
-
-    tokens: list[list[int]] = Field(default_factory=list)
-    masks: list[list[int]] = Field(default_factory=list)
-    scores: list[float]
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
-    messages: list[list[dict[str, Any]]] | None = None
-    generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
-    group_overrides: dict[str, Any] | None = None
-    overrides: list[dict[str, Any]] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-def build_group(group_id: str, results: list[TrajectoryResult], transcripts: list[list[Message]]) -> ScoredGroup:
-    """One item's group from its scored rollouts and their transcripts."""
-    tool_errors = [e for r in results for e in r.tool_errors]
-    return ScoredGroup(
-        tokens=[[] for _ in results],
-        masks=[[] for _ in results],
-        scores=[r.score for r in results],
-        messages=[[m.to_openai() for m in transcript] for transcript in transcripts],
-        overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in results],
-        metadata={
-            "group_id": group_id,
-            "env": results[0].env,
-            "item_id": results[0].item_id,
-            "rollout_ids": [r.rollout_id for r in results],
-            "stop_reasons": [r.stop_reason.value for r in results],
-            "resumed_rollouts": [r.rollout_id for r in results if r.resumed_from_run],
-            "tool_errors": {
-                "count": len(tool_errors),
-                "by_tool": dict(Counter(e.tool_name for e in tool_errors)),
-                "errors": [e.model_dump() for e in tool_errors[:50]],
-            },
-        },
-    )
 
 
 class OpenSinkInput(BaseModel):
@@ -75,6 +36,8 @@ class WriteGroupInput(BaseModel):
     path: str
     group_id: str
     results: list[TrajectoryResult]
+    sink: Literal["jsonl", "atropos"] = "jsonl"
+    max_token_length: int = 0
 
 
 class WriteGroupResult(BaseModel):
@@ -82,9 +45,9 @@ class WriteGroupResult(BaseModel):
 
 
 class SinkActivities:
-    def __init__(self, settings: Settings, transcripts: TranscriptStore) -> None:
+    def __init__(self, settings: Settings, groups: GroupBuilder) -> None:
         self._settings = settings
-        self._transcripts = transcripts
+        self._groups = groups
 
     @activity.defn(name="open_sink")
     async def open_sink(self, input: OpenSinkInput) -> str:
@@ -102,15 +65,45 @@ class SinkActivities:
         """Write the group if every rollout in it was scored; else leave it pending for a resume."""
         if not input.results or any(r.failed for r in input.results):
             return WriteGroupResult(status="pending")
-        transcripts = [await self._transcripts.load(r.transcript) if r.transcript else [] for r in input.results]
-        line = build_group(input.group_id, input.results, transcripts).model_dump_json()
-        written = await asyncio.to_thread(append_once, Path(input.path), input.group_id, line)
-        return WriteGroupResult(status="written" if written else "already_written")
+        with activity_boundary():
+            api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
+            try:
+                limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
+                group = await self._groups.build(input.group_id, input.results, max_token_length=limit)
+                path = Path(input.path)
+                written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
+                if api is not None and not await asyncio.to_thread(_marked, path, POSTED, input.group_id):
+                    await api.post_group(group.for_api())
+                    await asyncio.to_thread(_mark, path, POSTED, input.group_id)
+            finally:
+                if api is not None:
+                    await api.aclose()
+            return WriteGroupResult(status="written" if written else "already_written")
+
+
+async def _trainer_max_tokens(api: TrajectoryApi) -> int:
+    """The registered trainer's limit; -1 (no trainer yet) means no cut."""
+    return max(0, int((await api.trainer_info()).get("max_token_len", -1)))
+
+
+INDEX, POSTED = ".index", ".posted"
+
+
+def _marked(path: Path, suffix: str, key: str) -> bool:
+    marks = path.with_name(path.name + suffix)
+    return marks.exists() and key in marks.read_text().split()
+
+
+def _mark(path: Path, suffix: str, key: str) -> None:
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(path.with_name(path.name + suffix), "a") as marks:
+            marks.write(key + "\n")
 
 
 def append_once(path: Path, key: str, line: str) -> bool:
     """Append `line` unless `key` was appended before; True when written."""
-    index = path.with_name(path.name + ".index")
+    index = path.with_name(path.name + INDEX)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = set(index.read_text().split()) if index.exists() else set()

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from llm.http_status import error_for_exception, error_for_status, error_snippet, raise_for_status
+from llm.http_status import error_for_status, error_snippet
+from llm.transport import model_http_client, post_json
 from rollouts.errors import MalformedModelReply
 from rollouts.messages import FunctionCall, Message, ToolCall, ToolSpec
 
@@ -53,16 +54,7 @@ class ChatClient:
     ) -> None:
         self.model = model
         self._secrets = (api_key,) if api_key else ()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        if transport is None:
-            limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-            transport = httpx.AsyncHTTPTransport(retries=0, limits=limits)
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s),
-            transport=transport,
-        )
+        self._http = model_http_client(base_url, api_key, timeout_s, transport=transport, max_connections=max_connections)
 
     async def __aenter__(self) -> ChatClient:
         return self
@@ -98,12 +90,7 @@ class ChatClient:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         body.update(extra_body or {})
-        try:
-            response = await self._http.post("chat/completions", json=body)
-        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-            leaks_secret = any(secret in str(exc) for secret in self._secrets)
-            raise error_for_exception(exc, secrets=self._secrets) from (None if leaks_secret else exc)
-        raise_for_status(response, secrets=self._secrets)
+        response = await post_json(self._http, "chat/completions", body, secrets=self._secrets)
         return parse_chat_completion(response.content, fallback_model=self.model, secrets=self._secrets)
 
 

@@ -14,10 +14,11 @@
     │   ├── SandboxRequired         isolation is required but bubblewrap is missing
     │   ├── BadToolRequest          a path outside the workspace, a bad op, ...
     │   └── SnapshotTooLarge        a workspace too big to save for resume
-    └── ModelError                  the model server; carries `status_code`
-        ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
-        ├── ModelRequestRejected    any other 4xx
-        └── MalformedModelReply     a 200 whose body is not a chat completion
+    ├── ModelError                  the model server; carries `status_code`
+    │   ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
+    │   ├── ModelRequestRejected    any other 4xx
+    │   └── MalformedModelReply     a 200 whose body is not a chat completion
+    └── ContextOverflow             the conversation cannot be fitted into the context budget
 
 Errors that cross HTTP travel as `{"error": {"type": ..., "message": ...}}` and are
 raised again with their own type by `raise_from_payload`. Errors that cross into
@@ -124,6 +125,10 @@ class ModelRequestRejected(ModelError):
 
 
 class MalformedModelReply(ModelError):
+    pass
+
+
+class ContextOverflow(RolloutError):
     pass
 
 

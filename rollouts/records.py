@@ -7,11 +7,12 @@ form take plain JSON, and every field but `env` has a default.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import Item
+from storage.token_traces import TokenTraceRef
 from storage.transcripts import TranscriptRef
 
 
@@ -58,7 +59,11 @@ class RolloutLimits(BaseModel):
     max_turns: int = Field(default=30, ge=1, description="Model turns before the rollout stops (max_agent_turns).")
     max_tool_calls: int = Field(default=100, ge=0, description="Tool calls before the rollout stops.")
     wall_clock_s: float = Field(default=1800.0, gt=0, description="Budget from the first model turn to the last.")
-    context_tokens: int = Field(default=32_768, gt=0, description="Context budget; the rollout stops before exceeding it.")
+    context_tokens: int = Field(
+        default=32_768, gt=0,
+        description="Context budget of one model turn: old tool results are shortened, then the oldest middle "
+                    "turns dropped, to fit; the rollout stops only when even that cannot fit.",
+    )
     command_timeout_s: float = Field(default=60.0, gt=0, description="Default timeout of one terminal command.")
 
 
@@ -82,6 +87,13 @@ class BatchInput(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
     max_concurrency: int = Field(default=32, ge=1, le=1000, description="Trajectories running at once.")
     output: str | None = Field(default=None, description="JSONL path for scored groups; results/<batch id>.jsonl when unset.")
+    sink: Literal["jsonl", "atropos"] = Field(
+        default="jsonl", description="Also post each group to the Atropos trajectory API (settings atropos.api_url)."
+    )
+    max_token_length: int = Field(
+        default=0, ge=0, description="Cut token sequences from the end to this length; 0 keeps them whole "
+                                     "(the atropos sink then uses the trainer's max_token_len)."
+    )
     resume: bool = Field(default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts.")
     cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
 
@@ -132,6 +144,7 @@ class TrajectoryResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total.")
     verify_details: dict[str, Any] = Field(default_factory=dict)
     transcript: TranscriptRef | None = Field(default=None, description="The conversation, stored once per message.")
+    tokens: TokenTraceRef | None = Field(default=None, description="Token ids and logprobs, for token-level policies.")
     pending: PendingCalls | None = None
     agent_stop: StopReason | None = Field(default=None, description="Why the model's part ended, once it has.")
     agent_stop_detail: str = ""

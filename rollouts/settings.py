@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 DEMO_POLICY = "demo"
@@ -36,9 +36,13 @@ class TemporalSettings(BaseModel):
     """Web UI address to print when connecting to a non-embedded server."""
 
 
-class PolicyEndpoint(BaseModel):
+class ChatPolicy(BaseModel):
+    """An OpenAI-compatible chat endpoint that parses tool calls itself: for evaluation and SFT data."""
+
     model_config = ConfigDict(extra="forbid")
 
+    type: Literal["chat"] = "chat"
+    """Chat completions with native tool calls (vLLM, SGLang, OpenAI, ...)."""
     base_url: str
     """OpenAI-compatible base URL, e.g. http://localhost:8000/v1."""
     model: str = "default"
@@ -47,6 +51,40 @@ class PolicyEndpoint(BaseModel):
     """Name of the environment variable holding the API key; the key never enters a workflow."""
     timeout_s: float = 300.0
     """Timeout of one model request."""
+
+
+class GeneratePolicy(BaseModel):
+    """Token-exact generation for RL training: token ids in, sampled ids and their logprobs out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["sglang", "vllm"]
+    """SGLang's native `/generate`, or the Atropos vLLM server's `/generate`."""
+    base_url: str
+    """Server root (a trailing /v1 is ignored), e.g. http://localhost:30000."""
+    tokenizer: str
+    """Tokenizer name or local folder; its chat template renders the conversation."""
+    chat_template: str | None = None
+    """A Jinja file used instead of the tokenizer's template (e.g. one that renders tools)."""
+    tool_call_parser: str = "hermes"
+    """How tool calls are read back from generated text (llm.parsers: hermes, qwen3_coder, llama3_json, ...)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key; the key never enters a workflow."""
+    timeout_s: float = 300.0
+    """Timeout of one generation request."""
+    prefill_from: str | None = None
+    """Tests and demos only: a policy whose reply is forced (masked) at the start of each turn, to steer a model too small to choose tools."""
+
+
+def _policy_type(value: Any) -> str:
+    kind = value.get("type", "chat") if isinstance(value, dict) else getattr(value, "type", "chat")
+    return "chat" if kind == "chat" else "generate"
+
+
+PolicyEndpoint = Annotated[
+    Annotated[ChatPolicy, Tag("chat")] | Annotated[GeneratePolicy, Tag("generate")],
+    Discriminator(_policy_type),
+]
 
 
 class SandboxSettings(BaseModel):
@@ -121,6 +159,15 @@ class WorkerSettings(BaseModel):
     """On SIGTERM, how long running activities get to finish before they are handed back."""
 
 
+class AtroposSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    api_url: str = "http://localhost:8000"
+    """Atropos trajectory API (`run-api`) that batches with `sink: atropos` post their groups to."""
+    timeout_s: float = 60.0
+    """Timeout of one request to the trajectory API."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="rollouts.toml"
@@ -137,6 +184,7 @@ class Settings(BaseSettings):
     demo_policy: DemoPolicySettings = Field(default_factory=DemoPolicySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    atropos: AtroposSettings = Field(default_factory=AtroposSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -176,7 +224,7 @@ class Settings(BaseSettings):
     def demo_policy_url(self) -> str:
         return f"http://{self.demo_policy.host}:{self.demo_policy.port}/v1"
 
-    def policy_endpoint(self, policy: str | None) -> PolicyEndpoint:
+    def policy_endpoint(self, policy: str | None) -> ChatPolicy | GeneratePolicy:
         """Resolve a policy name or URL to an endpoint, in the worker (never in a workflow)."""
         from rollouts.errors import ConfigError
 
@@ -184,8 +232,8 @@ class Settings(BaseSettings):
         if name in self.policies:
             return self.policies[name]
         if name == DEMO_POLICY:
-            return PolicyEndpoint(base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0)
+            return ChatPolicy(base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0)
         if name.startswith(("http://", "https://")):
-            return PolicyEndpoint(base_url=name.rstrip("/"))
+            return ChatPolicy(base_url=name.rstrip("/"))
         known = sorted({DEMO_POLICY, *self.policies})
         raise ConfigError(f"unknown policy {name!r}: use a base URL or one of {known}")

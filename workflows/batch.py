@@ -111,7 +111,8 @@ class BatchWorkflow:
         results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
-            WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results)),
+            WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results),
+                            sink=input.sink, max_token_length=input.max_token_length),
             **params.WRITE_GROUP.options(),
         )
         if written.status == "pending":

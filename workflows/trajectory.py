@@ -39,6 +39,7 @@ _STOP_FOR_ERROR = {
     "ModelRequestRejected": StopReason.MODEL_REJECTED,
     "MalformedModelReply": StopReason.MALFORMED_REPLY,
     "SlotUnavailable": StopReason.SLOT_UNAVAILABLE,
+    "ContextOverflow": StopReason.CONTEXT_BUDGET,
     "BadItem": StopReason.BAD_ITEM,
     "UnknownEnv": StopReason.CONFIG_ERROR,
     "ConfigError": StopReason.CONFIG_ERROR,
@@ -167,7 +168,7 @@ class TrajectoryWorkflow:
             workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
             return None
         earlier = point.result
-        for field in ("transcript", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
+        for field in ("transcript", "tokens", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
@@ -184,18 +185,17 @@ class TrajectoryWorkflow:
                     return self._stop(StopReason.MAX_TURNS, f"reached {limits.max_turns} turns")
                 if _seconds_since(loop_started) >= limits.wall_clock_s:
                     return self._stop(StopReason.WALL_CLOCK, f"used the {limits.wall_clock_s:.0f}s budget")
-                if result.transcript.tokens >= limits.context_tokens:
-                    return self._stop(StopReason.CONTEXT_BUDGET, f"context reached {limits.context_tokens} tokens")
                 self._phase = f"turn {result.turns + 1}"
                 try:
                     turn = await self._step(
                         LlmActivities.llm_turn,
                         LlmTurnInput(policy=input.policy, lease=slot, transcript=result.transcript,
-                                     sampling=None if input.sampling == Sampling() else input.sampling),
+                                     sampling=None if input.sampling == Sampling() else input.sampling,
+                                     context_tokens=limits.context_tokens, tokens=result.tokens),
                         params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
                     )
                 except StepFailed as failed:
-                    if failed.reason is StopReason.MALFORMED_REPLY:
+                    if failed.reason in (StopReason.MALFORMED_REPLY, StopReason.CONTEXT_BUDGET):
                         return self._stop(failed.reason, failed.detail)
                     raise
                 result.turns += 1

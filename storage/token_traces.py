@@ -1,0 +1,62 @@
+"""Token traces stored by reference, one segment per model turn.
+
+A turn appends a segment (the tokens added since the last turn: tool results, the
+generation prompt, the model's reply) that names its parent, so a 100-turn rollout
+writes each token once, and its workflow history carries only `TokenTraceRef`s.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+
+from llm.token_trace import TokenTrace
+from storage.content import ContentStore
+
+PREFIX = "token-traces"
+
+
+class TokenTraceRef(BaseModel):
+    """A token trace as workflows carry it."""
+
+    head: str
+    tokens: int = Field(description="Length of the sequence.")
+    generated: int = Field(description="How many of its tokens the model generated.")
+    messages: int = Field(description="How many transcript messages the sequence renders, the last reply included.")
+    restarts: int = Field(default=0, description="Times the sequence began again from a fresh render (template drift or context fitting).")
+
+
+class _Segment(BaseModel):
+    parent: str | None
+    tokens: list[int]
+    logprobs: list[float | None]
+
+
+class TokenTraceStore:
+    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_entries: int = 4_096) -> None:
+        self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
+
+    async def append(self, parent: TokenTraceRef | None, added: TokenTrace, *, messages: int, restarts: int) -> TokenTraceRef:
+        """`parent` extended by `added`; None as parent starts a new sequence."""
+        segment = _Segment(parent=parent.head if parent else None, tokens=added.tokens, logprobs=added.logprobs)
+        head = await self._store.put("segments", segment.model_dump_json().encode(), segment)
+        return TokenTraceRef(
+            head=head,
+            tokens=(parent.tokens if parent else 0) + len(added),
+            generated=(parent.generated if parent else 0) + added.generated_count,
+            messages=messages,
+            restarts=restarts,
+        )
+
+    async def load(self, ref: TokenTraceRef) -> TokenTrace:
+        segments: list[_Segment] = []
+        head: str | None = ref.head
+        while head is not None:
+            segment = await self._store.get("segments", head, _Segment.model_validate_json)
+            segments.append(segment)
+            head = segment.parent
+        trace = TokenTrace()
+        for segment in reversed(segments):
+            trace.tokens.extend(segment.tokens)
+            trace.logprobs.extend(segment.logprobs)
+        return trace
