@@ -48,7 +48,12 @@ class SlotHandle(Protocol):
 
 
 class Env(ABC):
-    """A task family. Subclasses set `name` and are registered in `envs.registry`."""
+    """A task family. Subclasses set `name` and are registered in `envs.registry`.
+
+    Two config keys work for every env: `tools` (names from the tool catalogue, e.g. as
+    resolved from toolsets by `envs.toolsets`) narrows what the model is offered, and
+    `system_prompt` replaces the env's own.
+    """
 
     name: ClassVar[str]
     allow_network: ClassVar[bool] = False
@@ -70,7 +75,7 @@ class Env(ABC):
 
     def prompt_messages(self, item: Item) -> list[Message]:
         messages = []
-        if system := self.system_prompt():
+        if system := self.config.get("system_prompt") or self.system_prompt():
             messages.append(Message(role="system", content=system))
         messages.append(Message(role="user", content=self.format_prompt(item)))
         return messages
@@ -90,4 +95,4 @@ class Env(ABC):
     def tool_specs(self) -> list[ToolSpec]:
         from sandboxes.tools import tool_specs
 
-        return tool_specs(self.tool_names)
+        return tool_specs(self.config.get("tools") or self.tool_names)
