@@ -41,6 +41,7 @@ class LlmTurnInput(BaseModel):
     sampling: Sampling | None = Field(default=None, description="None for the defaults (keeps history small).")
     context_tokens: int = Field(default=DEFAULT_CONTEXT_TOKENS, description="The turn's context budget.")
     tokens: TokenTraceRef | None = Field(default=None, description="The token trace so far (token-level policies).")
+    tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's parser.")
 
 
 class LlmTurnResult(BaseModel):
@@ -112,7 +113,7 @@ class LlmActivities:
         turn = await client.turn(
             messages, tools, prior=prior, prior_messages=input.tokens.messages if input.tokens else 0,
             temperature=sampling.temperature, max_tokens=sampling.max_tokens, context_tokens=input.context_tokens,
-            prefill=prefill, id_seed=input.transcript.head,
+            prefill=prefill, id_seed=input.transcript.head, tool_call_parser=input.tool_call_parser,
         )
         restarts = (input.tokens.restarts if input.tokens else 0) + (1 if turn.restarted else 0)
         trace = await self._traces.append(None if turn.restarted else input.tokens, turn.added,

@@ -63,6 +63,7 @@ class TokenClient:
         context_tokens: int,
         prefill: Message | None = None,
         id_seed: str = "",
+        tool_call_parser: str | None = None,
     ) -> TokenTurn:
         """One model turn. `prior` is the sequence so far, rendering the first `prior_messages`
         of `messages`; None starts a sequence."""
@@ -85,7 +86,8 @@ class TokenClient:
         )
         added.add_generated(generation.ids, generation.logprobs)
         text = forced_text + self.template.decode(generation.ids)
-        parsed = get_parser(self.parser_name, tools=list(tools)).parse(text, id_seed=id_seed)
+        parser = get_parser(tool_call_parser or self.parser_name, tools=list(tools))
+        parsed = parser.parse(text, id_seed=id_seed)
         added.add_context(self.template.encode(self.template.turn_closing(generation.ids)))
         return TokenTurn(
             message=parsed.to_message(), added=added, restarted=restarted, finish_reason=generation.finish_reason,

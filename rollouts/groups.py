@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rollouts.messages import Message
 from rollouts.records import TrajectoryResult
 from storage.token_traces import TokenTraceStore
 from storage.transcripts import TranscriptStore
@@ -60,7 +61,7 @@ class GroupBuilder:
         """`max_token_length` > 0 cuts each token sequence from the end to that length: a
         long rollout still trains on its start instead of its whole group being dropped."""
         messages = [
-            [m.to_openai() for m in await self._transcripts.load(r.transcript)] if r.transcript else [] for r in results
+            [_for_trainer(m) for m in await self._transcripts.load(r.transcript)] if r.transcript else [] for r in results
         ]
         tokens, masks, logprobs = [], [], []
         for result in results:
@@ -88,3 +89,10 @@ class GroupBuilder:
                 "tool_errors": tool_error_stats(results),
             },
         )
+
+
+def _for_trainer(message: Message) -> dict[str, Any]:
+    """OpenAI shape with `content` always present: run-api rejects a message without it."""
+    data = message.to_openai()
+    data.setdefault("content", "")
+    return data

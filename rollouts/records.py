@@ -82,6 +82,7 @@ class BatchInput(BaseModel):
     group_size: int = Field(default=2, ge=1)
     item_offset: int = Field(default=0, ge=0, description="Index of the first item in the env's task set.")
     policy: str | None = Field(default=None, description="Policy name or base URL; the worker's default when unset.")
+    tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's tool-call parser.")
     env_config: dict[str, Any] = Field(default_factory=dict)
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
@@ -105,6 +106,7 @@ class TrajectoryInput(BaseModel):
     item: Item
     env_config: dict[str, Any] = Field(default_factory=dict)
     policy: str | None = None
+    tool_call_parser: str | None = None
     allow_network: bool = False
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)

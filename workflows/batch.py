@@ -139,6 +139,7 @@ class BatchWorkflow:
                     TrajectoryWorkflow.run,
                     TrajectoryInput(
                         env=input.env, item=item, env_config=input.env_config, policy=input.policy,
+                        tool_call_parser=input.tool_call_parser,
                         allow_network=cursor.allow_network, limits=input.limits, sampling=input.sampling,
                         batch_id=progress.batch_id, group_index=group_index, resume_from_run=resume_from,
                     ),

@@ -191,7 +191,8 @@ class TrajectoryWorkflow:
                         LlmActivities.llm_turn,
                         LlmTurnInput(policy=input.policy, lease=slot, transcript=result.transcript,
                                      sampling=None if input.sampling == Sampling() else input.sampling,
-                                     context_tokens=limits.context_tokens, tokens=result.tokens),
+                                     context_tokens=limits.context_tokens, tokens=result.tokens,
+                                     tool_call_parser=input.tool_call_parser),
                         params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
                     )
                 except StepFailed as failed:

@@ -50,6 +50,10 @@ class TrajectoryApi:
         """The registered trainer's `batch_size` and `max_token_len` (-1 before a trainer registers)."""
         return await self._call("GET", "/info")
 
+    async def status(self) -> dict[str, Any]:
+        """The trainer's `current_step` and the `queue_size` of groups waiting."""
+        return await self._call("GET", "/status")
+
     # trainer side
     async def register_trainer(self, **registration: Any) -> dict[str, Any]:
         return await self._call("POST", "/register", registration)
