@@ -4,6 +4,13 @@ Kept apart from the SlotManager's logic (who gets which slot, when) so that ever
 change of state is written down the same way: persisted leases survive a restart
 of the process, the event log feeds measurements, and `idle_since` tells the pool
 when a container may be stopped.
+
+Renewals are the frequent change (every operation renews its lease), and rewriting
+the lease file for each would cost the server a file write per tool call. So the file
+holds each lease with an expiry written ahead of the real one, by a quarter of its
+TTL, and a renewal rewrites it only once the real expiry has passed the written one.
+What a restart restores is then never an expiry earlier than the real one (a live
+lease is never dropped) and at most a quarter TTL later.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from sandboxes.persistence import LeaseStore, StoredLease
 from sandboxes.schema import Holder, LeaseEvent, LeaseEventKind, SlotLease
 from sandboxes.waitline import WaitLine
 
+SAVE_AHEAD = 0.25
+"""How far ahead of a lease's real expiry its saved expiry lies, as a share of its TTL."""
+
 
 class SlotBook:
     def __init__(self, root: Path, slots: int, container_id: str, line: WaitLine) -> None:
@@ -28,6 +38,7 @@ class SlotBook:
         self.idle_since: float | None = None
         self._line = line
         self._store = LeaseStore(root / "leases.json")
+        self._saved_until: dict[str, float] = {}  # lease id -> the expiry the lease file holds for it
         self._events = LeaseLog(root)
         self._restore()
         self.update_idle()
@@ -64,9 +75,26 @@ class SlotBook:
         self._events.record(LeaseEvent(event=event, slot=slot, lease_id=lease_id, holder=holder, **fields))
 
     def save(self) -> None:
-        self._store.save(
-            [StoredLease(lease=s.lease, ttl_s=s.ttl_s, allow_network=s.allow_network) for s in self.slots if s.lease]
-        )
+        """Write every live lease (after a grant or a release), each with an expiry at or after its real one."""
+        saved: dict[str, float] = {}
+        stored = []
+        for slot in self.slots:
+            if (lease := slot.lease) is None:
+                continue
+            written = self._saved_until.get(lease.lease_id, -1.0)
+            if written < lease.expires_at:
+                written = lease.expires_at + SAVE_AHEAD * slot.ttl_s
+            saved[lease.lease_id] = written
+            stored.append(StoredLease(lease=lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
+                                      allow_network=slot.allow_network))
+        self._store.save(stored)
+        self._saved_until = saved
+
+    def renewed(self, slot: Slot) -> None:
+        """After a renewal: write the file only if the lease now outlives the expiry it holds."""
+        assert slot.lease is not None
+        if slot.lease.expires_at > self._saved_until.get(slot.lease.lease_id, -1.0):
+            self.save()
 
     def _restore(self) -> None:
         now = time.time()
@@ -76,3 +104,4 @@ class SlotBook:
             if mine and stored.lease.expires_at > now:
                 slot = self.slots[index]
                 slot.lease, slot.ttl_s, slot.allow_network = stored.lease, stored.ttl_s, stored.allow_network
+                self._saved_until[stored.lease.lease_id] = stored.lease.expires_at

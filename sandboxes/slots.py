@@ -233,7 +233,7 @@ class SlotManager:
     def _renew(self, slot: Slot) -> None:
         assert slot.lease is not None
         slot.lease = slot.lease.model_copy(update={"expires_at": time.time() + slot.ttl_s})
-        self._book.save()
+        self._book.renewed(slot)
 
     def _grant(self, slot: Slot, holder: Holder, ttl_s: float, allow_network: bool, reuse: bool = False) -> SlotLease:
         slot.lease = SlotLease(

@@ -10,7 +10,7 @@ from tests.sandbox_fixtures import needs_bubblewrap, processes_running, runs_of,
 
 from rollouts.errors import BadToolRequest, LeaseLost, SandboxRequired
 from sandboxes import isolation
-from sandboxes.persistence import ResultJournal, StoredResult
+from sandboxes.persistence import LeaseStore, ResultJournal, StoredResult
 from sandboxes.schema import (
     ExecOp,
     ExecuteRequest,
@@ -227,3 +227,43 @@ def test_result_journal_is_bounded_by_output_size_and_reloads(tmp_path):
     assert len(journal) == len(reloaded) == 2
     assert journal.get("c0") is None and reloaded.get("c4").output == "4" * 40
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+
+
+async def test_renewals_rewrite_the_lease_file_rarely_and_a_restart_keeps_the_lease(tmp_path, monkeypatch):
+    """The lease file holds an expiry a quarter TTL ahead of the real one; renewals within that
+    margin write nothing, and a restart right after any renewal still finds the lease alive."""
+    writes: list[float] = []
+    real_save = LeaseStore.save
+
+    def counted_save(self, leases):
+        writes.append(time.time())
+        real_save(self, leases)
+
+    monkeypatch.setattr(LeaseStore, "save", counted_save)
+    root = tmp_path / "root"
+    async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as first:
+        lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=2.0, wait_s=0)
+        for n in range(20):
+            await first.execute(call(lease, f"renewing-{n}", ExecOp(command="true")))
+            first.renew(lease.slot, lease.lease_id, ttl_s=2.0)
+        real_expiry = first.slot_states()[lease.slot].lease.expires_at
+        stored = LeaseStore(root / "leases.json").load()
+        assert len(writes) < 10, f"{len(writes)} lease file writes for 40 renewals"
+        assert [s.lease.lease_id for s in stored] == [lease.lease_id]
+        assert real_expiry <= stored[0].lease.expires_at <= real_expiry + 0.25 * 2.0 + 0.01
+    async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as restarted:
+        again = await restarted.execute(call(lease, "after-restart", ExecOp(command="echo alive")))
+        await restarted.release(lease.slot, lease.lease_id)
+        assert LeaseStore(root / "leases.json").load() == []
+    assert again.output == "alive\n"
+
+
+async def test_a_lease_that_lapsed_before_a_restart_is_not_restored(tmp_path):
+    root = tmp_path / "root"
+    async with SlotManager(root, 1, "c") as first:
+        lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=0.2, wait_s=0)
+    await asyncio.sleep(0.4)  # past the real expiry and the saved one (a quarter TTL later)
+    async with SlotManager(root, 1, "c") as restarted:
+        assert [state.lease for state in restarted.slot_states()] == [None]
+        with pytest.raises(LeaseLost):
+            await restarted.execute(call(lease, "too-late", ExecOp(command="true")))
