@@ -100,6 +100,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         workflows=WORKFLOWS,
         activities=build_activities(client, parts),
         max_concurrent_activities=settings.worker.max_concurrent_activities,
+        max_concurrent_local_activities=settings.worker.max_concurrent_local_activities,
         max_concurrent_workflow_tasks=settings.worker.max_concurrent_workflow_tasks,
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )

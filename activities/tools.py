@@ -3,7 +3,10 @@
 The call is read from the assistant message in the transcript store; arguments are
 parsed and repaired here. A problem the model caused (unknown tool, broken arguments,
 a path outside the workspace) becomes a tool message the model sees, not an activity
-failure. The call id makes a retried attempt replay the sandbox's stored result.
+failure. The call id (workflow id, run id, call key) is the same for every attempt, on
+every worker, so a retried attempt replays the sandbox's stored result. The workflow runs
+this as a local activity (see workflows/params.py), which cannot heartbeat; it is
+registered as a normal activity too, for runs that started before that change.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ class ToolActivities:
             else:
                 info = activity.info()
                 call_id = f"{info.workflow_id}/{info.workflow_run_id}/{input.call_key}"
+                running = self._pool.execute(input.lease, call_id, parsed)
                 try:
-                    output: ToolOutput = await heartbeating(self._pool.execute(input.lease, call_id, parsed))
+                    output: ToolOutput = await (running if info.is_local else heartbeating(running))
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
                     output = ToolOutput(call_id=call_id, ok=False, output=err.message)
                 message, error, replayed = tool_result_message(call.id, output), _tool_error(parsed, output), output.replayed

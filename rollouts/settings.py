@@ -153,6 +153,8 @@ class WorkerSettings(BaseModel):
 
     max_concurrent_activities: int = 500
     """Activities one worker runs at once (they are I/O bound)."""
+    max_concurrent_local_activities: int = 500
+    """Local activities (tool calls) one worker runs at once; the SDK's default of 100 caps concurrent rollouts."""
     max_concurrent_workflow_tasks: int = 200
     """Workflow tasks one worker runs at once."""
     graceful_shutdown_s: float = 30.0

@@ -70,7 +70,7 @@ async def phase_of(handle: WorkflowHandle) -> str:
 PHASES = {
     "setup": ({"setup_sleep_s": STEP_S}, {}, "setup"),
     "model turn": ({}, {"delay_s": STEP_S}, "turn 1"),
-    "tool call": ({"sleep_s": STEP_S}, {}, "tool 1.0"),
+    "tool call": ({"sleep_s": STEP_S}, {}, None),
     "verification": ({"verify_sleep_s": STEP_S}, {}, "verify"),
 }
 
@@ -88,7 +88,13 @@ async def test_worker_killed_mid_step_the_rollout_finishes(
                         env_config={"steps": 2, **env_config}),
         id=f"crash-{phase.replace(' ', '-')}-{uuid.uuid4().hex[:6]}", task_queue=crash_settings.temporal.task_queue,
     )
-    await wait_until(lambda: _in_phase(handle, marker), timeout_s=60, interval_s=0.05)
+    if phase == "tool call":
+        # A tool call is a local activity: it holds the workflow task, so a query waits until
+        # it ends. The model and the sandbox tell instead: turn 1 was answered and the rollout's
+        # slot is running a command.
+        await wait_until(lambda: _running_a_tool_call(pool, demo_policy, handle.id), timeout_s=60, interval_s=0.05)
+    else:
+        await wait_until(lambda: _in_phase(handle, marker), timeout_s=60, interval_s=0.05)
     await asyncio.sleep(1.0)
     killed_at = time.monotonic()
     worker_process.restart()
@@ -109,6 +115,12 @@ async def test_worker_killed_mid_step_the_rollout_finishes(
 
 async def _in_phase(handle: WorkflowHandle, marker: str) -> bool:
     return await phase_of(handle) == marker
+
+
+async def _running_a_tool_call(pool: SandboxPool, demo_policy: DemoPolicyProcess, workflow_id: str) -> bool:
+    if demo_policy.stats()["total"] < 1:
+        return False
+    return any(s.busy and s.lease.holder.workflow_id == workflow_id for s in await leased_slots(pool))
 
 
 async def _no_leases(pool: SandboxPool) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from datetime import timedelta
@@ -12,7 +13,7 @@ import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.tools import ToolActivities, ToolCallInput, ToolCallResult
 from envs.base import Item
@@ -22,6 +23,7 @@ from sandboxes.pool import SandboxPool
 from storage.transcripts import TranscriptStore
 from tests.conftest import DemoPolicyProcess, leased_slots, wait_until
 from worker import Parts, build_activities
+from workflows import params
 from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.slow
@@ -154,20 +156,23 @@ async def _no_leases(pool: SandboxPool) -> bool:
 
 
 async def test_tool_call_retried_after_timeout_is_not_executed_twice(
-    client: Client, settings: Settings, parts: Parts
+    client: Client, settings: Settings, parts: Parts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first attempt runs the command, then its worker goes silent (no heartbeat, no
-    result), as if it died; Temporal times it out and retries. The retry must be answered
-    from the sandbox's stored result: the sandbox's own log shows one execution."""
+    """The first attempt runs the command, then its worker goes silent (no result), as if it
+    hung; the local activity times out and Temporal retries it. The retry must be answered
+    from the sandbox's stored result under the same call id: the sandbox's own log shows one
+    execution."""
+    monkeypatch.setattr(params, "TOOL_CALL_LOCAL", dataclasses.replace(params.TOOL_CALL_LOCAL, start_to_close_s=3))
     real = ToolActivities(parts.pool, parts.transcripts)
-    attempts: list[tuple[str, bool]] = []
+    attempts: list[tuple[str, int, bool, bool]] = []
 
     @activity.defn(name="tool_call")
     async def tool_call_that_loses_its_first_result(input: ToolCallInput) -> ToolCallResult:
         result = await real.tool_call(input)
-        attempts.append((input.call_key, result.replayed))
-        if activity.info().attempt == 1 and input.call_key.endswith("turn-1/call-0"):
-            await asyncio.sleep(20)  # silent past the 10 s heartbeat timeout
+        info = activity.info()
+        attempts.append((input.call_key, info.attempt, info.is_local, result.replayed))
+        if info.attempt == 1 and input.call_key.endswith("turn-1/call-0"):
+            await asyncio.sleep(20)  # silent past the 3 s start-to-close timeout
         return result
 
     activities = [a for a in build_activities(client, parts) if a.__name__ != "tool_call"]
@@ -176,16 +181,27 @@ async def test_tool_call_retried_after_timeout_is_not_executed_twice(
         client, task_queue=task_queue, workflows=[TrajectoryWorkflow],
         activities=[*activities, tool_call_that_loses_its_first_result],
         graceful_shutdown_timeout=timedelta(seconds=1),
+        workflow_runner=UnsandboxedWorkflowRunner(),  # as workers run it; the sandbox would re-import params
     ):
         input = rollout(item="echo-1", env="echo_chain", env_config={"steps": 2})
         result = await run(client, settings, input, task_queue=task_queue)
 
     assert result.score == 1.0 and result.tool_calls == 2, "each step appended exactly once"
-    first_call = [replayed for call_id, replayed in attempts if call_id.endswith("turn-1/call-0")]
-    assert first_call == [False, True]
+    first_call = [(attempt, local, replayed) for key, attempt, local, replayed in attempts if key.endswith("turn-1/call-0")]
+    assert first_call == [(1, True, False), (2, True, True)]
     executions = _executions(settings, f"{result.rollout_id}/")
     first = [e for e in executions if e["call_id"].endswith("turn-1/call-0")]
     assert len(first) == 1, executions
+
+
+async def test_tool_calls_are_local_activities_that_leave_no_activity_events(client: Client, settings: Settings) -> None:
+    result = await run(client, settings, rollout(item="echo-2", env="echo_chain", env_config={"steps": 2}))
+    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    assert result.tool_calls == 2 and "tool_call" not in scheduled
+    assert len(markers) >= 2, "each tool call's result is recorded as a local activity marker"
 
 
 def _executions(settings: Settings, prefix: str) -> list[dict]:

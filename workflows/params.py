@@ -34,9 +34,9 @@ class StepParams:
     heartbeat_s: float | None
     retry: RetryPolicy
 
-    def options(self, *, extra_start_to_close_s: float = 0.0) -> dict[str, Any]:
+    def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {
-            "start_to_close_timeout": timedelta(seconds=self.start_to_close_s + extra_start_to_close_s),
+            "start_to_close_timeout": timedelta(seconds=self.start_to_close_s),
             "retry_policy": self.retry,
         }
         if self.heartbeat_s is not None:
@@ -50,8 +50,18 @@ ACQUIRE_SLOT = StepParams(start_to_close_s=3600, heartbeat_s=10, retry=_retry(10
 SETUP_WORKSPACE = StepParams(start_to_close_s=900, heartbeat_s=10, retry=_retry(5))
 # A model call may take minutes; the heartbeat finds a dead worker in seconds.
 LLM_TURN = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(8, max_interval_s=60))
-# Tool calls add the command's own timeout to this; the sandbox answers retries from its result store.
-TOOL_CALL = StepParams(start_to_close_s=60, heartbeat_s=10, retry=_retry(6))
+# The longest command timeout a tool call may ask for; a tool call's step gets 60 s on top of it.
+MAX_COMMAND_TIMEOUT_S = 600.0
+# A tool call is a local activity: it runs on the worker that runs the workflow task, with no
+# activity task round trip through the server, and its result is recorded with the next
+# workflow task. It cannot heartbeat; instead the SDK keeps the workflow task alive while it
+# runs, so a dead worker shows as a workflow task timeout (10 s) and the next worker runs the
+# call again under the same call id, which the sandbox answers from its result store (or by
+# waiting on the same command if it is still running). Retry backoffs stay under the local
+# retry threshold (1 min), so every retry runs on the same worker.
+TOOL_CALL_LOCAL = StepParams(start_to_close_s=60 + MAX_COMMAND_TIMEOUT_S, heartbeat_s=None, retry=_retry(6))
+# Tool calls of runs that started before they became local activities (workflow.patched).
+TOOL_CALL = StepParams(start_to_close_s=60 + MAX_COMMAND_TIMEOUT_S, heartbeat_s=10, retry=_retry(6))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
 RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
 WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))

@@ -31,7 +31,8 @@ with workflow.unsafe.imports_passed_through():
     from storage.snapshots import snapshot_key
     from workflows import params
 
-MAX_COMMAND_TIMEOUT_S = 600.0
+# Tool calls run as local activities from this patch on (see params.TOOL_CALL_LOCAL).
+TOOL_CALLS_LOCAL = "tool-calls-local"
 
 # Error types raised by our activities (see rollouts/errors.py) -> why the rollout stopped.
 _STOP_FOR_ERROR = {
@@ -217,14 +218,15 @@ class TrajectoryWorkflow:
                 return
             index = pending.next_index
             self._phase = f"tool {result.turns}.{index}"
-            outcome = await self._step(
-                ToolActivities.tool_call,
-                ToolCallInput(lease=slot, call_key=f"turn-{result.turns}/call-{index}",
-                              transcript=result.transcript, assistant=pending.assistant, index=index,
-                              default_timeout_s=input.limits.command_timeout_s),
-                params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools",
-                extra_start_to_close_s=MAX_COMMAND_TIMEOUT_S,
-            )
+            call = ToolCallInput(lease=slot, call_key=f"turn-{result.turns}/call-{index}",
+                                 transcript=result.transcript, assistant=pending.assistant, index=index,
+                                 default_timeout_s=input.limits.command_timeout_s)
+            if workflow.patched(TOOL_CALLS_LOCAL):
+                outcome = await self._step(ToolActivities.tool_call, call, params.TOOL_CALL_LOCAL,
+                                           StopReason.SANDBOX_ERROR, "tools", local=True)
+            else:  # a run that started before tool calls became local activities replays as it ran
+                outcome = await self._step(ToolActivities.tool_call, call, params.TOOL_CALL,
+                                           StopReason.SANDBOX_ERROR, "tools")
             result.tool_calls += 1
             result.transcript = outcome.transcript
             pending.next_index += 1
@@ -240,12 +242,11 @@ class TrajectoryWorkflow:
         self._result.stop_reason, self._result.stop_detail = reason, detail
 
     async def _step(self, method, arg, step: params.StepParams, phase_default: StopReason, timing: str, *,
-                    extra_start_to_close_s: float = 0.0):
+                    local: bool = False):
         started = workflow.now()
+        execute = workflow.execute_local_activity_method if local else workflow.execute_activity_method
         try:
-            return await workflow.execute_activity_method(
-                method, arg, **step.options(extra_start_to_close_s=extra_start_to_close_s)
-            )
+            return await execute(method, arg, **step.options())
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise asyncio.CancelledError() from err
