@@ -19,7 +19,8 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.envs import EnvActivities
 from activities.llm import LlmActivities
@@ -93,6 +94,13 @@ def build_activities(client: Client, parts: Parts) -> list:
 
 
 def build_worker(client: Client, parts: Parts) -> Worker:
+    """The worker `python worker.py` runs.
+
+    Workflow code runs unsandboxed unless `worker.sandboxed_workflows` is set: the sandbox
+    imports the workflow modules afresh for every run and guards the stdlib on every
+    workflow task, CPU that a 2-core worker needs for steps. Our workflows are
+    deterministic and import only pass-through modules; a test replays a rollout's
+    history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
     return Worker(
         client,
@@ -102,6 +110,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         max_concurrent_activities=settings.worker.max_concurrent_activities,
         max_concurrent_local_activities=settings.worker.max_concurrent_local_activities,
         max_concurrent_workflow_tasks=settings.worker.max_concurrent_workflow_tasks,
+        workflow_runner=SandboxedWorkflowRunner() if settings.worker.sandboxed_workflows else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )
 

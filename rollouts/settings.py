@@ -157,6 +157,8 @@ class WorkerSettings(BaseModel):
     """Local activities (tool calls) one worker runs at once; the SDK's default of 100 caps concurrent rollouts."""
     max_concurrent_workflow_tasks: int = 200
     """Workflow tasks one worker runs at once."""
+    sandboxed_workflows: bool = False
+    """Run workflow code in Temporal's workflow sandbox: it catches non-determinism but costs CPU on every workflow task."""
     graceful_shutdown_s: float = 30.0
     """On SIGTERM, how long running activities get to finish before they are handed back."""
 

@@ -1,4 +1,4 @@
-"""One rollout at a time: stop reasons, slot release, and a retried tool call that runs once."""
+"""One rollout at a time: stop reasons, slot release, a retried tool call that runs once, replay under the sandbox."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.tools import ToolActivities, ToolCallInput, ToolCallResult
 from envs.base import Item
@@ -22,7 +23,7 @@ from rollouts.settings import Settings
 from sandboxes.pool import SandboxPool
 from storage.transcripts import TranscriptStore
 from tests.conftest import DemoPolicyProcess, leased_slots, wait_until
-from worker import Parts, build_activities
+from worker import WORKFLOWS, Parts, build_activities
 from workflows import params
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -202,6 +203,18 @@ async def test_tool_calls_are_local_activities_that_leave_no_activity_events(cli
     markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
     assert result.tool_calls == 2 and "tool_call" not in scheduled
     assert len(markers) >= 2, "each tool call's result is recorded as a local activity marker"
+
+
+async def test_a_rollout_history_replays_under_the_workflow_sandbox(client: Client, settings: Settings) -> None:
+    """Workers run workflow code unsandboxed (worker.sandboxed_workflows is off); replaying a
+    real history under the sandboxed runner catches a non-deterministic call or a restricted
+    import that a change let into workflow code."""
+    result = await run(client, settings, rollout(item="echo-3", env="echo_chain", env_config={"steps": 2}))
+    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
+    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(),
+                        data_converter=client.data_converter)
+    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
 
 
 def _executions(settings: Settings, prefix: str) -> list[dict]:
