@@ -35,7 +35,7 @@ import httpx
 from rollouts.errors import SandboxError, SandboxUnreachable
 from rollouts.settings import Settings
 from sandboxes.backend import ContainerInfo, ContainerState, SandboxBackend
-from sandboxes.persistence import LeaseStore
+from sandboxes.persistence import LEASE_FILE, LeaseStore
 from sandboxes.processes import server_alive, stop_process, tail, terminate
 from sandboxes.registry import ContainerRegistry
 from sandboxes.schema import SlotLease
@@ -160,7 +160,7 @@ class LocalBackend(SandboxBackend):
     async def forget_container(self, container_id: str) -> list[SlotLease]:
         """Unregister a container that cannot be restarted; the leases it had persisted are lost."""
         await self.stop_container(container_id)
-        stored = LeaseStore(self.container_dir(container_id) / "root" / "leases.json").load()
+        stored = LeaseStore(self.container_dir(container_id) / "root" / LEASE_FILE).load()
         return [entry.lease for entry in stored]
 
     def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:

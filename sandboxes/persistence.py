@@ -136,21 +136,75 @@ class StoredLease(BaseModel):
     allow_network: bool
 
 
+LEASE_FILE = "lease_book.jsonl"
+LEGACY_LEASE_FILE = "leases.json"  # the whole book as one JSON array, as earlier servers wrote it
+
+
 class LeaseStore:
-    """The live leases of one server, rewritten whole on every change."""
+    """The live leases of one server, as an append-only journal: one line per lease written
+    (`put`: a grant, or an expiry moved ahead) and per lease ended (`drop`), rewritten to one
+    line per live lease by `compact`. Appending keeps a grant or a release one short write,
+    however many slots the server has. A torn last line (a crash mid-write) is skipped."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lines = 0
+        """Lines in the file, for the caller to decide when to compact."""
 
     def load(self) -> list[StoredLease]:
+        """The live leases, the latest written for each slot; reads the legacy JSON array too."""
+        legacy = self.path.with_name(LEGACY_LEASE_FILE)
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            return [StoredLease.model_validate(item) for item in raw]
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return []
+            return self._load_legacy(legacy) if legacy.exists() else []
+        live: dict[int, StoredLease] = {}
+        self.lines = 0
+        for line in text.splitlines():
+            self.lines += 1
+            try:
+                entry = json.loads(line)
+                if "put" in entry:
+                    stored = StoredLease.model_validate(entry["put"])
+                    live[stored.lease.slot] = stored
+                elif "drop" in entry:
+                    live = {slot: s for slot, s in live.items() if s.lease.lease_id != entry["drop"]}
+            except (ValueError, ValidationError, TypeError):
+                log.warning("lease journal %s has a damaged line; it was skipped", self.path)
+        return list(live.values())
+
+    def put(self, stored: StoredLease) -> None:
+        self._append({"put": stored.model_dump(mode="json")})
+
+    def drop(self, lease_id: str) -> None:
+        self._append({"drop": lease_id})
+
+    def compact(self, leases: list[StoredLease]) -> None:
+        write_lines_atomically(self.path, [json.dumps({"put": s.model_dump(mode="json")}) for s in leases])
+        self.lines = len(leases)
+        self.path.with_name(LEGACY_LEASE_FILE).unlink(missing_ok=True)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(entry) + "\n")
+        self.lines += 1
+
+    def _load_legacy(self, legacy: Path) -> list[StoredLease]:
+        try:
+            return [StoredLease.model_validate(item) for item in json.loads(legacy.read_text(encoding="utf-8"))]
         except (ValueError, ValidationError) as err:
-            log.warning("lease file %s is unreadable (%s); starting with no leases", self.path, err)
+            log.warning("lease file %s is unreadable (%s); starting with no leases", legacy, err)
             return []
 
-    def save(self, leases: list[StoredLease]) -> None:
-        write_json_atomically(self.path, [lease.model_dump(mode="json") for lease in leases])
+
+def write_lines_atomically(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.writelines(line + "\n" for line in lines)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

@@ -5,12 +5,13 @@ change of state is written down the same way: persisted leases survive a restart
 of the process, the event log feeds measurements, and `idle_since` tells the pool
 when a container may be stopped.
 
-Renewals are the frequent change (every operation renews its lease), and rewriting
-the lease file for each would cost the server a file write per tool call. So the file
-holds each lease with an expiry written ahead of the real one, by a quarter of its
-TTL, and a renewal rewrites it only once the real expiry has passed the written one.
-What a restart restores is then never an expiry earlier than the real one (a live
-lease is never dropped) and at most a quarter TTL later.
+Leases are kept in an append-only journal (`sandboxes.persistence.LeaseStore`): a
+grant or a release appends one line instead of rewriting every live lease. Renewals
+are the frequent change (every operation renews its lease), so the journal holds
+each lease with an expiry written ahead of the real one, by a quarter of its TTL, and
+a renewal writes only once the real expiry has passed the written one. What a
+restart restores is then never an expiry earlier than the real one (a live lease is
+never dropped) and at most a quarter TTL later.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from typing import Any
 
 from sandboxes.execution import Slot
 from sandboxes.lease_log import LeaseLog
-from sandboxes.persistence import LeaseStore, StoredLease
+from sandboxes.persistence import LEASE_FILE, LeaseStore, StoredLease
 from sandboxes.schema import Holder, LeaseEvent, LeaseEventKind, SlotLease
 from sandboxes.waitline import WaitLine
 
 SAVE_AHEAD = 0.25
 """How far ahead of a lease's real expiry its saved expiry lies, as a share of its TTL."""
+COMPACT_LINES = 1024
+"""The lease journal is rewritten once it has this many lines and four times as many as live leases."""
 
 
 class SlotBook:
@@ -37,7 +40,7 @@ class SlotBook:
             slot.workspace.mkdir(parents=True, exist_ok=True)
         self.idle_since: float | None = None
         self._line = line
-        self._store = LeaseStore(root / "leases.json")
+        self._store = LeaseStore(root / LEASE_FILE)
         self._saved_until: dict[str, float] = {}  # lease id -> the expiry the lease file holds for it
         self._events = LeaseLog(root)
         self._restore()
@@ -74,27 +77,42 @@ class SlotBook:
         lease_id, holder = (lease.lease_id, lease.holder) if lease else (None, holder)
         self._events.record(LeaseEvent(event=event, slot=slot, lease_id=lease_id, holder=holder, **fields))
 
-    def save(self) -> None:
-        """Write every live lease (after a grant or a release), each with an expiry at or after its real one."""
-        saved: dict[str, float] = {}
-        stored = []
-        for slot in self.slots:
-            if (lease := slot.lease) is None:
-                continue
-            written = self._saved_until.get(lease.lease_id, -1.0)
-            if written < lease.expires_at:
-                written = lease.expires_at + SAVE_AHEAD * slot.ttl_s
-            saved[lease.lease_id] = written
-            stored.append(StoredLease(lease=lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
-                                      allow_network=slot.allow_network))
-        self._store.save(stored)
-        self._saved_until = saved
+    def granted(self, slot: Slot) -> None:
+        """After a grant (or a lease given again to its holder): write it, expiry ahead."""
+        assert slot.lease is not None
+        written = slot.lease.expires_at + SAVE_AHEAD * slot.ttl_s
+        self._saved_until[slot.lease.lease_id] = written
+        stored = StoredLease(lease=slot.lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
+                             allow_network=slot.allow_network)
+        self._store.put(stored)
+        self._compact_if_long()
 
     def renewed(self, slot: Slot) -> None:
-        """After a renewal: write the file only if the lease now outlives the expiry it holds."""
+        """After a renewal: write only if the lease now outlives the expiry the journal holds."""
         assert slot.lease is not None
         if slot.lease.expires_at > self._saved_until.get(slot.lease.lease_id, -1.0):
-            self.save()
+            self.granted(slot)
+
+    def ended(self, lease: SlotLease) -> None:
+        """After a release, an expiry or a reap."""
+        self._saved_until.pop(lease.lease_id, None)
+        self._store.drop(lease.lease_id)
+        self._compact_if_long()
+
+    def _compact_if_long(self) -> None:
+        live = [slot for slot in self.slots if slot.lease]
+        if self._store.lines >= COMPACT_LINES and self._store.lines >= 4 * len(live):
+            self._compact(live)
+
+    def _compact(self, live: list[Slot]) -> None:
+        stored = []
+        for slot in live:
+            assert slot.lease is not None
+            written = max(self._saved_until.get(slot.lease.lease_id, -1.0), slot.lease.expires_at)
+            self._saved_until[slot.lease.lease_id] = written
+            stored.append(StoredLease(lease=slot.lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
+                                      allow_network=slot.allow_network))
+        self._store.compact(stored)
 
     def _restore(self) -> None:
         now = time.time()
@@ -105,3 +123,4 @@ class SlotBook:
                 slot = self.slots[index]
                 slot.lease, slot.ttl_s, slot.allow_network = stored.lease, stored.ttl_s, stored.allow_network
                 self._saved_until[stored.lease.lease_id] = stored.lease.expires_at
+        self._compact([slot for slot in self.slots if slot.lease])  # drops a torn last line before anything appends

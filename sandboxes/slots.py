@@ -244,7 +244,7 @@ class SlotManager:
             expires_at=time.time() + ttl_s,
         )
         slot.ttl_s, slot.allow_network = ttl_s, allow_network
-        self._book.save()
+        self._book.granted(slot)
         if not reuse:
             self._book.record("granted", slot=slot.index, lease=slot.lease)
         return slot.lease
@@ -275,7 +275,8 @@ class SlotManager:
         The event is written once the hand-over is known, stamped with the time the lease ended."""
         lease = slot.lease
         slot.lease, slot.resetting = None, True
-        self._book.save()
+        if lease is not None:
+            self._book.ended(lease)
         self._book.update_idle()
         snapshot = self._book.snapshot()
         return self._spawn(self._reset_and_hand_over(slot, reset, kind, lease, reason, snapshot))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 from tests.sandbox_fixtures import needs_bubblewrap, processes_running, runs_of, unique_sleep
 
 from rollouts.errors import BadToolRequest, LeaseLost, SandboxRequired
-from sandboxes import isolation
-from sandboxes.persistence import LeaseStore, ResultJournal, StoredResult
+from sandboxes import isolation, slotbook
+from sandboxes.persistence import LEASE_FILE, LeaseStore, ResultJournal, StoredLease, StoredResult
 from sandboxes.schema import (
     ExecOp,
     ExecuteRequest,
@@ -229,17 +230,17 @@ def test_result_journal_is_bounded_by_output_size_and_reloads(tmp_path):
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
-async def test_renewals_rewrite_the_lease_file_rarely_and_a_restart_keeps_the_lease(tmp_path, monkeypatch):
-    """The lease file holds an expiry a quarter TTL ahead of the real one; renewals within that
+async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_lease(tmp_path, monkeypatch):
+    """The journal holds an expiry a quarter TTL ahead of the real one; renewals within that
     margin write nothing, and a restart right after any renewal still finds the lease alive."""
-    writes: list[float] = []
-    real_save = LeaseStore.save
+    writes: list[str] = []
+    real_put = LeaseStore.put
 
-    def counted_save(self, leases):
-        writes.append(time.time())
-        real_save(self, leases)
+    def counted_put(self, stored):
+        writes.append(stored.lease.lease_id)
+        real_put(self, stored)
 
-    monkeypatch.setattr(LeaseStore, "save", counted_save)
+    monkeypatch.setattr(LeaseStore, "put", counted_put)
     root = tmp_path / "root"
     async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as first:
         lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=2.0, wait_s=0)
@@ -247,15 +248,39 @@ async def test_renewals_rewrite_the_lease_file_rarely_and_a_restart_keeps_the_le
             await first.execute(call(lease, f"renewing-{n}", ExecOp(command="true")))
             first.renew(lease.slot, lease.lease_id, ttl_s=2.0)
         real_expiry = first.slot_states()[lease.slot].lease.expires_at
-        stored = LeaseStore(root / "leases.json").load()
-        assert len(writes) < 10, f"{len(writes)} lease file writes for 40 renewals"
+        stored = LeaseStore(root / LEASE_FILE).load()
+        assert len(writes) < 10, f"{len(writes)} lease journal writes for 40 renewals"
         assert [s.lease.lease_id for s in stored] == [lease.lease_id]
         assert real_expiry <= stored[0].lease.expires_at <= real_expiry + 0.25 * 2.0 + 0.01
     async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as restarted:
         again = await restarted.execute(call(lease, "after-restart", ExecOp(command="echo alive")))
         await restarted.release(lease.slot, lease.lease_id)
-        assert LeaseStore(root / "leases.json").load() == []
+        assert LeaseStore(root / LEASE_FILE).load() == []
     assert again.output == "alive\n"
+
+
+async def test_the_lease_journal_survives_many_grants_a_torn_line_and_the_legacy_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(slotbook, "COMPACT_LINES", 8)
+    root = tmp_path / "root"
+    async with SlotManager(root, 2, "c") as first:
+        for n in range(10):  # grants and releases past the compaction threshold
+            passing = await first.acquire(Holder(workflow_id=f"passing-{n}"), ttl_s=60, wait_s=0)
+            await first.release(passing.slot, passing.lease_id)
+        kept = await first.acquire(Holder(workflow_id="kept"), ttl_s=60, wait_s=1)
+    journal = root / LEASE_FILE
+    assert len(journal.read_text().splitlines()) < 8
+    with journal.open("a") as file:
+        file.write('{"drop": "half-writ')  # a crash in the middle of a write
+    async with SlotManager(root, 2, "c") as restarted:
+        assert [s.lease.lease_id for s in restarted.slot_states() if s.lease] == [kept.lease_id]
+
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    stored = StoredLease(lease=kept.model_copy(update={"container_id": "old"}), ttl_s=60, allow_network=False)
+    (legacy / "leases.json").write_text(json.dumps([stored.model_dump(mode="json")]))
+    async with SlotManager(legacy, 2, "old") as upgraded:
+        assert [s.lease.lease_id for s in upgraded.slot_states() if s.lease] == [kept.lease_id]
+    assert not (legacy / "leases.json").exists() and (legacy / LEASE_FILE).exists()
 
 
 async def test_a_lease_that_lapsed_before_a_restart_is_not_restored(tmp_path):
