@@ -3,6 +3,7 @@
 Heartbeat timeouts are what bring a step back after a worker dies: a step on a dead
 worker is retried on another within its heartbeat timeout (10 s), or its start-to-close
 timeout for steps too short to heartbeat (at most 15 s for steps a rollout waits on).
+Tool calls are local activities: a dead worker shows as a workflow task timeout (10 s).
 Which errors are worth retrying is decided where they are raised (rollouts/errors.py
 marks each ApplicationError), not listed here: the list would be repeated in every
 scheduled step's history event. Errors our code marks non-retryable (a
