@@ -28,6 +28,9 @@ from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
 from storage.transcripts import TranscriptStore
 from tests.processes import kill_servers_under
+from tests.servers.fixtures import (  # noqa: F401  (the real-model fixtures, shared by every module)
+    smollm2_gguf, smollm2_model, smollm2_process, smollm2_server, smollm2_tokenizer,
+)
 from worker import Parts, build_worker
 
 REPO = Path(__file__).resolve().parent.parent

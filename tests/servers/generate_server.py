@@ -327,8 +327,17 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
+    # What was asked and what was sampled, so tests can check a client against the
+    # server's own record (GET /requests; POST /requests/reset empties it).
+    served: list[dict] = []
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
+
+    async def requests(request: Request) -> JSONResponse:
+        if request.method == "POST":
+            served.clear()
+        return JSONResponse(served)
 
     async def generate(request: Request) -> JSONResponse:
         if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -347,6 +356,7 @@ def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
         except BadRequest as exc:
             return _error(400, str(exc))
         elapsed = time.monotonic() - started
+        served.extend({"input_ids": req.input_ids, "output_ids": s.output_ids} for s in samples)
         made = sum(len(s.output_ids) for s in samples)
         log.info("%d prompt + %d new tokens in %.2fs (%.1f tokens/s)", len(req.input_ids), made, elapsed,
                  made / elapsed if elapsed else 0.0)
@@ -354,7 +364,8 @@ def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
             return JSONResponse(vllm_response(req, samples, body, sampler.tokenizer))
         return JSONResponse(sglang_response(req, samples, body, sampler.tokenizer, elapsed))
 
-    return Starlette(routes=[Route("/health", health), Route("/generate", generate, methods=["POST"])])
+    return Starlette(routes=[Route("/health", health), Route("/generate", generate, methods=["POST"]),
+                             Route("/requests", requests), Route("/requests/reset", requests, methods=["POST"])])
 
 
 def load_sampler(gguf: Path, tokenizer_dir: Path | None = None) -> TokenSampler:
