@@ -74,3 +74,39 @@ def test_an_exact_counter_can_replace_the_estimate() -> None:
 
     fitted = fit_context(messages, 3_000, count)
     assert count(fitted) <= 3_000 and calls
+
+
+# ---------------------------------------------------------------------------- through a real rollout
+
+async def test_a_rollout_over_its_context_budget_goes_on_with_a_fitted_copy(client, settings, transcripts) -> None:
+    """Tool outputs of ~3,000 characters, six turns, a budget the whole conversation
+    exceeds: each turn is sent a shortened copy, the rollout completes, and the saved
+    transcript keeps every output whole."""
+    from envs.base import Item
+    from rollouts.records import RolloutLimits, TrajectoryInput
+    from workflows.trajectory import TrajectoryWorkflow
+
+    result = await client.execute_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="echo_chain", item=Item(id="echo-0"), env_config={"steps": 6, "output_chars": 3_000},
+                        limits=RolloutLimits(context_tokens=4_000)),
+        id=f"context-fit-{__import__('uuid').uuid4().hex[:8]}", task_queue=settings.temporal.task_queue,
+    )
+    assert result.stop_reason.value == "completed" and result.score == 1.0
+    saved = await transcripts.load(result.transcript)
+    assert estimate_tokens(saved) > 4_000, "the conversation did outgrow the budget"
+    assert all(TRUNCATION_MARKER not in (m.content or "") for m in saved), "the saved transcript stays whole"
+
+
+async def test_a_budget_nothing_fits_in_stops_the_rollout_as_context_budget(client, settings) -> None:
+    from envs.base import Item
+    from rollouts.records import RolloutLimits, TrajectoryInput
+    from workflows.trajectory import TrajectoryWorkflow
+
+    result = await client.execute_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="echo_chain", item=Item(id="echo-0"), limits=RolloutLimits(context_tokens=20)),
+        id=f"context-stop-{__import__('uuid').uuid4().hex[:8]}", task_queue=settings.temporal.task_queue,
+    )
+    assert result.stop_reason.value == "context_budget" and result.turns == 0
+    assert "budget is 20" in result.stop_detail
