@@ -11,6 +11,12 @@ from a fresh render and the trace records the restart.
 
 Kept apart from `llm.chat` (the OpenAI-compatible client for evaluation and SFT
 data), as STYLE.md asks: they share only the HTTP helpers.
+
+Why not atroposlib's ManagedServer, which tracks sequences the same way (prefix
+extension, -100 masks, 1.0 logprobs where the model wrote nothing): it keeps its
+sequence nodes in process memory across turns, while here every turn is its own
+activity and may run on another worker after a crash, so the sequence must live in
+payload storage between turns; and its tool-call parsing needs vLLM installed.
 """
 
 from __future__ import annotations

@@ -94,3 +94,25 @@ async def test_a_steered_multi_turn_rollout_yields_the_models_exact_tokens_and_l
     assert group["inference_logprobs"] == [[NOT_GENERATED_LOGPROB if lp is None else lp for lp in trace.logprobs]]
     text = smollm2_tokenizer.decode(trace.tokens)
     assert "<tool_call>" in text and "step-1" in text and "<tool_response>" in text
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm"])
+async def test_both_generate_shapes_read_the_real_servers_tokens_and_logprobs(
+    api: str, smollm2_server: GenerateServerProcess, smollm2_model, smollm2_tokenizer,
+) -> None:
+    from llm.generate import GenerateClient
+
+    text = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}],
+                                                 add_generation_prompt=True, tokenize=False)
+    prompt = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    client = GenerateClient(smollm2_server.url + "/v1", api)
+    try:
+        generation = await client.generate(prompt, max_tokens=10, temperature=0.0,
+                                           stop_token_ids=[smollm2_tokenizer.eos_token_id])
+    finally:
+        await client.aclose()
+    assert 0 < len(generation.ids) <= 10
+    fresh = smollm2.forward_logprobs(smollm2_model, prompt + generation.ids)[len(prompt) - 1:]
+    assert max(abs(a - b) for a, b in zip(generation.logprobs, fresh)) < LOGPROB_TOLERANCE
+    last = served(smollm2_server)[-1]
+    assert last["output_ids"] == generation.ids and last["input_ids"] == prompt
