@@ -32,15 +32,15 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
-from rollouts.schedules import ensure_reaper_schedule
 from rollouts.groups import GroupBuilder
+from rollouts.schedules import ensure_reaper_schedule
 from rollouts.services import ensure_demo_policy
 from rollouts.settings import Settings
 from rollouts.temporal import connect
 from sandboxes.pool import SandboxPool
 from storage.objects import S3ObjectClient, object_client
-from storage.transcripts import TranscriptStore
 from storage.token_traces import TokenTraceStore
+from storage.transcripts import TranscriptStore
 from workflows.batch import BatchWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -57,8 +57,8 @@ class Parts:
         self.settings = settings
         self.objects = objects or object_client(settings)
         self.transcripts = TranscriptStore(self.objects, settings.storage.bucket)
-        self.pool = SandboxPool.from_settings(settings)
         self.traces = TokenTraceStore(self.objects, settings.storage.bucket)
+        self.pool = SandboxPool.from_settings(settings)
         self.llm = LlmActivities(settings, self.transcripts, self.traces, self.pool)
 
     async def aclose(self) -> None:

@@ -39,8 +39,8 @@ _STOP_FOR_ERROR = {
     "ModelUnavailable": StopReason.MODEL_UNAVAILABLE,
     "ModelRequestRejected": StopReason.MODEL_REJECTED,
     "MalformedModelReply": StopReason.MALFORMED_REPLY,
-    "SlotUnavailable": StopReason.SLOT_UNAVAILABLE,
     "ContextOverflow": StopReason.CONTEXT_BUDGET,
+    "SlotUnavailable": StopReason.SLOT_UNAVAILABLE,
     "BadItem": StopReason.BAD_ITEM,
     "UnknownEnv": StopReason.CONFIG_ERROR,
     "ConfigError": StopReason.CONFIG_ERROR,
@@ -201,7 +201,7 @@ class TrajectoryWorkflow:
                         return self._stop(failed.reason, failed.detail)
                     raise
                 result.turns += 1
-                result.transcript = turn.transcript
+                result.transcript, result.tokens = turn.transcript, turn.tokens
                 if not turn.calls:
                     return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
                 result.pending = PendingCalls(assistant=turn.assistant, count=turn.calls)
