@@ -82,8 +82,9 @@ class SinkActivities:
 
 
 async def _trainer_max_tokens(api: TrajectoryApi) -> int:
-    """The registered trainer's limit; -1 (no trainer yet) means no cut."""
-    return max(0, int((await api.trainer_info()).get("max_token_len", -1)))
+    """Below the registered trainer's limit (Atropos drops sequences that reach it);
+    -1 (no trainer yet) means no cut."""
+    return max(0, int((await api.trainer_info()).get("max_token_len", -1)) - 1)
 
 
 INDEX, POSTED = ".index", ".posted"

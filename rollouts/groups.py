@@ -71,6 +71,7 @@ class GroupBuilder:
             tokens.append(trace.tokens if trace else [])
             masks.append(trace.masks() if trace else [])
             logprobs.append(trace.inference_logprobs() if trace else None)
+        stats = tool_error_stats(results)
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
@@ -78,6 +79,8 @@ class GroupBuilder:
             messages=messages,
             inference_logprobs=logprobs if all(lp is not None for lp in logprobs) else None,
             overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in results],
+            # travels with the group through run-api (which keeps only ScoredDataGroup fields)
+            group_overrides={"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"]},
             metadata={
                 "group_id": group_id,
                 "env": results[0].env,
@@ -86,7 +89,7 @@ class GroupBuilder:
                 "stop_reasons": [r.stop_reason.value for r in results],
                 "resumed_rollouts": [r.rollout_id for r in results if r.resumed_from_run],
                 "token_restarts": [r.tokens.restarts if r.tokens else None for r in results],
-                "tool_errors": tool_error_stats(results),
+                "tool_errors": stats,
             },
         )
 

@@ -60,6 +60,7 @@ async def test_batch_groups_reach_a_trainer_through_run_api(
         same = local[tuple(group["overrides"][0].values())]
         assert group["messages"] == same["messages"], "the trainer gets what the JSONL holds"
         assert "metadata" not in group, "run-api takes ScoredDataGroup fields only"
+        assert group["group_overrides"] == {"tool_errors": 0, "tool_errors_by_tool": {}}
 
 
 async def test_a_retried_write_posts_a_group_once(

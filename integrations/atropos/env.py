@@ -106,11 +106,8 @@ class TemporalRolloutsEnv(BaseEnv):
         limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
         # atroposlib drops a group holding a sequence of max_token_len tokens or more: cut below it
         group = await self.groups.build(f"{item.id}/{uuid.uuid4().hex[:8]}", results, max_token_length=limit - 1)
-        stats = group.metadata["tool_errors"]
-        self.tool_error_buffer.extend(stats["errors"])
-        scored = group.for_api()
-        scored["group_overrides"] = {"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"]}
-        return scored, []
+        self.tool_error_buffer.extend(group.metadata["tool_errors"]["errors"])
+        return group.for_api(), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         started = time.time()
