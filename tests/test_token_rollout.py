@@ -87,6 +87,7 @@ async def test_a_steered_multi_turn_rollout_yields_the_models_exact_tokens_and_l
     fresh = smollm2.forward_logprobs(smollm2_model, trace.tokens)
     worst = max(abs(trace.logprobs[i] - fresh[i - 1]) for i in generated_at)
     assert worst < LOGPROB_TOLERANCE, f"logprob mismatch up to {worst:.2e}"
+    print(f"\n{rollout.turns} turns, {len(trace)} tokens, {len(generated_at)} generated; worst logprob gap {worst:.1e}")
 
     # the scored group carries the same sequence, mask and logprobs by value
     assert group["tokens"] == [trace.tokens]
