@@ -121,7 +121,7 @@ class LocalBackend(SandboxBackend):
         """Healthy containers; entries whose process is gone move to the dead list, to be restarted in place."""
         known = self.registry.load()
         verdicts = list(zip(known, await asyncio.gather(*(self._verdict(info) for info in known)), strict=True))
-        await self.registry.mark_dead(info.container_id for info, verdict in verdicts if verdict == "dead")
+        await self.registry.mark_dead(info for info, verdict in verdicts if verdict == "dead")
         if self._orphans():
             await self._stop_orphans()
         return [info for info, verdict in verdicts if verdict == "healthy"]

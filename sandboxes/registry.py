@@ -89,12 +89,16 @@ class ContainerRegistry:
                 live, dead = self._read()
                 self._save(_without(live, dropped), _without(dead, dropped))
 
-    async def mark_dead(self, container_ids: Iterable[str]) -> None:
-        moved = set(container_ids)
-        if moved:
+    async def mark_dead(self, judged: Iterable[ContainerInfo]) -> None:
+        """Move containers judged dead to the dead list, unless their entry changed since
+        they were judged: a container another task restarted in place meanwhile (a new
+        pid under the same id) is alive and stays."""
+        stale = {(info.container_id, info.pid, info.started_at) for info in judged}
+        if stale:
             async with self.locked():
                 live, dead = self._read()
-                newly = [info for info in live if info.container_id in moved]
+                newly = [info for info in live if (info.container_id, info.pid, info.started_at) in stale]
+                moved = {info.container_id for info in newly}
                 self._save(_without(live, moved), [*_without(dead, moved), *newly])
 
     @contextlib.asynccontextmanager

@@ -102,6 +102,25 @@ async def test_a_hung_server_surfaces_as_unreachable_instead_of_hanging(backend)
     assert output.output == "back\n" and backend.registry.get(info.container_id) == info
 
 
+async def test_a_container_restarted_while_judged_dead_is_not_marked_dead(tmp_path):
+    """The race CI once hit: a listing judged the killed process dead, another task restarted
+    the container in place meanwhile, and the late verdict moved the new process to the dead
+    list, where nothing would ever restart it. Only the judged entry may move."""
+    from sandboxes.backend import ContainerInfo
+
+    registry = ContainerRegistry(tmp_path / "containers.json")
+    old = ContainerInfo(container_id="local-x", url="http://127.0.0.1:1", pid=11, backend="local",
+                        token_file=tmp_path / "token", started_at=1.0)
+    await registry.upsert(old)
+    judged_dead = registry.load()
+    restarted = old.model_copy(update={"pid": 12, "url": "http://127.0.0.1:2", "started_at": 2.0})
+    await registry.upsert(restarted)
+    await registry.mark_dead(judged_dead)
+    assert registry.load() == [restarted] and registry.dead() == []
+    await registry.mark_dead(registry.load())
+    assert registry.load() == [] and registry.dead() == [restarted]
+
+
 async def test_the_registry_lock_excludes_other_processes(tmp_path):
     registry = ContainerRegistry(tmp_path / "containers.json", lock_timeout_s=0.3)
     holder_script = (
