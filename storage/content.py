@@ -10,11 +10,18 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 T = TypeVar("T")
+
+
+class Linked(Protocol):
+    parent: str | None
+
+
+L = TypeVar("L", bound=Linked)
 
 # 128 bits of SHA-256: collision-free for any store, and half the bytes in history.
 DIGEST_HEX = 32
@@ -63,3 +70,13 @@ class ContentStore:
         value = parse(await self._objects.get_object(bucket=self._bucket, key=path))
         self._cache.put(path, value)
         return value
+
+    async def chain(self, kind: str, head: str, parse: Callable[[bytes], L]) -> list[L]:
+        """The objects from the first to `head`, following each one's `parent` key."""
+        found: list[L] = []
+        key: str | None = head
+        while key is not None:
+            node = await self.get(kind, key, parse)
+            found.append(node)
+            key = node.parent
+        return found[::-1]

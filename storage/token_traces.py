@@ -49,14 +49,8 @@ class TokenTraceStore:
         )
 
     async def load(self, ref: TokenTraceRef) -> TokenTrace:
-        segments: list[_Segment] = []
-        head: str | None = ref.head
-        while head is not None:
-            segment = await self._store.get("segments", head, _Segment.model_validate_json)
-            segments.append(segment)
-            head = segment.parent
         trace = TokenTrace()
-        for segment in reversed(segments):
+        for segment in await self._store.chain("segments", ref.head, _Segment.model_validate_json):
             trace.tokens.extend(segment.tokens)
             trace.logprobs.extend(segment.logprobs)
         return trace

@@ -71,13 +71,7 @@ class TranscriptStore:
 
     async def _chain(self, transcript: TranscriptRef) -> list[_Node]:
         """The nodes from the first to the head."""
-        nodes: list[_Node] = []
-        head: str | None = transcript.head
-        while head is not None:
-            node = await self._store.get("nodes", head, _Node.model_validate_json)
-            nodes.append(node)
-            head = node.parent
-        return nodes[::-1]
+        return await self._store.chain("nodes", transcript.head, _Node.model_validate_json)
 
     async def load(self, transcript: TranscriptRef) -> list[Message]:
         """Every message, oldest first."""
