@@ -5,8 +5,6 @@ process, and a worker built exactly as `python worker.py` builds it."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +18,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from rollouts import search_attributes
 from rollouts.records import BatchInput
-from rollouts.services import wait_for_port
 from rollouts.settings import Settings
 from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
 from rollouts.temporal import connect
@@ -28,6 +25,7 @@ from sandboxes.local import LocalBackend
 from sandboxes.pool import SandboxPool
 from storage.transcripts import TranscriptStore
 from tests.processes import kill_servers_under
+from tests.servers.process import HOST, LoopbackServer, free_port  # noqa: F401  (free_port: for test modules)
 from tests.servers.fixtures import (  # noqa: F401  (the real-model fixtures, shared by every module)
     smollm2_gguf, smollm2_model, smollm2_process, smollm2_server, smollm2_tokenizer,
 )
@@ -36,40 +34,15 @@ from worker import Parts, build_worker
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class DemoPolicyProcess:
+class DemoPolicyProcess(LoopbackServer):
     """The demo policy in its own process, steered through its /control endpoint."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.port = free_port()
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    what = "demo policy"
+    stop_wait_s = 5.0  # a request parked in an injected delay is killed after this
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "llm.demo_policy", "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            )
-        wait_for_port("127.0.0.1", self.port, self.proc, "demo policy", self.log_path)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:  # a request parked in an injected delay
-                self.proc.kill()
-                self.proc.wait(5)
+        self.launch([sys.executable, "-m", "llm.demo_policy", "--host", HOST, "--port", str(self.port)])
+        self.wait_ready()
 
     def control(self, **faults) -> dict:
         return httpx.post(f"{self.url}/control", json=faults, timeout=10).raise_for_status().json()

@@ -21,7 +21,7 @@ from integrations.atropos.api import TrajectoryApi
 from llm.token_trace import IGNORE_INDEX
 from rollouts.records import TrajectoryResult
 from rollouts.settings import Settings
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
 from tests.processes import settings_environment
 from tests.servers import smollm2
 from tests.servers.fixtures import GenerateServerProcess
@@ -70,7 +70,7 @@ async def test_serve_posts_groups_a_trainer_pulls_with_tokens_masks_and_logprobs
     settings: Settings, parts: Parts, client, smol: str, smollm2_server: GenerateServerProcess, smollm2_model,
     tmp_path: Path,
 ) -> None:
-    run_api = RunApiProcess(free_port(), tmp_path / "run_api.log")
+    run_api = RunApiProcess(tmp_path / "run_api.log")
     run_api.start()
     try:
         async with TrajectoryApi(run_api.url) as api:

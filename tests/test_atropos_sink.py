@@ -15,7 +15,7 @@ from integrations.atropos.api import TrajectoryApi
 from rollouts.groups import GroupBuilder
 from rollouts.records import BatchInput
 from rollouts.settings import Settings
-from tests.conftest import batch_id, free_port
+from tests.conftest import batch_id
 from tests.servers.run_api import RunApiProcess, pull_batch, register_trainer
 from worker import Parts
 from workflows.batch import BatchWorkflow
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run_api(tmp_path_factory) -> Iterator[RunApiProcess]:
-    server = RunApiProcess(free_port(), tmp_path_factory.mktemp("run_api") / "run_api.log")
+    server = RunApiProcess(tmp_path_factory.mktemp("run_api") / "run_api.log")
     server.start()
     yield server
     server.stop()

@@ -8,57 +8,35 @@ or, to share them across modules, into tests/conftest.py.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rollouts.services import wait_for_port
 from tests.servers import smollm2
+from tests.servers.process import LoopbackServer
 
-REPO = Path(__file__).resolve().parents[2]
 LOAD_WAIT_S = 600.0  # de-quantizing the GGUF takes ~30s on a busy two-core machine
 
 
-class GenerateServerProcess:
+class GenerateServerProcess(LoopbackServer):
     """`python -m tests.servers.generate_server` on a free port; the port opens once the model is loaded."""
 
+    what = "the generate server"
+
     def __init__(self, gguf: Path, workdir: Path) -> None:
-        from tests.conftest import free_port  # here, so that conftest may import this module
-
+        super().__init__(workdir / "generate_server.log")
         self.gguf = gguf
-        self.port = free_port()
         self.tokenizer_dir = workdir / "tokenizer"
-        self.log_path = workdir / "generate_server.log"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.servers.generate_server", "--gguf", str(self.gguf),
-                 "--port", str(self.port), "--tokenizer-out", str(self.tokenizer_dir)],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
+        self.launch([sys.executable, "-m", "tests.servers.generate_server", "--gguf", str(self.gguf),
+                     "--port", str(self.port), "--tokenizer-out", str(self.tokenizer_dir)], env=env)
 
     def wait_ready(self) -> None:
-        assert self.proc is not None
-        wait_for_port("127.0.0.1", self.port, self.proc, "the generate server", self.log_path, wait_s=LOAD_WAIT_S)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        super().wait_ready(wait_s=LOAD_WAIT_S)
 
 
 @pytest.fixture(scope="session")

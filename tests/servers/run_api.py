@@ -5,35 +5,19 @@ a trainer-side helper that registers and pulls batches."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 
 from integrations.atropos.api import TrajectoryApi
-from rollouts.services import wait_for_port
+from tests.servers.process import HOST, LoopbackServer
 
 
-class RunApiProcess:
-    def __init__(self, port: int, log_path: Path) -> None:
-        self.port = port
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class RunApiProcess(LoopbackServer):
+    what = "run-api"
 
     def start(self) -> None:
-        run_api = Path(sys.executable).parent / "run-api"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(run_api), "--host", "127.0.0.1", "--port", str(self.port)],
-                                         stdout=log, stderr=subprocess.STDOUT)
-        wait_for_port("127.0.0.1", self.port, self.proc, "run-api", self.log_path, wait_s=120)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        self.launch([str(Path(sys.executable).parent / "run-api"), "--host", HOST, "--port", str(self.port)])
+        self.wait_ready(wait_s=120)
 
 
 async def register_trainer(api: TrajectoryApi, *, batch_size: int, max_token_len: int, checkpoint_dir: Path) -> None:
