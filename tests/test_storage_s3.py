@@ -6,11 +6,7 @@ MinIO does not install from the package registries these machines reach; moto's 
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,31 +17,22 @@ from rollouts.settings import Settings
 from storage.converter import data_converter
 from storage.objects import S3ObjectClient, object_client
 from storage.transcripts import TranscriptStore
+from tests.servers.process import HOST, LoopbackServer
 
 BUCKET = "rollouts"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = shutil.which("moto_server")
-    if server is None:
+def s3_endpoint(tmp_path_factory) -> Iterator[str]:
+    moto = shutil.which("moto_server")
+    if moto is None:
         pytest.skip("moto_server is not installed")
-    port = _free_port()
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        assert proc.poll() is None and time.monotonic() < deadline, "moto_server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
+    server = LoopbackServer(tmp_path_factory.mktemp("s3") / "moto_server.log")
+    server.what = "moto_server"
+    server.launch([moto, "-H", HOST, "-p", str(server.port)])
+    server.wait_ready()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture
