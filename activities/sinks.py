@@ -11,9 +11,11 @@ a second index once run-api accepted it; a post whose answer was lost is sent ag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,7 +76,7 @@ class SinkActivities:
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(_marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())
-                    await asyncio.to_thread(_mark, path, POSTED, input.group_id)
+                    await asyncio.to_thread(_mark_locked, path, POSTED, input.group_id)
             finally:
                 if api is not None:
                     await api.aclose()
@@ -90,32 +92,43 @@ async def _trainer_max_tokens(api: TrajectoryApi) -> int:
 INDEX, POSTED = ".index", ".posted"
 
 
+def _beside(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """The file lock every writer of `path` and its indexes holds (workers, retries)."""
+    with open(_beside(path, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _marked(path: Path, suffix: str, key: str) -> bool:
-    marks = path.with_name(path.name + suffix)
+    marks = _beside(path, suffix)
     return marks.exists() and key in marks.read_text().split()
 
 
 def _mark(path: Path, suffix: str, key: str) -> None:
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with open(path.with_name(path.name + suffix), "a") as marks:
-            marks.write(key + "\n")
+    with open(_beside(path, suffix), "a") as marks:
+        marks.write(key + "\n")
+
+
+def _mark_locked(path: Path, suffix: str, key: str) -> None:
+    with _locked(path):
+        _mark(path, suffix, key)
 
 
 def append_once(path: Path, key: str, line: str) -> bool:
     """Append `line` unless `key` was appended before; True when written."""
-    index = path.with_name(path.name + INDEX)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = set(index.read_text().split()) if index.exists() else set()
-        if key in done:
+    with _locked(path):
+        if _marked(path, INDEX, key):
             return False
         with open(path, "a") as out:
             out.write(line + "\n")
             out.flush()
             os.fsync(out.fileno())
-        with open(index, "a") as idx:
-            idx.write(key + "\n")
+        _mark(path, INDEX, key)
         return True
 
 
