@@ -32,20 +32,20 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
-from rollouts.groups import GroupBuilder
-from rollouts.schedules import ensure_reaper_schedule
-from rollouts.services import ensure_demo_policy
-from rollouts.settings import Settings
-from rollouts.temporal import connect
-from sandboxes.pool import SandboxPool
-from storage.objects import S3ObjectClient, object_client
-from storage.token_traces import TokenTraceStore
-from storage.transcripts import TranscriptStore
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
+from temporal_rollouts.runtime.services import ensure_demo_policy
+from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sinks.groups import GroupBuilder
+from temporal_rollouts.storage.objects import S3ObjectClient, object_client
+from temporal_rollouts.storage.token_traces import TokenTraceStore
+from temporal_rollouts.storage.transcripts import TranscriptStore
 from workflows.batch import BatchWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
-log = logging.getLogger("rollouts.worker")
+log = logging.getLogger("temporal_rollouts.worker")
 
 WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, SlotPoolMaintenanceWorkflow]
 

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from envs import get_env
-from envs.base import Item
-from rollouts.errors import activity_boundary
+from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.tasks import Item
 
 
 class LoadItemsInput(BaseModel):

@@ -15,21 +15,22 @@ import os
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
-from activities.lease_keeper import lease_kept
-from llm.chat import ChatClient
-from llm.context import fit_context
-from llm.generate import GenerateClient
-from llm.templates import ChatTemplate
-from llm.token_client import TokenClient
-from rollouts.errors import ConfigError, activity_boundary
-from rollouts.messages import Message
-from rollouts.records import Sampling
-from rollouts.settings import ChatPolicy, GeneratePolicy, Settings
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotRef
-from storage.token_traces import TokenTraceRef, TokenTraceStore
-from storage.transcripts import TranscriptRef, TranscriptStore
+from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.records import Sampling
+from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
+from temporal_rollouts.core.settings import ChatPolicy, GeneratePolicy, Settings
+from temporal_rollouts.core.steps import heartbeating
+from temporal_rollouts.llm.chat import ChatClient
+from temporal_rollouts.llm.context import fit_context
+from temporal_rollouts.llm.generate import GenerateClient
+from temporal_rollouts.llm.templates import ChatTemplate
+from temporal_rollouts.llm.token_client import TokenClient
+from temporal_rollouts.sandbox.lease_keeper import lease_kept
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotRef
+from temporal_rollouts.storage.token_traces import TokenTraceStore
+from temporal_rollouts.storage.transcripts import TranscriptStore
 
 DEFAULT_CONTEXT_TOKENS = 32_768
 

@@ -16,11 +16,11 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.snapshots import SnapshotActivities
-from rollouts.errors import activity_boundary
-from rollouts.settings import SandboxSettings
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import Holder, SlotLease
-from storage.snapshots import snapshot_key
+from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.settings import SandboxSettings
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import Holder, SlotLease
+from temporal_rollouts.storage.snapshots import snapshot_key
 
 
 class MaintenanceReport(BaseModel):

@@ -15,10 +15,10 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporalio.service import RPCError, RPCStatusCode
 
-from rollouts.errors import ConfigError, activity_boundary
-from rollouts.records import TrajectoryResult, failed_rollout_result
-from rollouts.settings import StorageSettings
-from storage.snapshots import snapshot_key
+from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.records import TrajectoryResult, failed_rollout_result
+from temporal_rollouts.core.settings import StorageSettings
+from temporal_rollouts.storage.snapshots import snapshot_key
 
 POLL_S = 2.0
 

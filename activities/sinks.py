@@ -1,32 +1,27 @@
 """Where finished groups go: a JSONL file of Atropos `ScoredDataGroup`s, and with
 `sink: atropos` also Atropos' trajectory API (`run-api`), where a trainer pulls them.
 
-A group is written only when every rollout in it was scored. Appends are guarded by a
-file lock and an index of written group ids, so a retried write, two workers, or a
-batch gathering again after a resume never write a group twice. Posting is marked in
-a second index once run-api accepted it; a post whose answer was lost is sent again
-(at least once: a lost group wastes the rollouts, a repeated one only reweights it).
+A group is written only when every rollout in it was scored, at most once however the
+write is retried (`temporal_rollouts.sinks.jsonl`). Posting is marked once run-api
+accepted it; a post whose answer was lost is sent again (at least once: a lost group
+wastes the rollouts, a repeated one only reweights it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel
 from temporalio import activity
 
-from integrations.atropos.api import TrajectoryApi
-from rollouts.errors import ConfigError, activity_boundary
-from rollouts.groups import GroupBuilder
-from rollouts.records import TrajectoryResult
-from rollouts.settings import Settings
+from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.records import TrajectoryResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sinks.atropos_api import TrajectoryApi
+from temporal_rollouts.sinks.groups import GroupBuilder
+from temporal_rollouts.sinks.jsonl import POSTED, append_once, mark_locked, marked
 
 
 class OpenSinkInput(BaseModel):
@@ -74,9 +69,9 @@ class SinkActivities:
                 group = await self._groups.build(input.group_id, input.results, max_token_length=limit)
                 path = Path(input.path)
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
-                if api is not None and not await asyncio.to_thread(_marked, path, POSTED, input.group_id):
+                if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())
-                    await asyncio.to_thread(_mark_locked, path, POSTED, input.group_id)
+                    await asyncio.to_thread(mark_locked, path, POSTED, input.group_id)
             finally:
                 if api is not None:
                     await api.aclose()
@@ -87,50 +82,3 @@ async def _trainer_max_tokens(api: TrajectoryApi) -> int:
     """Below the registered trainer's limit (Atropos drops sequences that reach it);
     -1 (no trainer yet) means no cut."""
     return max(0, int((await api.trainer_info()).get("max_token_len", -1)) - 1)
-
-
-INDEX, POSTED = ".index", ".posted"
-
-
-def _beside(path: Path, suffix: str) -> Path:
-    return path.with_name(path.name + suffix)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """The file lock every writer of `path` and its indexes holds (workers, retries)."""
-    with open(_beside(path, ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _marked(path: Path, suffix: str, key: str) -> bool:
-    marks = _beside(path, suffix)
-    return marks.exists() and key in marks.read_text().split()
-
-
-def _mark(path: Path, suffix: str, key: str) -> None:
-    with open(_beside(path, suffix), "a") as marks:
-        marks.write(key + "\n")
-
-
-def _mark_locked(path: Path, suffix: str, key: str) -> None:
-    with _locked(path):
-        _mark(path, suffix, key)
-
-
-def append_once(path: Path, key: str, line: str) -> bool:
-    """Append `line` unless `key` was appended before; True when written."""
-    with _locked(path):
-        if _marked(path, INDEX, key):
-            return False
-        with open(path, "a") as out:
-            out.write(line + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        _mark(path, INDEX, key)
-        return True
-
-
-def read_groups(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

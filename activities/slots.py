@@ -7,11 +7,12 @@ from datetime import datetime, timezone
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
-from rollouts.errors import SlotUnavailable, activity_boundary
-from rollouts.settings import SandboxSettings
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import Holder, ReleaseResult, SlotLease
+from temporal_rollouts.core.errors import SlotUnavailable, activity_boundary
+from temporal_rollouts.core.settings import SandboxSettings
+from temporal_rollouts.core.steps import heartbeating
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotLease
+
 
 class AcquireSlotInput(BaseModel):
     allow_network: bool = False

@@ -6,11 +6,11 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
-from activities.heartbeat import heartbeating
-from rollouts.errors import SnapshotTooLarge, activity_boundary
-from rollouts.settings import StorageSettings
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotRef
+from temporal_rollouts.core.errors import SnapshotTooLarge, activity_boundary
+from temporal_rollouts.core.settings import StorageSettings
+from temporal_rollouts.core.steps import heartbeating
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotRef
 
 
 class SnapshotInput(BaseModel):

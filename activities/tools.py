@@ -14,12 +14,13 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
-from rollouts.errors import BadToolRequest, activity_boundary
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import ExecOp, Operation, SlotRef, ToolOutput
-from sandboxes.tools import ToolCallProblem, parse_tool_call, tool_result_message
-from storage.transcripts import TranscriptRef, TranscriptStore
+from temporal_rollouts.core.errors import BadToolRequest, activity_boundary
+from temporal_rollouts.core.refs import TranscriptRef
+from temporal_rollouts.core.steps import heartbeating
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S, ExecOp, Operation, SlotRef, ToolOutput
+from temporal_rollouts.storage.transcripts import TranscriptStore
+from temporal_rollouts.tools.catalogue import ToolCallProblem, parse_tool_call, tool_result_message
 
 PREVIEW_CHARS = 200
 
@@ -30,7 +31,7 @@ class ToolCallInput(BaseModel):
     transcript: TranscriptRef
     assistant: str
     index: int
-    default_timeout_s: float = 60.0
+    default_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
 
 
 class ToolCallResult(BaseModel):

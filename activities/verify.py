@@ -7,15 +7,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
-from activities.limits import ensure_small
-from activities.slot_handle import LeasedSlot
 from envs import get_env
-from envs.base import Item, Verdict
-from rollouts.errors import activity_boundary
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotRef
-from storage.transcripts import TranscriptRef, TranscriptStore
+from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.refs import TranscriptRef
+from temporal_rollouts.core.steps import ensure_small, heartbeating
+from temporal_rollouts.core.tasks import Item, Verdict
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotRef
+from temporal_rollouts.storage.transcripts import TranscriptStore
 
 
 class VerifyInput(BaseModel):
@@ -25,6 +25,7 @@ class VerifyInput(BaseModel):
     lease: SlotRef
     rollout_key: str
     transcript: TranscriptRef
+    meta: dict[str, Any] = Field(default_factory=dict, description="What the env's workspace setup returned.")
 
 
 class VerifyActivities:
@@ -36,7 +37,7 @@ class VerifyActivities:
     async def verify(self, input: VerifyInput) -> Verdict:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
-            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify")
+            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify", meta=input.meta)
             messages = await self._transcripts.load(input.transcript)
             verdict = await heartbeating(env.verify(input.item, slot, messages))
             ensure_small(f"the {input.env} verifier's details", verdict.details)

@@ -7,15 +7,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
-from activities.limits import ensure_small
-from activities.slot_handle import LeasedSlot
 from envs import get_env
-from envs.base import Item
-from rollouts.errors import activity_boundary
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import SlotRef
-from storage.transcripts import TranscriptRef, TranscriptStore
+from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.refs import TranscriptRef
+from temporal_rollouts.core.steps import ensure_small, heartbeating
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotRef
+from temporal_rollouts.storage.transcripts import TranscriptStore
 
 
 class SetupWorkspaceInput(BaseModel):

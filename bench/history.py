@@ -25,11 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.procs import services  # noqa: E402
-from envs.base import Item  # noqa: E402
-from rollouts.records import RolloutLimits, TrajectoryInput, TrajectoryResult  # noqa: E402
-from rollouts.temporal import connect  # noqa: E402
-from storage.objects import object_client  # noqa: E402
-from storage.transcripts import TranscriptStore  # noqa: E402
+from temporal_rollouts.core.records import RolloutLimits, TrajectoryInput, TrajectoryResult  # noqa: E402
+from temporal_rollouts.core.tasks import Item  # noqa: E402
+from temporal_rollouts.runtime.temporal import connect  # noqa: E402
+from temporal_rollouts.storage.objects import object_client  # noqa: E402
+from temporal_rollouts.storage.transcripts import TranscriptStore  # noqa: E402
 from workflows.trajectory import TrajectoryWorkflow  # noqa: E402
 
 SIZES = {"small": 0, "large": 8000}

@@ -25,12 +25,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from rollouts import search_attributes
-from rollouts.services import wait_for_port
-from rollouts.settings import Settings
-from rollouts.temporal import FAST_STEP_FLAGS, temporal_binary
-from sandboxes.local import LocalBackend
-from sandboxes.pool import SandboxPool
+from temporal_rollouts.core import search_attributes
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.services import wait_for_port
+from temporal_rollouts.runtime.temporal import FAST_STEP_FLAGS, temporal_binary
+from temporal_rollouts.sandbox.backends.local import LocalBackend
+from temporal_rollouts.sandbox.pool import SandboxPool
 
 REPO = Path(__file__).resolve().parent.parent
 TASK_QUEUE = "bench"
@@ -157,7 +157,7 @@ def _env_vars(settings: Settings) -> dict[str, str]:
 async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool) -> AsyncIterator[Stack]:
     async with contextlib.AsyncExitStack() as stack:
         port = free_port()
-        policy = _spawn([sys.executable, "-m", "llm.demo_policy", "--port", str(port)], data_dir / "policy.log")
+        policy = _spawn([sys.executable, "-m", "temporal_rollouts.demo_policy", "--port", str(port)], data_dir / "policy.log")
         stack.callback(_stop, policy)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")
 

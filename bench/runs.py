@@ -16,16 +16,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from activities.slot_handle import LeasedSlot
 from envs import get_env
-from envs.base import Item
-from llm.chat import ChatClient
-from llm.context import estimate_tokens
-from rollouts.records import BatchInput, RolloutLimits, TrajectoryInput
-from rollouts.settings import Settings
-from sandboxes.pool import SandboxPool
-from sandboxes.schema import Holder
-from sandboxes.tools import ToolCallProblem, parse_tool_call, tool_result_message
+from temporal_rollouts.core.messages import estimate_tokens
+from temporal_rollouts.core.records import BatchInput, RolloutLimits, TrajectoryInput
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.llm.chat import ChatClient
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import Holder
+from temporal_rollouts.tools.catalogue import ToolCallProblem, parse_tool_call, tool_result_message
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 

@@ -22,10 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes.lease_log import hand_over_latencies, idle_while_waiting, read_lease_events, utilisation  # noqa: E402
-from sandboxes.local import LocalBackend  # noqa: E402
-from sandboxes.pool import SandboxPool  # noqa: E402
-from sandboxes.schema import ExecOp, Holder  # noqa: E402
+from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
+from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
+from temporal_rollouts.sandbox_server.lease_log import (  # noqa: E402
+    hand_over_latencies,
+    idle_while_waiting,
+    read_lease_events,
+    utilisation,
+)
+from temporal_rollouts.sandbox_server.schema import ExecOp, Holder  # noqa: E402
 
 
 def holder() -> Holder:

@@ -9,38 +9,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from temporal_rollouts.core.messages import Message, ToolSpec
+from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
+from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S, ToolOutput
 
-from rollouts.messages import Message, ToolSpec
-from sandboxes.schema import ToolOutput
-
-
-class Item(BaseModel):
-    """One task, as the workflow carries it: an id plus small JSON data."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-class Verdict(BaseModel):
-    score: float
-    details: dict[str, Any] = Field(default_factory=dict)
-
-
-class ScriptedCall(BaseModel):
-    """A tool call in a reference solution, played by the demo policy."""
-
-    name: str
-    arguments: dict[str, Any]
+__all__ = ["Env", "Item", "ScriptedCall", "SlotHandle", "Verdict"]
 
 
 class SlotHandle(Protocol):
     """The slot an env hook may use. Each call needs a `key` unique within the hook, so a
-    retried hook is answered from the sandbox's stored results instead of running twice."""
+    retried hook is answered from the sandbox's stored results instead of running twice.
+    In verify, `meta` holds what `setup_workspace` returned (empty during setup)."""
 
-    async def exec(self, key: str, command: str, timeout_s: float = 60.0) -> ToolOutput: ...
+    meta: dict[str, Any]
+
+    async def exec(self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> ToolOutput: ...
 
     async def write_file(self, key: str, path: str, content: str) -> ToolOutput: ...
 
@@ -93,6 +76,6 @@ class Env(ABC):
         return None
 
     def tool_specs(self) -> list[ToolSpec]:
-        from sandboxes.tools import tool_specs
+        from temporal_rollouts.tools.catalogue import tool_specs
 
         return tool_specs(self.config.get("tools") or self.tool_names)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from envs.base import Env
-from rollouts.errors import UnknownEnv
+from temporal_rollouts.core.errors import UnknownEnv
 
 _ENVS: dict[str, type[Env]] = {}
 

@@ -19,12 +19,18 @@ with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
-    from envs.base import Item
-    from rollouts import search_attributes as sa
-    from rollouts.records import (
-        BatchCursor, BatchInput, BatchProgress, BatchResult, StopReason, TrajectoryInput, TrajectoryResult,
+    from temporal_rollouts.core import search_attributes as sa
+    from temporal_rollouts.core.records import (
+        BatchCursor,
+        BatchInput,
+        BatchProgress,
+        BatchResult,
+        StopReason,
+        TrajectoryInput,
+        TrajectoryResult,
         failed_rollout_result,
     )
+    from temporal_rollouts.core.tasks import Item
     from workflows import params
     from workflows.trajectory import TrajectoryWorkflow
 

@@ -19,7 +19,6 @@ from typing import Any
 from temporalio.common import RetryPolicy
 
 
-
 def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float = 30.0) -> RetryPolicy:
     return RetryPolicy(
         initial_interval=timedelta(seconds=initial_s),

@@ -25,30 +25,23 @@ with workflow.unsafe.imports_passed_through():
     from activities.tools import ToolActivities, ToolCallInput
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
-    from rollouts import search_attributes as sa
-    from rollouts.records import ROLLOUT_FAILED, PendingCalls, Sampling, StopReason, ToolErrorRecord, TrajectoryInput, TrajectoryResult
-    from sandboxes.schema import SlotLease, SlotRef
-    from storage.snapshots import snapshot_key
+    from temporal_rollouts.core import search_attributes as sa
+    from temporal_rollouts.core.errors import stop_reason_of
+    from temporal_rollouts.core.records import (
+        ROLLOUT_FAILED,
+        PendingCalls,
+        Sampling,
+        StopReason,
+        ToolErrorRecord,
+        TrajectoryInput,
+        TrajectoryResult,
+    )
+    from temporal_rollouts.sandbox_server.schema import SlotLease, SlotRef
+    from temporal_rollouts.storage.snapshots import snapshot_key
     from workflows import params
 
 # Tool calls run as local activities from this patch on (see params.TOOL_CALL_LOCAL).
 TOOL_CALLS_LOCAL = "tool-calls-local"
-
-# Error types raised by our activities (see rollouts/errors.py) -> why the rollout stopped.
-_STOP_FOR_ERROR = {
-    "ModelUnavailable": StopReason.MODEL_UNAVAILABLE,
-    "ModelRequestRejected": StopReason.MODEL_REJECTED,
-    "MalformedModelReply": StopReason.MALFORMED_REPLY,
-    "ContextOverflow": StopReason.CONTEXT_BUDGET,
-    "SlotUnavailable": StopReason.SLOT_UNAVAILABLE,
-    "BadItem": StopReason.BAD_ITEM,
-    "UnknownEnv": StopReason.CONFIG_ERROR,
-    "ConfigError": StopReason.CONFIG_ERROR,
-    "TaskError": StopReason.ENV_ERROR,
-    "PayloadTooLarge": StopReason.ENV_ERROR,
-}
-_SANDBOX_ERRORS = {"SlotUnavailable", "LeaseLost", "BadToolRequest", "SnapshotTooLarge"}
-
 
 class StepFailed(Exception):
     """A step failed for good; carries why the rollout stops."""
@@ -60,13 +53,12 @@ class StepFailed(Exception):
 
 
 def _stop_for(err: ActivityError, phase_default: StopReason) -> StepFailed:
+    """Why the rollout stops: the stop reason the error's class declares (core.errors), else the step's default."""
     cause = err.cause
     if isinstance(cause, ApplicationError):
         name = cause.type or ""
-        reason = _STOP_FOR_ERROR.get(name)
-        if reason is None and (name.startswith("Sandbox") or name in _SANDBOX_ERRORS):
-            reason = StopReason.SANDBOX_ERROR
-        return StepFailed(reason or phase_default, f"{name}: {cause.message}")
+        declared = stop_reason_of(name)
+        return StepFailed(StopReason(declared) if declared else phase_default, f"{name}: {cause.message}")
     if isinstance(cause, TimeoutError):
         return StepFailed(phase_default, f"{err.activity_type} timed out ({cause.type.name if cause.type else ''})")
     return StepFailed(phase_default, f"{err.activity_type} failed: {cause or err}")
@@ -119,7 +111,7 @@ class TrajectoryWorkflow:
                                         rollout_key=rollout_key),
                     params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
                 )
-                result.transcript = ready.transcript
+                result.transcript, result.setup_meta = ready.transcript, ready.meta
             if result.agent_stop is None:
                 await self._agent_loop(input, slot)
                 result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
@@ -129,7 +121,7 @@ class TrajectoryWorkflow:
                 verdict = await self._step(
                     VerifyActivities.verify,
                     VerifyInput(env=input.env, env_config=input.env_config, item=input.item, lease=slot,
-                                rollout_key=rollout_key, transcript=result.transcript),
+                                rollout_key=rollout_key, transcript=result.transcript, meta=result.setup_meta),
                     params.VERIFY, StopReason.ENV_ERROR, "verify",
                 )
                 result.score, result.verify_details = verdict.score, verdict.details
@@ -169,7 +161,7 @@ class TrajectoryWorkflow:
             workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
             return None
         earlier = point.result
-        for field in ("transcript", "tokens", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
+        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail

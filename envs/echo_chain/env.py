@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from envs.base import Env, Item, ScriptedCall, SlotHandle, Verdict
+from envs.base import Env, SlotHandle
 from envs.registry import register_env
-from rollouts.errors import BadItem, ConfigError
-from rollouts.messages import Message
+from temporal_rollouts.core.errors import BadItem, ConfigError
+from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
 
 DEFAULT_STEPS = 3
 ITEM_ID = re.compile(r"^echo-(\d+)$")

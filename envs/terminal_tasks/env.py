@@ -5,13 +5,14 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from envs.base import Env, Item, ScriptedCall, SlotHandle, Verdict
+from envs.base import Env, SlotHandle
 from envs.registry import register_env
 from envs.terminal_tasks.loader import bundled_tasks
 from envs.terminal_tasks.model import TerminalTask
-from rollouts.errors import BadItem, TaskError
-from rollouts.messages import Message
-from sandboxes.schema import ToolOutput
+from temporal_rollouts.core.errors import BadItem, TaskError
+from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
+from temporal_rollouts.sandbox_server.schema import ToolOutput
 
 SYSTEM_PROMPT = """\
 You are an agent working in a Linux sandbox. Your working directory is /workspace; \

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from envs.base import ScriptedCall
+from temporal_rollouts.core.tasks import ScriptedCall
 
 
 def _join_lines(value: Any) -> Any:

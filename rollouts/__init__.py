@@ -1,1 +1,0 @@
-"""temporal-rollouts: durable, sandboxed agent rollouts for RL on Temporal."""

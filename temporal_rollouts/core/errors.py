@@ -1,0 +1,140 @@
+"""Every error the project raises on purpose, one class per boundary.
+
+    RolloutError                    root; `retryable` says whether trying again can help,
+    │                               `stop_reason` why a rollout stops when it gives up
+    ├── ConfigError                 settings, unknown env / policy / sink; never retryable
+    ├── TaskError                   an env or one of its items is wrong
+    │   ├── UnknownEnv
+    │   ├── BadItem
+    │   └── PayloadTooLarge         env data too big to travel through Temporal
+    ├── SandboxError                the sandbox server or a slot (defined beside the server)
+    │   ├── SandboxUnreachable      connection refused / timed out (retryable)
+    │   ├── SandboxAuthError        wrong or missing token
+    │   ├── SlotUnavailable         no slot free within the acquire wait (retryable)
+    │   ├── LeaseLost               the slot is no longer leased to the caller
+    │   ├── SandboxRequired         isolation is required but bubblewrap is missing
+    │   ├── BadToolRequest          a path outside the workspace, a bad op, ...
+    │   └── SnapshotTooLarge        a workspace too big to save for resume
+    ├── ModelError                  the model server; carries `status_code`
+    │   ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
+    │   ├── ModelRequestRejected    any other 4xx
+    │   └── MalformedModelReply     a 200 whose body is not a chat completion
+    └── ContextOverflow             the conversation cannot be fitted into the context budget
+
+The root and the sandbox branch live in `temporal_rollouts.sandbox_server.errors`, as the
+sandbox server is a separate program that imports nothing else of the project; they are
+re-exported here. Errors that cross into Temporal become `ApplicationError`s through
+`as_application_error`, typed by class name; `stop_reason_of` maps such a type name back
+to the stop reason its class declares, so workflows keep no table of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import timedelta
+
+from temporal_rollouts.sandbox_server.errors import (
+    BadToolRequest,
+    LeaseLost,
+    RolloutError,
+    SandboxAuthError,
+    SandboxError,
+    SandboxRequired,
+    SandboxUnreachable,
+    SlotUnavailable,
+    SnapshotTooLarge,
+    error_class,
+    raise_from_payload,
+)
+
+__all__ = [
+    "BadItem", "BadToolRequest", "ConfigError", "ContextOverflow", "LeaseLost", "MalformedModelReply",
+    "ModelError", "ModelRequestRejected", "ModelUnavailable", "PayloadTooLarge", "RolloutError",
+    "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable", "SlotUnavailable",
+    "SnapshotTooLarge", "TaskError", "UnknownEnv", "activity_boundary", "as_application_error",
+    "raise_from_payload", "stop_reason_of",
+]
+
+# A server's retry-after is honoured up to this; a day-long hint must not park a rollout.
+MAX_RETRY_AFTER_S = 300.0
+
+
+class ConfigError(RolloutError):
+    stop_reason = "config_error"
+
+
+class TaskError(RolloutError):
+    stop_reason = "env_error"
+
+
+class UnknownEnv(TaskError):
+    stop_reason = "config_error"
+
+
+class BadItem(TaskError):
+    stop_reason = "bad_item"
+
+
+class PayloadTooLarge(TaskError):
+    pass
+
+
+class ModelError(RolloutError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(ModelError):
+    retryable = True
+    stop_reason = "model_unavailable"
+
+
+class ModelRequestRejected(ModelError):
+    stop_reason = "model_rejected"
+
+
+class MalformedModelReply(ModelError):
+    stop_reason = "malformed_reply"
+
+
+class ContextOverflow(RolloutError):
+    stop_reason = "context_budget"
+
+
+def stop_reason_of(type_name: str) -> str | None:
+    """The stop reason an error type (an ApplicationError's `type`) declares, if it is one of ours."""
+    cls = error_class(type_name)
+    return cls.stop_reason if cls is not None else None
+
+
+def as_application_error(err: RolloutError):  # -> temporalio.exceptions.ApplicationError
+    from temporalio.exceptions import ApplicationError
+
+    delay = None
+    if isinstance(err, ModelError) and err.retry_after_s:
+        delay = timedelta(seconds=min(err.retry_after_s, MAX_RETRY_AFTER_S))
+    return ApplicationError(
+        err.message,
+        type=type(err).__name__,
+        non_retryable=not err.retryable,
+        next_retry_delay=delay,
+    )
+
+
+@contextlib.contextmanager
+def activity_boundary() -> Iterator[None]:
+    """Translate our errors into Temporal application errors inside an activity."""
+    try:
+        yield
+    except RolloutError as err:
+        raise as_application_error(err) from err

@@ -1,0 +1,218 @@
+"""The inputs and results of batches and trajectories: what users send and what they get back.
+
+Plain pydantic models, so `temporal workflow start --input '{...}'` and the UI's start
+form take plain JSON, and every field but `env` has a default.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S
+
+
+class StopReason(StrEnum):
+    """Why a rollout stopped. The first group are the model's doing and get scored;
+    the rest are failures of the machinery, and such a rollout ends as a failed workflow."""
+
+    COMPLETED = "completed"
+    MAX_TURNS = "max_turns"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    WALL_CLOCK = "wall_clock"
+    CONTEXT_BUDGET = "context_budget"
+    MALFORMED_REPLY = "malformed_reply"
+
+    MODEL_UNAVAILABLE = "model_unavailable"
+    MODEL_REJECTED = "model_rejected"
+    SLOT_UNAVAILABLE = "slot_unavailable"
+    SANDBOX_ERROR = "sandbox_error"
+    BAD_ITEM = "bad_item"
+    ENV_ERROR = "env_error"
+    CONFIG_ERROR = "config_error"
+    CANCELLED = "cancelled"
+    TERMINATED = "terminated"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def scored(self) -> bool:
+        return self in _SCORED
+
+
+_SCORED = {
+    StopReason.COMPLETED,
+    StopReason.MAX_TURNS,
+    StopReason.MAX_TOOL_CALLS,
+    StopReason.WALL_CLOCK,
+    StopReason.CONTEXT_BUDGET,
+    StopReason.MALFORMED_REPLY,
+}
+
+
+class RolloutLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(default=30, ge=1, description="Model turns before the rollout stops (max_agent_turns).")
+    max_tool_calls: int = Field(default=100, ge=0, description="Tool calls before the rollout stops.")
+    wall_clock_s: float = Field(default=1800.0, gt=0, description="Budget from the first model turn to the last.")
+    context_tokens: int = Field(
+        default=32_768, gt=0,
+        description="Context budget of one model turn: old tool results are shortened, then the oldest middle "
+                    "turns dropped, to fit; the rollout stops only when even that cannot fit.",
+    )
+    command_timeout_s: float = Field(default=DEFAULT_COMMAND_TIMEOUT_S, gt=0, description="Default timeout of one terminal command.")
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(default=1.0, ge=0, description="agent_temperature")
+    max_tokens: int | None = Field(default=None, ge=1, description="Per-turn generation cap.")
+
+
+class BatchInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field(description="Registered env name, e.g. terminal_tasks.")
+    num_items: int = Field(default=4, ge=1)
+    group_size: int = Field(default=2, ge=1)
+    item_offset: int = Field(default=0, ge=0, description="Index of the first item in the env's task set.")
+    policy: str | None = Field(default=None, description="Policy name or base URL; the worker's default when unset.")
+    tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's tool-call parser.")
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    limits: RolloutLimits = Field(default_factory=RolloutLimits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_concurrency: int = Field(default=32, ge=1, le=1000, description="Trajectories running at once.")
+    output: str | None = Field(default=None, description="JSONL path for scored groups; results/<batch id>.jsonl when unset.")
+    sink: Literal["jsonl", "atropos"] = Field(
+        default="jsonl", description="Also post each group to the Atropos trajectory API (settings atropos.api_url)."
+    )
+    max_token_length: int = Field(
+        default=0, ge=0, description="Cut token sequences from the end to this length; 0 keeps them whole "
+                                     "(the atropos sink then uses the trainer's max_token_len)."
+    )
+    resume: bool = Field(default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts.")
+    cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
+
+
+class TrajectoryInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    env: str
+    item: Item
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    policy: str | None = None
+    tool_call_parser: str | None = None
+    allow_network: bool = False
+    limits: RolloutLimits = Field(default_factory=RolloutLimits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    batch_id: str | None = None
+    group_index: int = 0
+    resume_from_run: str | None = Field(
+        default=None, description="Run id of a failed run of this rollout to continue from, with its workspace."
+    )
+
+
+class PendingCalls(BaseModel):
+    """Tool calls of the last model turn that have not run yet."""
+
+    assistant: str = Field(description="Transcript key of the assistant message holding the calls.")
+    count: int
+    next_index: int = 0
+
+
+class ToolErrorRecord(BaseModel):
+    turn: int
+    tool_name: str
+    arguments: str
+    error: str
+
+
+class TrajectoryResult(BaseModel):
+    rollout_id: str
+    env: str
+    item_id: str
+    group_index: int = 0
+    score: float = 0.0
+    stop_reason: StopReason
+    stop_detail: str = ""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: list[ToolErrorRecord] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total.")
+    verify_details: dict[str, Any] = Field(default_factory=dict)
+    transcript: TranscriptRef | None = Field(default=None, description="The conversation, stored once per message.")
+    setup_meta: dict[str, Any] = Field(default_factory=dict, description="What the env's workspace setup returned, for its verifier.")
+    tokens: TokenTraceRef | None = Field(default=None, description="Token ids and logprobs, for token-level policies.")
+    pending: PendingCalls | None = None
+    agent_stop: StopReason | None = Field(default=None, description="Why the model's part ended, once it has.")
+    agent_stop_detail: str = ""
+    snapshot: str | None = Field(default=None, description="Object key of the workspace saved when the rollout failed.")
+    resumed_from_run: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return not self.stop_reason.scored
+
+
+ROLLOUT_FAILED = "RolloutFailed"
+"""Type of the ApplicationError a failed rollout ends with; its first detail is the TrajectoryResult."""
+
+
+def failed_rollout_result(cause: BaseException | None) -> TrajectoryResult | None:
+    """The TrajectoryResult a failed rollout carried in its failure, if that is what `cause` is."""
+    from temporalio.exceptions import ApplicationError
+
+    if isinstance(cause, ApplicationError) and cause.type == ROLLOUT_FAILED and cause.details:
+        return TrajectoryResult.model_validate(cause.details[0])
+    return None
+
+
+class BatchProgress(BaseModel):
+    batch_id: str
+    env: str
+    total: int
+    completed: int = 0
+    failed: int = 0
+    running: int = 0
+    resumed: int = 0
+    groups_written: int = 0
+    groups_pending: int = 0
+    score_sum: float = 0.0
+    stop_reasons: dict[str, int] = Field(default_factory=dict)
+    output: str | None = None
+    done: bool = False
+
+    @property
+    def mean_score(self) -> float | None:
+        return self.score_sum / self.completed if self.completed else None
+
+
+class BatchResult(BaseModel):
+    batch_id: str
+    env: str
+    total: int
+    completed: int
+    failed: int
+    mean_score: float | None
+    stop_reasons: dict[str, int]
+    output: str | None
+    groups_written: int
+    groups_pending: int = Field(default=0, description="Groups held back because a member failed; `rollouts resume` completes them.")
+    resumed: int = 0
+
+
+class BatchCursor(BaseModel):
+    """A batch's state carried across continue-as-new."""
+
+    next_item: int
+    progress: BatchProgress
+    items: list[Item]
+    allow_network: bool
+
+
+BatchInput.model_rebuild()

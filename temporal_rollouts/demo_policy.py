@@ -1,0 +1,419 @@
+"""The demo policy: an OpenAI-compatible chat server that replays reference solutions.
+
+This is a test and demo fixture, NOT a model. It recognises a task by the first
+user message of the conversation, counts the assistant turns already in the
+request, and answers with that turn of the task's reference solution as tool
+calls, then with a final "Done." once the solution is played out. A demo batch
+therefore scores 1.0 through the real path (workflow, model client, sandbox
+tools, verify) without a GPU or an API key.
+
+It also injects faults on demand, so tests and demos can show what the rollout
+machinery does with a flaky or broken model server. Faults are set with CLI
+flags at start and at runtime with POST /control (a test-only admin endpoint):
+
+    fail_next          n requests answered with `fail_status` (default 503),
+                       with a Retry-After header when `retry_after` is set
+    fail_rate, seed    fail each request with this probability
+    delay_s            sleep this long before answering every request
+    malformed_next     n replies whose tool call arguments are broken JSON
+    garbage_next       n replies whose body is not a chat completion
+    unknown_tool_next  n replies that call a tool named `teleport`
+
+The turn number skips assistant messages this server broke on purpose (a call
+to `teleport`, arguments that are not JSON), so a conversation that survives a
+fault still plays the whole solution. GET /stats counts requests by outcome and
+lists, per conversation, the turn numbers requested: tests use it to prove that
+a resumed rollout did not send a finished turn again.
+
+Run it with `python -m temporal_rollouts.demo_policy --port 8765 [fault flags]`, or in process
+with `build_app`, `serve` (async) or `start_in_thread`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from temporal_rollouts.core.tasks import ScriptedCall
+
+log = logging.getLogger(__name__)
+
+MODEL_ID = "demo-policy"
+MODEL_DESCRIPTION = "Test and demo policy, not a model: replays each task's reference solution as tool calls."
+UNKNOWN_TOOL = "teleport"
+INDEX_LIMIT = 1000
+"""Most items indexed per env that cannot read a solution back from a prompt."""
+
+Turns = list[list[ScriptedCall]]
+
+
+class Faults(BaseModel):
+    """What to break, and how often; the `*_next` counters go down as faults are served."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    fail_next: int = Field(default=0, ge=0, description="answer the next N requests with fail_status")
+    fail_status: int = Field(default=503, ge=400, le=599, description="HTTP status of an injected failure")
+    retry_after: float | None = Field(default=None, ge=0, description="Retry-After seconds sent with a failure")
+    fail_rate: float = Field(default=0.0, ge=0.0, le=1.0, description="fail each request with this probability")
+    seed: int | None = Field(default=None, description="seed of the fail_rate coin")
+    delay_s: float = Field(default=0.0, ge=0.0, description="sleep this long before answering each request")
+    malformed_next: int = Field(default=0, ge=0, description="break the tool call arguments of the next N replies")
+    garbage_next: int = Field(default=0, ge=0, description="answer the next N requests with a non-completion body")
+    unknown_tool_next: int = Field(default=0, ge=0, description=f"make the next N replies call `{UNKNOWN_TOOL}`")
+
+
+def conversation_key(first_user_message: str) -> str:
+    """The key under which /stats lists a conversation's turns."""
+    return hashlib.sha256(first_user_message.encode()).hexdigest()[:16]
+
+
+class SolutionIndex:
+    """First user message -> reference solution, over every registered env, built on first use."""
+
+    def __init__(self) -> None:
+        self._by_prompt: dict[str, Turns] | None = None
+        self._readers: list[Callable[[str], Turns | None]] = []
+
+    def _build(self) -> dict[str, Turns]:
+        import envs
+
+        by_prompt: dict[str, Turns] = {}
+        for name in envs.env_names():
+            try:
+                env = envs.get_env(name)
+                if callable(reader := getattr(env, "solution_for_prompt", None)):
+                    self._readers.append(reader)
+                    continue
+                seen: set[str] = set()
+                for item in env.load_items(INDEX_LIMIT):
+                    if item.id in seen:
+                        break
+                    seen.add(item.id)
+                    if (turns := env.reference_solution(item)) is not None:
+                        by_prompt[env.format_prompt(item).strip()] = turns
+            except Exception:
+                log.exception("demo policy: cannot index env %r; its tasks will be unknown", name)
+        log.info("demo policy indexed %d prompts and %d prompt readers", len(by_prompt), len(self._readers))
+        return by_prompt
+
+    def lookup(self, prompt: str) -> Turns | None:
+        if self._by_prompt is None:
+            self._by_prompt = self._build()
+        prompt = prompt.strip()
+        if (turns := self._by_prompt.get(prompt)) is not None:
+            return turns
+        for reader in self._readers:
+            if (turns := reader(prompt)) is not None:
+                return turns
+        return None
+
+
+class Stats:
+    """Request counters for GET /stats."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0
+        self.by_outcome: Counter[str] = Counter()
+        self.turns: dict[str, list[int]] = {}
+
+    def record_turn(self, key: str, turn: int) -> None:
+        self.turns.setdefault(key, []).append(turn)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"total": self.total, "by_outcome": dict(self.by_outcome), "conversations": self.turns}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _is_sabotaged(message: dict[str, Any]) -> bool:
+    """True for an assistant reply this server broke on purpose; it does not count as a turn."""
+    for call in message.get("tool_calls") or []:
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        if function.get("name") == UNKNOWN_TOOL:
+            return True
+        try:
+            json.loads(function.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            return True
+    return False
+
+
+def _turn_number(messages: list[dict[str, Any]]) -> int:
+    return sum(1 for m in messages if m.get("role") == "assistant" and not _is_sabotaged(m))
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{secrets.token_hex(4)}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _estimate_tokens(text_len: int) -> int:
+    return max(1, text_len // 4)
+
+
+class DemoPolicy:
+    """The server's state (faults, stats, solution index) and its request handlers."""
+
+    def __init__(self, faults: Faults | None = None, index: SolutionIndex | None = None) -> None:
+        self.faults = faults.model_copy() if faults else Faults()
+        self.index = index or SolutionIndex()
+        self.stats = Stats()
+        self.rng = random.Random(self.faults.seed)
+
+    def set_faults(self, update: dict[str, Any]) -> Faults:
+        base = {} if update.pop("reset", False) else self.faults.model_dump()
+        self.faults = Faults.model_validate({**base, **update})
+        if "seed" in update:
+            self.rng = random.Random(self.faults.seed)
+        return self.faults
+
+    async def chat_completions(self, request: Request) -> Response:
+        self.stats.total += 1
+        try:
+            body = await request.json()
+            messages = body["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise TypeError("messages must be a list of objects")
+        except (ValueError, KeyError, TypeError) as err:
+            self.stats.by_outcome["bad_request"] += 1
+            return _error(400, f"not a chat completion request: {err}", "invalid_request_error")
+
+        prompt = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        turn = _turn_number(messages)
+        self.stats.record_turn(conversation_key(prompt), turn)
+
+        if self.faults.delay_s:
+            await asyncio.sleep(self.faults.delay_s)
+        faults = self.faults
+        if faults.fail_next or (faults.fail_rate and self.rng.random() < faults.fail_rate):
+            faults.fail_next = max(0, faults.fail_next - 1)
+            self.stats.by_outcome["failed"] += 1
+            headers = {"Retry-After": f"{faults.retry_after:g}"} if faults.retry_after is not None else None
+            return _error(faults.fail_status, "injected failure (demo policy fault injection)", "server_error", headers)
+        if faults.garbage_next:
+            faults.garbage_next -= 1
+            self.stats.by_outcome["garbage"] += 1
+            return JSONResponse({"oops": True})
+
+        turns = self.index.lookup(prompt)
+        if turns is None:
+            outcome, content, calls = "unknown_task", "I do not know this task, so I cannot solve it.", []
+        elif turn < len(turns):
+            outcome, content = "tool_calls", None
+            calls = [_tool_call(c.name, json.dumps(c.arguments)) for c in turns[turn]]
+        else:
+            outcome, content, calls = "final", "Done.", []
+
+        if faults.unknown_tool_next:
+            faults.unknown_tool_next -= 1
+            outcome, content = "unknown_tool", None
+            calls = [_tool_call(UNKNOWN_TOOL, json.dumps({"destination": "/moon"}))]
+        elif faults.malformed_next and calls:
+            faults.malformed_next -= 1
+            outcome = "malformed"
+            calls[0]["function"]["arguments"] = calls[0]["function"]["arguments"][:-1]
+
+        self.stats.by_outcome[outcome] += 1
+        return JSONResponse(self._completion(messages, content, calls))
+
+    def _completion(self, messages: list[dict[str, Any]], content: str | None, calls: list[dict[str, Any]]) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        prompt_chars = sum(len(_text(m.get("content"))) for m in messages)
+        reply_chars = len(content or "") + sum(len(c["function"]["arguments"]) + len(c["function"]["name"]) for c in calls)
+        prompt_tokens, completion_tokens = _estimate_tokens(prompt_chars), _estimate_tokens(reply_chars)
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MODEL_ID,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop", "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    async def models(self, request: Request) -> Response:
+        entry = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "temporal-rollouts"}
+        return JSONResponse({"object": "list", "data": [{**entry, "description": MODEL_DESCRIPTION}]})
+
+    async def control(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                update = await request.json()
+                if not isinstance(update, dict):
+                    raise ValueError("expected a JSON object")
+                self.set_faults(update)
+            except (ValueError, ValidationError) as err:
+                return _error(400, f"bad fault settings: {err}", "invalid_request_error")
+        return JSONResponse(self.faults.model_dump())
+
+    async def get_stats(self, request: Request) -> Response:
+        return JSONResponse(self.stats.snapshot())
+
+    async def reset_stats(self, request: Request) -> Response:
+        self.stats.reset()
+        return JSONResponse(self.stats.snapshot())
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": MODEL_ID})
+
+
+def build_app(faults: Faults | dict[str, Any] | None = None) -> Starlette:
+    """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it."""
+    if isinstance(faults, dict):
+        faults = Faults.model_validate(faults)
+    policy = DemoPolicy(faults)
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", policy.chat_completions, methods=["POST"]),
+            Route("/v1/models", policy.models, methods=["GET"]),
+            Route("/control", policy.control, methods=["GET", "POST"]),
+            Route("/stats", policy.get_stats, methods=["GET"]),
+            Route("/stats/reset", policy.reset_stats, methods=["POST"]),
+            Route("/health", policy.health, methods=["GET"]),
+        ]
+    )
+    app.state.policy = policy
+    return app
+
+
+def _config(app: Starlette, log_level: str, **kwargs: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="off", backlog=4096, timeout_keep_alive=30, **kwargs
+    )
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    faults: Faults | dict[str, Any] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve until cancelled, in the running event loop."""
+    await uvicorn.Server(_config(build_app(faults), log_level, host=host, port=port)).serve()
+
+
+class BackgroundServer:
+    """The demo policy served from a daemon thread, for synchronous callers and tests."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None) -> None:
+        self.app = build_app(faults)
+        self.policy: DemoPolicy = self.app.state.policy
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        self._server = uvicorn.Server(_config(self.app, "warning"))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="demo-policy", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible base URL, ending in /v1."""
+        return f"{self.url}/v1"
+
+    def start(self, timeout_s: float = 10.0) -> BackgroundServer:
+        """Start serving and wait until requests are accepted; a second call does nothing."""
+        if self._thread.ident is None:
+            self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the demo policy server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_in_thread(
+    host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None
+) -> BackgroundServer:
+    """Start the server in a daemon thread (port 0 picks a free port) and return once it accepts requests."""
+    return BackgroundServer(host, port, faults).start()
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m temporal_rollouts.demo_policy",
+        description="Serve the demo policy (a test fixture that replays reference solutions; not a model).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    for name, field in Faults.model_fields.items():
+        kind = float if field.annotation in (float, float | None) else int
+        flag = f"--{name.replace('_', '-')}"
+        parser.add_argument(flag, type=kind, default=field.default, dest=name, help=field.description)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    try:
+        faults = Faults.model_validate({name: getattr(args, name) for name in Faults.model_fields})
+    except ValidationError as err:
+        raise SystemExit(f"bad fault flags: {err}") from None
+    logging.basicConfig(level=args.log_level.upper())
+    print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    try:
+        asyncio.run(serve(args.host, args.port, faults=faults, log_level=args.log_level))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

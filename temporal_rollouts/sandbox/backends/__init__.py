@@ -1,0 +1,1 @@
+"""Where sandbox containers run: one small base class and one module per backend."""

@@ -1,0 +1,82 @@
+"""Where sandbox containers run, behind one interface the pool uses.
+
+A container is one sandbox server process with its slots; a backend starts,
+stops and lists them (today locally, later e.g. on a cluster). Beyond that, a
+backend may be able to restart a dead container in place (same id, same stored
+state) and to lock scaling decisions across every process that shares it; the
+defaults here say it cannot, and the pool copes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel
+
+from temporal_rollouts.core.errors import SandboxError
+from temporal_rollouts.sandbox_server.schema import SlotLease
+
+ContainerState = Literal["healthy", "unresponsive", "dead", "unknown"]
+"""healthy: answers /health; unresponsive: its process runs but does not answer; dead: its process
+is gone but it is remembered, to be restarted in place; unknown: never started here, or stopped."""
+
+
+class ContainerInfo(BaseModel):
+    container_id: str
+    url: str
+    pid: int | None = None
+    backend: str
+    token_file: Path
+    started_at: float
+
+    def read_token(self) -> str:
+        return self.token_file.read_text(encoding="utf-8").strip()
+
+
+class SandboxBackend(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
+        """Start one sandbox server (or restart a stopped one under its old id) and return once it answers."""
+
+    @abstractmethod
+    async def stop_container(self, container_id: str) -> None:
+        """Stop a container; stopping one that is already gone is not an error."""
+
+    @abstractmethod
+    async def list_containers(self) -> list[ContainerInfo]:
+        """The containers that are running and healthy now."""
+
+    async def container_state(self, container_id: str) -> ContainerState:
+        live = {info.container_id for info in await self.list_containers()}
+        return "healthy" if container_id in live else "unknown"
+
+    async def dead_containers(self) -> list[ContainerInfo]:
+        """Containers whose process died (as last seen by `list_containers`), to be restarted in place."""
+        return []
+
+    async def restart_container(self, container_id: str) -> ContainerInfo:
+        """Restart a dead container in place; only one process does it, the others get its result."""
+        raise SandboxError(f"the {self.name} backend cannot restart container {container_id} in place")
+
+    async def forget_container(self, container_id: str) -> list[SlotLease]:
+        """Give up on a container that cannot be restarted; the leases it held, now lost."""
+        await self.stop_container(container_id)
+        return []
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A lock for read-decide-act steps (start one more, stop an idle one) shared by every process
+        that manages these containers; by default only this process's tasks are excluded."""
+        return self._local_exclusive()
+
+    @contextlib.asynccontextmanager
+    async def _local_exclusive(self) -> AsyncIterator[None]:
+        lock = self.__dict__.setdefault("_exclusive_lock", asyncio.Lock())
+        async with lock:
+            yield

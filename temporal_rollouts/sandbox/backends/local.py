@@ -1,0 +1,258 @@
+"""LocalBackend: sandbox servers as detached processes on this machine.
+
+Each container is `python -m temporal_rollouts.sandbox_server` in its own session, so it outlives
+the worker that started it and a restarted worker finds it again through the
+registry. Its directory `data_dir/sandboxes/<id>/` holds the token (mode 0600),
+the server log and the slot root, whose journals let a server restarted under
+the same id answer stored results and keep its leases.
+
+A container whose process died is remembered in the registry's `dead` list until
+it is restarted in place (`restart_container`, which only one process does: it
+re-checks under the registry lock) or given up on (`forget_container`). A server
+whose starter died before registering it (a worker killed while scaling up) is an
+orphan nobody would ever stop: `list_containers` stops such servers. Starting holds
+the registry lock until the server is registered, so an orphan is told apart from a
+server still being started by looking again under the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
+from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
+from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
+from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
+from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS, SlotLease
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+HEALTH_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 10.0
+
+Verdict = Literal["healthy", "unresponsive", "dead"]
+
+
+class LocalBackend(SandboxBackend):
+    name = "local"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        slots_per_container: int = 8,
+        host: str = "127.0.0.1",
+        require_isolation: bool = False,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        start_timeout_s: float = 30.0,
+        sweep_interval_s: float = 2.0,
+    ) -> None:
+        self.directory = Path(data_dir).resolve() / "sandboxes"
+        self.slots_per_container = slots_per_container
+        self.host = host
+        self.require_isolation = require_isolation
+        self.max_output_chars = max_output_chars
+        self.start_timeout_s = start_timeout_s
+        self.sweep_interval_s = sweep_interval_s
+        self.registry = ContainerRegistry(self.directory / "containers.json")
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalBackend:
+        sandbox = settings.sandbox
+        return cls(
+            settings.data_dir,
+            slots_per_container=sandbox.slots_per_container,
+            host=sandbox.host,
+            require_isolation=sandbox.require_isolation,
+            max_output_chars=sandbox.max_output_chars,
+        )
+
+    def container_dir(self, container_id: str) -> Path:
+        return self.directory / container_id
+
+    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
+        """Start a new container, or restart a stopped one under its old id (keeping its journals and leases)."""
+        container_id = container_id or f"local-{secrets.token_hex(4)}"
+        async with self.registry.locked():
+            if (known := self.registry.find(container_id)) is not None:
+                verdict = await self._verdict(known)
+                if verdict == "healthy":
+                    return known
+                if verdict == "unresponsive":
+                    raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
+            info = await self._launch(container_id)
+            await self.registry.upsert(info)
+            return info
+
+    async def restart_container(self, container_id: str) -> ContainerInfo:
+        """Restart a dead container in place; if another process already did, return what it started."""
+        async with self.registry.locked():
+            if self.registry.find(container_id) is None:
+                raise SandboxError(f"sandbox {container_id} is not registered: it was stopped, or never started")
+            return await self.start_container(container_id)
+
+    async def stop_container(self, container_id: str) -> None:
+        """Unregister first (and drop the ready file), so no pool takes the stopping server for a dead one
+        to restart, nor for an orphan."""
+        async with self.registry.locked():
+            info = self.registry.find(container_id)
+            (self.container_dir(container_id) / "ready.json").unlink(missing_ok=True)
+            await self.registry.remove([container_id])
+        if info is not None and info.pid is not None:
+            await stop_process(info.pid, container_id, self._children, STOP_TIMEOUT_S)
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        """Healthy containers; entries whose process is gone move to the dead list, to be restarted in place."""
+        known = self.registry.load()
+        verdicts = list(zip(known, await asyncio.gather(*(self._verdict(info) for info in known)), strict=True))
+        await self.registry.mark_dead(info for info, verdict in verdicts if verdict == "dead")
+        if self._orphans():
+            await self._stop_orphans()
+        return [info for info, verdict in verdicts if verdict == "healthy"]
+
+    def _orphans(self) -> list[tuple[str, int]]:
+        """(container id, pid) of running servers in our directory that the registry does not list."""
+        known = {info.container_id for info in [*self.registry.load(), *self.registry.dead()]}
+        found = []
+        for ready_file in self.directory.glob("*/ready.json"):
+            try:
+                ready = json.loads(ready_file.read_text(encoding="utf-8"))
+                container_id, pid = str(ready["container_id"]), int(ready["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if container_id not in known and server_alive(pid, container_id, self._children):
+                found.append((container_id, pid))
+        return found
+
+    async def _stop_orphans(self) -> None:
+        async with self.registry.locked():
+            orphans = self._orphans()
+            for container_id, _ in orphans:
+                (self.container_dir(container_id) / "ready.json").unlink(missing_ok=True)
+        for container_id, pid in orphans:
+            log.warning("stopping sandbox %s (pid %d): its starter died before registering it", container_id, pid)
+            await stop_process(pid, container_id, self._children, STOP_TIMEOUT_S)
+
+    async def container_state(self, container_id: str) -> ContainerState:
+        info = self.registry.find(container_id)
+        return "unknown" if info is None else await self._verdict(info)
+
+    async def dead_containers(self) -> list[ContainerInfo]:
+        """As last seen by `list_containers` (which moves a container here when its process is gone)."""
+        return self.registry.dead()
+
+    async def forget_container(self, container_id: str) -> list[SlotLease]:
+        """Unregister a container that cannot be restarted; the leases it had persisted are lost."""
+        await self.stop_container(container_id)
+        stored = LeaseStore(self.container_dir(container_id) / "root" / LEASE_FILE).load()
+        return [entry.lease for entry in stored]
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.registry.locked()
+
+    async def _launch(self, container_id: str) -> ContainerInfo:
+        directory = self.container_dir(container_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        token_file = directory / "token"
+        _ensure_token(token_file)
+        ready_file = directory / "ready.json"
+        ready_file.unlink(missing_ok=True)
+        process = self._spawn_server(container_id, directory, token_file, ready_file)
+        ready = await self._wait_until_ready(process, ready_file, directory / "server.log")
+        info = ContainerInfo(
+            container_id=container_id,
+            url=ready["url"],
+            pid=process.pid,
+            backend=self.name,
+            token_file=token_file,
+            started_at=time.time(),
+        )
+        if await self._verdict(info) != "healthy":
+            terminate(process.pid, signal.SIGKILL)
+            raise SandboxUnreachable(f"sandbox {container_id} wrote its ready file but /health does not answer")
+        return info
+
+    async def _verdict(self, info: ContainerInfo) -> Verdict:
+        process_known = info.pid is not None
+        if info.pid is not None and not server_alive(info.pid, info.container_id, self._children):
+            return "dead"
+        try:
+            # Plain HTTP on this machine: verify=False only skips loading the CA bundle (~30 ms a probe).
+            async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT_S, verify=False) as http:
+                reply = await http.get(f"{info.url}/health")
+        except httpx.TimeoutException:
+            return "unresponsive"
+        except httpx.TransportError:
+            return "unresponsive" if process_known else "dead"
+        try:
+            answered_id = reply.json().get("container_id") if reply.is_success else None
+        except ValueError:
+            answered_id = None
+        if answered_id == info.container_id:
+            return "healthy"
+        return "unresponsive" if process_known else "dead"
+
+    def _spawn_server(
+        self, container_id: str, directory: Path, token_file: Path, ready_file: Path
+    ) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable, "-m", "temporal_rollouts.sandbox_server",
+            "--host", self.host,
+            "--port", "0",
+            "--slots", str(self.slots_per_container),
+            "--root", str(directory / "root"),
+            "--token-file", str(token_file),
+            "--container-id", container_id,
+            "--max-output-chars", str(self.max_output_chars),
+            "--sweep-interval", str(self.sweep_interval_s),
+            "--ready-file", str(ready_file),
+        ]  # fmt: skip
+        if self.require_isolation:
+            argv.append("--require-isolation")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        with (directory / "server.log").open("ab") as log_file:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                cwd=directory, env=env, start_new_session=True,
+            )  # fmt: skip
+        self._children[process.pid] = process
+        return process
+
+    async def _wait_until_ready(self, process: subprocess.Popen[bytes], ready_file: Path, log_path: Path) -> dict:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SandboxError(
+                    f"sandbox server exited with status {process.returncode} while starting; "
+                    f"{log_path} ends with:\n{tail(log_path)}"
+                )
+            if ready_file.exists():
+                return json.loads(ready_file.read_text(encoding="utf-8"))
+            await asyncio.sleep(0.05)
+        terminate(process.pid, signal.SIGKILL)
+        raise SandboxUnreachable(f"sandbox server did not start within {self.start_timeout_s:g}s; see {log_path}")
+
+
+def _ensure_token(token_file: Path) -> None:
+    if token_file.exists():
+        return
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(secrets.token_urlsafe(32))

@@ -1,0 +1,158 @@
+"""HTTP client of one sandbox server, returning the shared schema models.
+
+Error bodies are raised again as their own `RolloutError` type, and a server
+that cannot be reached becomes `SandboxUnreachable`, which is retryable. Every
+request has a timeout (an acquire's is its wait plus the client timeout), so a
+hung server surfaces as `SandboxUnreachable` instead of a hung rollout.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable, raise_from_payload
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_LEASE_TTL_S,
+    AcquireRequest,
+    ArchiveRequest,
+    DrainRequest,
+    DrainResult,
+    ExecOp,
+    ExecuteRequest,
+    HealthStatus,
+    Holder,
+    Operation,
+    ReleaseRequest,
+    ReleaseResult,
+    RenewRequest,
+    RestoreRequest,
+    RestoreResult,
+    SlotLease,
+    SlotState,
+    ToolOutput,
+    WithdrawRequest,
+    WithdrawResult,
+    WorkspaceArchive,
+)
+
+Model = TypeVar("Model", bound=BaseModel)
+
+OPERATION_MARGIN_S = 30.0
+SLOT_STATES = TypeAdapter(list[SlotState])
+
+
+class SandboxClient:
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        # No cap on connections: every waiting acquire holds one for its whole wait, and a cap
+        # would queue the executes and releases of running rollouts behind them.
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+        )
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def health(self) -> HealthStatus:
+        return _parse(HealthStatus, await self._request("GET", "/health"))
+
+    async def slots(self) -> list[SlotState]:
+        return _parse(SLOT_STATES, await self._request("GET", "/slots"))
+
+    async def acquire(
+        self,
+        holder: Holder,
+        ttl_s: float = DEFAULT_LEASE_TTL_S,
+        wait_s: float = 30.0,
+        allow_network: bool = False,
+        ticket: str | None = None,
+    ) -> SlotLease:
+        """Lease a slot; with a `ticket`, `withdraw(ticket)` can take the request out of line.
+
+        Cancelling this call closes its connection, which also takes it out of line."""
+        body = AcquireRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, allow_network=allow_network, ticket=ticket)
+        reply = await self._request("POST", "/slots/acquire", body, timeout=self.timeout + wait_s)
+        return _parse(SlotLease, reply)
+
+    async def withdraw(self, ticket: str) -> WithdrawResult:
+        """Take a waiting acquire out of line; its call then fails with SlotUnavailable. withdrawn=False
+        when it was not waiting: then its call answers (or already answered) on its own."""
+        return _parse(WithdrawResult, await self._request("POST", "/slots/withdraw", WithdrawRequest(ticket=ticket)))
+
+    async def drain(self, idle_s: float) -> DrainResult:
+        """Ask the server to refuse new leases if it has been idle `idle_s`; the answer says whether it does."""
+        return _parse(DrainResult, await self._request("POST", "/drain", DrainRequest(idle_s=idle_s)))
+
+    async def renew(self, slot: int, lease_id: str, ttl_s: float = DEFAULT_LEASE_TTL_S) -> SlotLease:
+        body = RenewRequest(slot=slot, lease_id=lease_id, ttl_s=ttl_s)
+        return _parse(SlotLease, await self._request("POST", "/slots/renew", body))
+
+    async def release(
+        self, slot: int, lease_id: str, reset: bool = True, reason: Literal["released", "reaped"] = "released"
+    ) -> ReleaseResult:
+        body = ReleaseRequest(slot=slot, lease_id=lease_id, reset=reset, reason=reason)
+        return _parse(ReleaseResult, await self._request("POST", "/slots/release", body))
+
+    async def execute(self, slot: int, lease_id: str, call_id: str, operation: Operation) -> ToolOutput:
+        body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
+        timeout = self.timeout + OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp) else 0.0)
+        return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
+
+    async def archive(self, slot: int, lease_id: str, max_bytes: int) -> bytes:
+        body = ArchiveRequest(slot=slot, lease_id=lease_id, max_bytes=max_bytes)
+        reply = _parse(WorkspaceArchive, await self._request("POST", "/workspace/archive", body, timeout=self.timeout + 300))
+        return base64.b64decode(reply.data)
+
+    async def restore(self, slot: int, lease_id: str, data: bytes) -> RestoreResult:
+        body = RestoreRequest(slot=slot, lease_id=lease_id, data=base64.b64encode(data).decode())
+        return _parse(RestoreResult, await self._request("POST", "/workspace/restore", body, timeout=self.timeout + 300))
+
+    async def _request(
+        self, method: str, path: str, body: BaseModel | None = None, timeout: float | None = None
+    ) -> Any:
+        content = body.model_dump_json() if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        try:
+            response = await self._http.request(
+                method, path, content=content, headers=headers, timeout=timeout or httpx.USE_CLIENT_DEFAULT
+            )
+        except httpx.TimeoutException as err:
+            raise SandboxUnreachable(
+                f"sandbox {self.base_url} did not answer {method} {path} in time: {err!r}"
+            ) from err
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        if response.is_success and payload is not None:
+            return payload
+        raise_from_payload(payload, fallback=SandboxError)
+        message = f"sandbox {self.base_url} answered {method} {path} with HTTP {response.status_code}"
+        if response.status_code >= 500:
+            raise SandboxUnreachable(message)
+        raise SandboxError(message)
+
+
+def _parse(model: type[Model] | TypeAdapter[Any], payload: Any) -> Any:
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(payload)
+        return model.model_validate(payload)
+    except ValidationError as err:
+        raise SandboxError(f"malformed sandbox reply: {err}") from err

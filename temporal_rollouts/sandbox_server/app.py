@@ -1,0 +1,304 @@
+"""The sandbox server: one container's SlotManager over HTTP, started as `python -m temporal_rollouts.sandbox_server`.
+
+Backends start one such process per container. Every endpoint but /health needs
+the bearer token, which is read from a file so it never shows on a command line.
+Errors travel as `RolloutError.to_payload()` bodies that the client raises again
+with their own type.
+
+An acquire long-poll watches its connection: a client that goes away (its worker
+died, its request was cancelled) loses its place in line, and a slot granted to it
+in that instant is given back at once, so nobody waits behind a dead request and no
+slot goes to it. A lease whose response was written but never read is not lost
+either: the holder's retried acquire gets the same lease back, and the reaper or the
+lease's expiry frees it if the holder never asks again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import uvicorn
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from temporal_rollouts.sandbox_server.errors import (
+    BadToolRequest,
+    LeaseLost,
+    RolloutError,
+    SandboxAuthError,
+    SandboxError,
+    SandboxRequired,
+    SandboxUnreachable,
+    SlotUnavailable,
+    SnapshotTooLarge,
+)
+from temporal_rollouts.sandbox_server.persistence import write_json_atomically
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    AcquireRequest,
+    ArchiveRequest,
+    DrainRequest,
+    ExecuteRequest,
+    ReleaseRequest,
+    RenewRequest,
+    RestoreRequest,
+    SlotLease,
+    WithdrawRequest,
+    WithdrawResult,
+)
+from temporal_rollouts.sandbox_server.slots import SlotManager
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: dict[type[RolloutError], int] = {
+    SandboxAuthError: 401,
+    BadToolRequest: 400,
+    LeaseLost: 404,
+    SlotUnavailable: 503,
+    SandboxRequired: 503,
+    SandboxUnreachable: 503,
+    SnapshotTooLarge: 413,
+}
+GRACEFUL_SHUTDOWN_S = 5.0
+KEEP_ALIVE_S = 30.0
+
+Model = TypeVar("Model", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel]]]
+
+
+def create_app(manager: SlotManager, token: str) -> Starlette:
+    expected = token.encode()
+
+    def authorize(request: Request) -> None:
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected):
+            raise SandboxAuthError("missing or wrong sandbox bearer token")
+
+    def endpoint(handler: Handler, *, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        async def respond(request: Request) -> Response:
+            try:
+                if not public:
+                    authorize(request)
+                return _json_response(await handler(request))
+            except RolloutError as err:
+                return _error_response(err)
+            except ClientDisconnect:  # the caller went away (cancelled or died): nobody to answer
+                log.debug("%s %s: the client disconnected", request.method, request.url.path)
+                return Response(status_code=499)
+            except Exception as err:
+                log.exception("%s %s failed", request.method, request.url.path)
+                return _error_response(SandboxError(f"sandbox server error: {type(err).__name__}: {err}"), 500)
+
+        return respond
+
+    async def health(request: Request) -> BaseModel:
+        return manager.health()
+
+    async def slots(request: Request) -> list[BaseModel]:
+        return list(manager.slot_states())
+
+    async def acquire(request: Request) -> BaseModel:
+        return await _acquire_while_connected(manager, request, await _parse(request, AcquireRequest))
+
+    async def withdraw(request: Request) -> BaseModel:
+        body = await _parse(request, WithdrawRequest)
+        return WithdrawResult(withdrawn=manager.withdraw(body.ticket))
+
+    async def drain(request: Request) -> BaseModel:
+        return manager.drain((await _parse(request, DrainRequest)).idle_s)
+
+    async def renew(request: Request) -> BaseModel:
+        body = await _parse(request, RenewRequest)
+        return manager.renew(body.slot, body.lease_id, body.ttl_s)
+
+    async def release(request: Request) -> BaseModel:
+        body = await _parse(request, ReleaseRequest)
+        return await manager.release(body.slot, body.lease_id, body.reset, body.reason)
+
+    async def execute(request: Request) -> BaseModel:
+        return await manager.execute(await _parse(request, ExecuteRequest))
+
+    async def archive(request: Request) -> BaseModel:
+        body = await _parse(request, ArchiveRequest)
+        return await manager.archive(body.slot, body.lease_id, body.max_bytes)
+
+    async def restore(request: Request) -> BaseModel:
+        body = await _parse(request, RestoreRequest)
+        return await manager.restore(body.slot, body.lease_id, body.data)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with manager:
+            yield
+
+    routes = [
+        Route("/health", endpoint(health, public=True), methods=["GET"]),
+        Route("/slots", endpoint(slots), methods=["GET"]),
+        Route("/slots/acquire", endpoint(acquire), methods=["POST"]),
+        Route("/slots/renew", endpoint(renew), methods=["POST"]),
+        Route("/slots/release", endpoint(release), methods=["POST"]),
+        Route("/slots/withdraw", endpoint(withdraw), methods=["POST"]),
+        Route("/drain", endpoint(drain), methods=["POST"]),
+        Route("/execute", endpoint(execute), methods=["POST"]),
+        Route("/workspace/archive", endpoint(archive), methods=["POST"]),
+        Route("/workspace/restore", endpoint(restore), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _acquire_while_connected(manager: SlotManager, request: Request, body: AcquireRequest) -> SlotLease:
+    """Race the acquire against the client leaving; see the module docstring."""
+    ticket = body.ticket or f"server-{uuid.uuid4().hex}"
+    attempt = asyncio.create_task(manager.take(body.holder, body.ttl_s, body.wait_s, body.allow_network, ticket))
+    watcher = asyncio.create_task(_client_left(request))
+    try:
+        done, _ = await asyncio.wait({attempt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        attempt.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    left = watcher in done
+    if left and attempt not in done:
+        manager.withdraw(ticket, reason="disconnected")
+    grant = await attempt
+    if left:
+        if grant.fresh:
+            manager.give_back(grant.lease, reason="disconnected")
+        raise SlotUnavailable("the client went away before its slot was granted")
+    return grant.lease
+
+
+async def _client_left(request: Request) -> None:
+    """Return once the client has disconnected; the body was read, so the next ASGI message is the disconnect."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        log.exception("watching the acquire connection failed; treating the client as gone")
+
+
+async def _parse(request: Request, model: type[Model]) -> Model:
+    body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}" for error in err.errors()
+        )
+        raise BadToolRequest(f"invalid {model.__name__}: {problems}") from None
+
+
+def _json_response(result: BaseModel | list[BaseModel]) -> Response:
+    if isinstance(result, list):
+        body = json.dumps([item.model_dump(mode="json") for item in result])
+    else:
+        body = result.model_dump_json()
+    return Response(body, media_type="application/json")
+
+
+def _error_response(err: RolloutError, status: int | None = None) -> Response:
+    status = status or next((code for cls, code in STATUS_BY_ERROR.items() if isinstance(err, cls)), 500)
+    return Response(json.dumps(err.to_payload()), status_code=status, media_type="application/json")
+
+
+def read_token(token_file: Path) -> str:
+    token = token_file.read_text(encoding="utf-8").strip()
+    if not token:
+        raise SystemExit(f"token file {token_file} is empty")
+    return token
+
+
+async def serve(args: argparse.Namespace) -> None:
+    manager = SlotManager(
+        args.root,
+        args.slots,
+        args.container_id,
+        require_isolation=args.require_isolation,
+        max_output_chars=args.max_output_chars,
+        sweep_interval_s=args.sweep_interval,
+    )
+    app = create_app(manager, read_token(args.token_file))
+    listener = _tcp_listener(args.host, args.port)
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # Longer than httpx's 5 s keep-alive expiry, so a client never reuses a connection the server is closing.
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
+    server = _SandboxServer(config, manager)
+    announcer = asyncio.create_task(_announce_when_started(server, listener, args))
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        announcer.cancel()
+
+
+class _SandboxServer(uvicorn.Server):
+    """Stops running operations as soon as shutdown begins, so open requests end with a retryable
+    error instead of holding the shutdown until the longest command finishes."""
+
+    def __init__(self, config: uvicorn.Config, manager: SlotManager) -> None:
+        super().__init__(config)
+        self.manager = manager
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.manager.close()
+        await super().shutdown(sockets)
+
+
+def _tcp_listener(host: str, port: int) -> socket.socket:
+    """A listening socket created as IPPROTO_TCP: asyncio turns Nagle off only on connections
+    accepted from such a socket, and with Nagle on every small reply waits ~40 ms for an ACK."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(2048)
+    return listener
+
+
+async def _announce_when_started(server: uvicorn.Server, listener: socket.socket, args: argparse.Namespace) -> None:
+    while not server.started:
+        await asyncio.sleep(0.02)
+    port = listener.getsockname()[1]
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    log.info("sandbox %s serving %d slots at %s", args.container_id, args.slots, url)
+    if args.ready_file:
+        write_json_atomically(args.ready_file, {"url": url, "pid": os.getpid(), "container_id": args.container_id})
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m temporal_rollouts.sandbox_server", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--root", type=Path, required=True, help="slot workspaces, journals and logs live here")
+    parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
+    parser.add_argument("--container-id", default="local")
+    parser.add_argument("--require-isolation", action="store_true")
+    parser.add_argument("--max-output-chars", type=int, default=DEFAULT_MAX_OUTPUT_CHARS)
+    parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between lease expiry sweeps")
+    parser.add_argument("--ready-file", type=Path, help="written as JSON {url, pid} once listening")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args))
+

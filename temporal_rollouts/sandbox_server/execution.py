@@ -1,0 +1,95 @@
+"""Running operations in slots, at most once per call id.
+
+Split from the slot manager so that leasing (who may use a slot) and running (what
+happens in it) can be read apart. Every result is stored by call id, so a retried
+call, even one sent to a restarted server process, is answered from the store.
+A call whose server died while it ran has no stored result and runs again when
+retried: commands must tolerate that, as they tolerate any crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
+from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
+from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
+from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SlotLease, ToolOutput
+
+
+@dataclass
+class Slot:
+    index: int
+    workspace: Path
+    lease: SlotLease | None = None
+    ttl_s: float = 0.0
+    allow_network: bool = False
+    resetting: bool = False
+    running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def free(self) -> bool:
+        return self.lease is None and not self.resetting
+
+
+class CallRunner:
+    def __init__(self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int) -> None:
+        self.max_output_chars = max_output_chars
+        self.require_isolation = require_isolation
+        self.closing = False
+        self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
+        self._executions = ExecutionLog(root / "executions.jsonl")
+        self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
+
+    async def execute(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
+        """Run one operation in a slot already checked to be leased under `request.lease_id`, or answer
+        a repeated call id from its stored result; `ran(slot, lease_id)` is called after a real run."""
+        if (stored := self._journal.get(request.call_id)) is not None:
+            return stored.model_copy(update={"replayed": True})
+        if (first := self._inflight.get(request.call_id)) is not None:
+            output = await self._outcome(first)
+            return output.model_copy(update={"replayed": True})
+        task = asyncio.create_task(self._run(slot, request, ran))
+        self._inflight[request.call_id] = task
+        slot.running.add(task)
+
+        def forget(done: asyncio.Task[ToolOutput]) -> None:
+            self._inflight.pop(request.call_id, None)
+            slot.running.discard(done)
+
+        task.add_done_callback(forget)
+        return await self._outcome(task)
+
+    async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
+        async with slot.lock:
+            context = SlotContext(slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation)
+            started, clock = time.time(), time.monotonic()
+            output = await run_operation(request.call_id, request.operation, context)
+            self._executions.record(
+                call_id=request.call_id,
+                slot=slot.index,
+                op=request.operation.op,
+                started=started,
+                duration=time.monotonic() - clock,
+                exit_code=output.exit_code,
+            )
+            stored = StoredResult(call_id=request.call_id, slot=slot.index, lease_id=request.lease_id, output=output)
+            self._journal.put(stored)
+        ran(slot, request.lease_id)
+        return output
+
+    async def _outcome(self, task: asyncio.Task[ToolOutput]) -> ToolOutput:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.cancelled() or (current and current.cancelling()):
+                raise
+            if self.closing:
+                raise SandboxUnreachable("the sandbox server stopped while the operation ran") from None
+            raise LeaseLost("the slot was released or reset while the operation ran") from None

@@ -1,0 +1,141 @@
+"""The four slot operations (exec, read_file, write_file, search), each turned into a ToolOutput.
+
+Problems the model caused with a well-formed request (a missing file, a failing
+command, no matches) come back as outputs it can read, with ok=False where the
+operation failed; requests the server must refuse (a path outside the workspace)
+raise BadToolRequest instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporal_rollouts.sandbox_server.errors import BadToolRequest
+from temporal_rollouts.sandbox_server.files import (
+    read_text,
+    relative_to_workspace,
+    resolve_in_workspace,
+    sandbox_view,
+    write_text,
+)
+from temporal_rollouts.sandbox_server.isolation import run_command
+from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
+
+SEARCH_TIMEOUT_S = 30.0
+SEARCH_LINE_CHARS = 400
+
+
+@dataclass(frozen=True)
+class SlotContext:
+    workspace: Path
+    allow_network: bool
+    max_output_chars: int
+    require_isolation: bool
+
+
+async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -> ToolOutput:
+    started = time.monotonic()
+    if isinstance(operation, ExecOp):
+        output = await _exec(call_id, operation, slot)
+    elif isinstance(operation, ReadFileOp):
+        output = await _read_file(call_id, operation, slot)
+    elif isinstance(operation, WriteFileOp):
+        output = await _write_file(call_id, operation, slot)
+    elif isinstance(operation, SearchOp):
+        output = await _search(call_id, operation, slot)
+    else:
+        raise BadToolRequest(f"unknown operation {operation!r}")
+    if not output.duration_s:
+        output.duration_s = time.monotonic() - started
+    return output
+
+
+async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
+    if op.timeout_s <= 0:
+        raise BadToolRequest("timeout_s must be positive")
+    result = await run_command(
+        op.command,
+        slot.workspace,
+        timeout_s=op.timeout_s,
+        max_output_chars=slot.max_output_chars,
+        allow_network=slot.allow_network,
+        require_isolation=slot.require_isolation,
+    )
+    return ToolOutput(
+        call_id=call_id,
+        ok=result.exit_code == 0 and not result.timed_out,
+        output=result.output,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        truncated=result.truncated,
+        duration_s=result.duration_s,
+    )
+
+
+async def _read_file(call_id: str, op: ReadFileOp, slot: SlotContext) -> ToolOutput:
+    path = resolve_in_workspace(slot.workspace, op.path)
+    shown = sandbox_view(slot.workspace, path)
+    try:
+        text, truncated = await asyncio.to_thread(read_text, path, slot.max_output_chars)
+    except FileNotFoundError:
+        return _failed(call_id, f"file not found: {shown}")
+    except IsADirectoryError:
+        return _failed(call_id, f"{shown} is a directory, not a file")
+    except OSError as err:
+        return _failed(call_id, f"cannot read {shown}: {err.strerror or err}")
+    return ToolOutput(call_id=call_id, ok=True, output=text, truncated=truncated)
+
+
+async def _write_file(call_id: str, op: WriteFileOp, slot: SlotContext) -> ToolOutput:
+    path = resolve_in_workspace(slot.workspace, op.path)
+    shown = sandbox_view(slot.workspace, path)
+    try:
+        written = await asyncio.to_thread(write_text, path, op.content)
+    except IsADirectoryError:
+        return _failed(call_id, f"cannot write {shown}: it is a directory")
+    except OSError as err:
+        return _failed(call_id, f"cannot write {shown}: {err.strerror or err}")
+    return ToolOutput(call_id=call_id, ok=True, output=f"wrote {written} bytes to {shown}")
+
+
+async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
+    if not op.pattern:
+        raise BadToolRequest("search pattern is empty")
+    if op.max_matches < 1:
+        raise BadToolRequest("max_matches must be at least 1")
+    path = resolve_in_workspace(slot.workspace, op.path)
+    if not path.exists():
+        return _failed(call_id, f"no such file or directory: {sandbox_view(slot.workspace, path)}")
+    relative = relative_to_workspace(slot.workspace, path)
+    argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--"] + ([] if relative == "." else [relative])
+    result = await run_command(
+        shlex.join(argv),
+        slot.workspace,
+        timeout_s=SEARCH_TIMEOUT_S,
+        max_output_chars=slot.max_output_chars,
+        require_isolation=slot.require_isolation,
+    )
+    if result.timed_out:
+        return _failed(call_id, f"search timed out after {SEARCH_TIMEOUT_S:.0f}s", timed_out=True)
+    if result.exit_code == 1:
+        return ToolOutput(call_id=call_id, ok=True, output="no matches", exit_code=1)
+    if result.exit_code != 0:
+        return _failed(call_id, result.output.strip() or "search failed", exit_code=result.exit_code)
+    lines = [_shorten(line) for line in result.output.splitlines()]
+    truncated = result.truncated or len(lines) > op.max_matches
+    shown = lines[: op.max_matches]
+    if len(lines) > op.max_matches:
+        shown.append(f"[... more than {op.max_matches} matches, refine the pattern or path ...]")
+    return ToolOutput(call_id=call_id, ok=True, output="\n".join(shown), exit_code=0, truncated=truncated)
+
+
+def _shorten(line: str) -> str:
+    return line if len(line) <= SEARCH_LINE_CHARS else line[:SEARCH_LINE_CHARS] + " [...]"
+
+
+def _failed(call_id: str, message: str, **fields: object) -> ToolOutput:
+    return ToolOutput(call_id=call_id, ok=False, output=message, **fields)

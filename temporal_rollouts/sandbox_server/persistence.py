@@ -1,0 +1,210 @@
+"""What a sandbox server keeps on disk so that a restarted process carries on.
+
+Stored results let a retried tool call be answered without running it again,
+even by a new server process; persisted leases keep the slots of running
+rollouts theirs across the restart; the execution log records every operation
+that really ran, which is how tests prove nothing ran twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from temporal_rollouts.sandbox_server.schema import SlotLease, ToolOutput
+
+log = logging.getLogger(__name__)
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump(data, file)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+class StoredResult(BaseModel):
+    call_id: str
+    slot: int
+    lease_id: str
+    output: ToolOutput
+
+
+class ResultJournal:
+    """The most recent results by call id (at most `limit` of them and about `max_chars` of output),
+    appended to a JSONL file as they are stored and compacted when the file grows past twice that."""
+
+    def __init__(self, path: Path, limit: int = 10_000, max_chars: int = 64_000_000) -> None:
+        self.path = path
+        self.limit = limit
+        self.max_chars = max_chars
+        self._results: OrderedDict[str, StoredResult] = OrderedDict()
+        self._chars = 0
+        self._lines_in_file = 0
+        self._chars_in_file = 0
+        self._load()
+
+    def get(self, call_id: str) -> ToolOutput | None:
+        stored = self._results.get(call_id)
+        return stored.output.model_copy() if stored else None
+
+    def put(self, record: StoredResult) -> None:
+        self._remember(record)
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(record.model_dump_json() + "\n")
+        self._lines_in_file += 1
+        self._chars_in_file += len(record.output.output)
+        if self._lines_in_file > 2 * self.limit or self._chars_in_file > 2 * self.max_chars:
+            self._compact()
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def _remember(self, record: StoredResult) -> None:
+        if (replaced := self._results.pop(record.call_id, None)) is not None:
+            self._chars -= len(replaced.output.output)
+        self._results[record.call_id] = record
+        self._chars += len(record.output.output)
+        while len(self._results) > 1 and (len(self._results) > self.limit or self._chars > self.max_chars):
+            _, evicted = self._results.popitem(last=False)
+            self._chars -= len(evicted.output.output)
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        damaged = False
+        with self.path.open("r", encoding="utf-8", errors="replace") as file:
+            for line in file:
+                self._lines_in_file += 1
+                self._chars_in_file += len(line)
+                try:
+                    self._remember(StoredResult.model_validate_json(line))
+                except ValidationError:
+                    damaged = True
+                damaged = damaged or not line.endswith("\n")
+        if damaged:
+            log.warning("result journal %s had damaged lines; they were dropped", self.path)
+        if damaged or self._lines_in_file > len(self._results):
+            self._compact()
+
+    def _compact(self) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("w", encoding="utf-8") as file:
+            for record in self._results.values():
+                file.write(record.model_dump_json() + "\n")
+        os.replace(temporary, self.path)
+        self._lines_in_file = len(self._results)
+        self._chars_in_file = self._chars
+
+
+class ExecutionLog:
+    """One JSON line per operation that really ran (replays are not logged)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def record(
+        self, *, call_id: str, slot: int, op: str, started: float, duration: float, exit_code: int | None
+    ) -> None:
+        entry = {
+            "call_id": call_id,
+            "slot": slot,
+            "op": op,
+            "started": started,
+            "duration": round(duration, 6),
+            "exit_code": exit_code,
+        }
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(entry) + "\n")
+
+
+class StoredLease(BaseModel):
+    lease: SlotLease
+    ttl_s: float
+    allow_network: bool
+
+
+LEASE_FILE = "lease_book.jsonl"
+LEGACY_LEASE_FILE = "leases.json"  # the whole book as one JSON array, as earlier servers wrote it
+
+
+class LeaseStore:
+    """The live leases of one server, as an append-only journal: one line per lease written
+    (`put`: a grant, or an expiry moved ahead) and per lease ended (`drop`), rewritten to one
+    line per live lease by `compact`. Appending keeps a grant or a release one short write,
+    however many slots the server has. A torn last line (a crash mid-write) is skipped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines = 0
+        """Lines in the file, for the caller to decide when to compact."""
+
+    def load(self) -> list[StoredLease]:
+        """The live leases, the latest written for each slot; reads the legacy JSON array too."""
+        legacy = self.path.with_name(LEGACY_LEASE_FILE)
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return self._load_legacy(legacy) if legacy.exists() else []
+        live: dict[int, StoredLease] = {}
+        self.lines = 0
+        for line in text.splitlines():
+            self.lines += 1
+            try:
+                entry = json.loads(line)
+                if "put" in entry:
+                    stored = StoredLease.model_validate(entry["put"])
+                    live[stored.lease.slot] = stored
+                elif "drop" in entry:
+                    live = {slot: s for slot, s in live.items() if s.lease.lease_id != entry["drop"]}
+            except (ValueError, ValidationError, TypeError):
+                log.warning("lease journal %s has a damaged line; it was skipped", self.path)
+        return list(live.values())
+
+    def put(self, stored: StoredLease) -> None:
+        self._append({"put": stored.model_dump(mode="json")})
+
+    def drop(self, lease_id: str) -> None:
+        self._append({"drop": lease_id})
+
+    def compact(self, leases: list[StoredLease]) -> None:
+        write_lines_atomically(self.path, [json.dumps({"put": s.model_dump(mode="json")}) for s in leases])
+        self.lines = len(leases)
+        self.path.with_name(LEGACY_LEASE_FILE).unlink(missing_ok=True)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(entry) + "\n")
+        self.lines += 1
+
+    def _load_legacy(self, legacy: Path) -> list[StoredLease]:
+        try:
+            return [StoredLease.model_validate(item) for item in json.loads(legacy.read_text(encoding="utf-8"))]
+        except (ValueError, ValidationError) as err:
+            log.warning("lease file %s is unreadable (%s); starting with no leases", legacy, err)
+            return []
+
+
+def write_lines_atomically(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.writelines(line + "\n" for line in lines)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

@@ -1,0 +1,200 @@
+"""Request and response models of the sandbox server.
+
+Shared by the in-process slot manager, the HTTP server that wraps it and the
+HTTP client, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_LEASE_TTL_S = 1800.0
+"""A lease not renewed for this long lapses (settings: sandbox.lease_ttl_s)."""
+DEFAULT_COMMAND_TIMEOUT_S = 60.0
+"""A command that names no timeout is killed after this (limits.command_timeout_s)."""
+DEFAULT_MAX_OUTPUT_CHARS = 50_000
+"""Tool output longer than this is cut, keeping head and tail (settings: sandbox.max_output_chars)."""
+DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+"""A workspace snapshot larger than this is refused (settings: storage.max_snapshot_bytes)."""
+
+
+class Holder(BaseModel):
+    """Who holds a slot: the workflow execution that leased it."""
+
+    workflow_id: str
+    run_id: str = ""
+
+
+class SlotRef(BaseModel):
+    """What a slot operation must present: which slot, under which lease."""
+
+    container_id: str
+    slot: int
+    lease_id: str
+
+
+class SlotLease(SlotRef):
+    """Proof that a slot is leased, and to whom."""
+
+    holder: Holder
+    expires_at: float = Field(description="Unix time at which the lease lapses unless renewed.")
+
+    def ref(self) -> SlotRef:
+        return SlotRef(container_id=self.container_id, slot=self.slot, lease_id=self.lease_id)
+
+
+class AcquireRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    holder: Holder
+    ttl_s: float = DEFAULT_LEASE_TTL_S
+    wait_s: float = Field(default=30.0, description="How long to wait, first come first served, for a free slot.")
+    allow_network: bool = False
+    ticket: str | None = Field(
+        default=None, description="Names this request's place in line, so `POST /slots/withdraw` can take it back."
+    )
+
+
+class WithdrawRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ticket: str
+
+
+class WithdrawResult(BaseModel):
+    withdrawn: bool = Field(description="True when the ticket was still waiting in line and has now left it.")
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    idle_s: float = Field(description="Drain only if no slot has had a lease or a waiter for this long.")
+
+
+class DrainResult(BaseModel):
+    draining: bool = Field(description="True when the server now refuses new leases and may be stopped.")
+    idle_since: float | None = None
+
+
+class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slot: int
+    lease_id: str
+
+
+class RenewRequest(LeaseRequest):
+    ttl_s: float = DEFAULT_LEASE_TTL_S
+
+
+class ReleaseRequest(LeaseRequest):
+    reset: bool = Field(default=True, description="Empty the workspace so the next holder starts clean.")
+    reason: Literal["released", "reaped"] = Field(
+        default="released", description="`reaped` when the reaper frees the lease of a closed workflow."
+    )
+
+
+class ReleaseResult(BaseModel):
+    released: bool = Field(description="False when the lease was already gone (released, expired or reaped).")
+
+
+class ArchiveRequest(LeaseRequest):
+    max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0)
+
+
+class WorkspaceArchive(BaseModel):
+    """A slot's workspace as a gzipped tar, base64-encoded."""
+
+    data: str
+    size: int
+
+
+class RestoreRequest(LeaseRequest):
+    data: str = Field(description="A WorkspaceArchive's data.")
+
+
+class RestoreResult(BaseModel):
+    entries: int
+
+
+class ExecOp(BaseModel):
+    op: Literal["exec"] = "exec"
+    command: str
+    timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+
+
+class ReadFileOp(BaseModel):
+    op: Literal["read_file"] = "read_file"
+    path: str
+
+
+class WriteFileOp(BaseModel):
+    op: Literal["write_file"] = "write_file"
+    path: str
+    content: str
+
+
+class SearchOp(BaseModel):
+    op: Literal["search"] = "search"
+    pattern: str
+    path: str = "."
+    max_matches: int = 200
+
+
+Operation = Annotated[ExecOp | ReadFileOp | WriteFileOp | SearchOp, Field(discriminator="op")]
+
+
+class ExecuteRequest(LeaseRequest):
+    call_id: str = Field(description="Unique per tool call; a repeated id is answered from the stored result.")
+    operation: Operation
+
+
+class ToolOutput(BaseModel):
+    call_id: str
+    ok: bool
+    output: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    replayed: bool = Field(default=False, description="True when answered from the stored result of an earlier attempt.")
+
+
+class SlotState(BaseModel):
+    slot: int
+    lease: SlotLease | None = None
+    busy: bool = False
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"
+    container_id: str
+    slots: int
+    free: int
+    waiters: int
+    isolation: Literal["bubblewrap", "none"]
+    idle_since: float | None = Field(
+        default=None, description="Unix time since when no slot has had a lease or a waiter; None while busy."
+    )
+    draining: bool = Field(default=False, description="True once drained for a stop: new leases are refused.")
+
+
+LeaseEventKind = Literal["queued", "granted", "released", "expired", "withdrawn", "reaped"]
+
+
+class LeaseEvent(BaseModel):
+    """One line of a server's `leases.jsonl`: what happened to a slot or a place in line, and when."""
+
+    t: float = Field(description="Unix time of the event.")
+    event: LeaseEventKind
+    slot: int | None = None
+    lease_id: str | None = None
+    holder: Holder | None = None
+    waiters: int = Field(description="Requests waiting in line after the event.")
+    free: int = Field(description="Slots without a lease after the event (a slot being reset counts as free).")
+    handed_over: bool = Field(
+        default=False, description="A release, expiry or reap whose slot went straight to a waiter."
+    )
+    reason: str | None = Field(default=None, description="Why a waiter left: withdrawn, disconnected, timeout, ...")

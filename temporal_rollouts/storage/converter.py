@@ -1,0 +1,20 @@
+"""The data converter every client and worker uses: pydantic JSON, with large payloads
+offloaded to the object store through Temporal's own ExternalStorage and S3 driver."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from temporalio.contrib.aws.s3driver import S3StorageDriver, S3StorageDriverClient
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, ExternalStorage
+
+from temporal_rollouts.core.settings import Settings
+
+PAYLOAD_PREFIX = "payloads"
+
+
+def data_converter(settings: Settings, objects: S3StorageDriverClient) -> DataConverter:
+    driver = S3StorageDriver(objects, bucket=settings.storage.bucket, driver_name="temporal_rollouts.payloads")
+    storage = ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage.payload_size_threshold)
+    return dataclasses.replace(pydantic_data_converter, external_storage=storage)

@@ -1,0 +1,109 @@
+"""The object store behind everything in `storage/`: a local folder, or S3 (MinIO).
+
+Both speak the Temporal SDK's `S3StorageDriverClient` interface, so the SDK's own S3
+driver stores payloads in either, and transcripts and snapshots use the same store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.settings import Settings
+
+
+class LocalObjectClient(S3StorageDriverClient):
+    """Objects as files `<root>/<bucket>/<key>`, written atomically (temp file + rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, bucket: str, key: str) -> Path:
+        path = (self.root / bucket / key).resolve()
+        if not path.is_relative_to(self.root.resolve()):
+            raise ValueError(f"object key escapes the store: {key!r}")
+        return path
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, self._path(bucket, key), data)
+
+    async def object_exists(self, *, bucket: str, key: str) -> bool:
+        return self._path(bucket, key).exists()
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        path = self._path(bucket, key)
+        try:
+            return await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError as err:
+            raise KeyError(f"no object {bucket}/{key} in {self.root}") from err
+
+    def describe(self) -> Mapping[str, str]:
+        return {"store": "local", "root": str(self.root)}
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+class S3ObjectClient(S3StorageDriverClient):
+    """S3 through aioboto3 (the `s3` extra), opened on first use and kept for the process."""
+
+    def __init__(self, endpoint_url: str | None, region: str | None) -> None:
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._stack = contextlib.AsyncExitStack()
+        self._client: S3StorageDriverClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def _open(self) -> S3StorageDriverClient:
+        async with self._lock:
+            if self._client is None:
+                try:
+                    import aioboto3
+                    from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
+                except ImportError as err:
+                    raise ConfigError("storage.type = 's3' needs the s3 extra: pip install -e '.[s3]'") from err
+                s3 = await self._stack.enter_async_context(
+                    aioboto3.Session().client("s3", endpoint_url=self._endpoint_url, region_name=self._region)
+                )
+                self._client = new_aioboto3_client(s3)
+            return self._client
+
+    async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
+        await (await self._open()).put_object(bucket=bucket, key=key, data=data)
+
+    async def object_exists(self, *, bucket: str, key: str) -> bool:
+        return await (await self._open()).object_exists(bucket=bucket, key=key)
+
+    async def get_object(self, *, bucket: str, key: str) -> bytes:
+        return await (await self._open()).get_object(bucket=bucket, key=key)
+
+    def describe(self) -> Mapping[str, str]:
+        return {"store": "s3", "endpoint": self._endpoint_url or "aws"}
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+        self._client = None
+
+
+def object_client(settings: Settings) -> S3StorageDriverClient:
+    """The configured object store."""
+    if settings.storage.type == "local":
+        return LocalObjectClient(settings.storage_path)
+    return S3ObjectClient(settings.storage.endpoint_url, settings.storage.region)

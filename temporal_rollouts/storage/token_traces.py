@@ -1,0 +1,48 @@
+"""Token traces stored by reference, one segment per model turn.
+
+A turn appends a segment (the tokens added since the last turn: tool results, the
+generation prompt, the model's reply) that names its parent, so a 100-turn rollout
+writes each token once, and its workflow history carries only `TokenTraceRef`s.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+
+from temporal_rollouts.core.refs import TokenTraceRef
+from temporal_rollouts.core.token_trace import TokenTrace
+from temporal_rollouts.storage.content import ContentStore
+
+PREFIX = "token-traces"
+
+
+
+class _Segment(BaseModel):
+    parent: str | None
+    tokens: list[int]
+    logprobs: list[float | None]
+
+
+class TokenTraceStore:
+    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_entries: int = 4_096) -> None:
+        self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
+
+    async def append(self, parent: TokenTraceRef | None, added: TokenTrace, *, messages: int, restarts: int) -> TokenTraceRef:
+        """`parent` extended by `added`; None as parent starts a new sequence."""
+        segment = _Segment(parent=parent.head if parent else None, tokens=added.tokens, logprobs=added.logprobs)
+        head = await self._store.put("segments", segment.model_dump_json().encode(), segment)
+        return TokenTraceRef(
+            head=head,
+            tokens=(parent.tokens if parent else 0) + len(added),
+            generated=(parent.generated if parent else 0) + added.generated_count,
+            messages=messages,
+            restarts=restarts,
+        )
+
+    async def load(self, ref: TokenTraceRef) -> TokenTrace:
+        trace = TokenTrace()
+        for segment in await self._store.chain("segments", ref.head, _Segment.model_validate_json):
+            trace.tokens.extend(segment.tokens)
+            trace.logprobs.extend(segment.logprobs)
+        return trace

@@ -1,0 +1,1 @@
+"""End-to-end tests: the README's own commands, run as a user would."""

@@ -1,0 +1,135 @@
+"""The Atropos env (integrations/atropos/env.py) run as Atropos users run it, as its own
+process: `serve` against the real `run-api` with a trainer pulling batches, `process`
+writing JSONL and HTML, `evaluate` writing metrics. Its rollouts are Temporal workflows
+run by the test worker, with SmolLM2 behind a real `/generate` (steered by the demo
+policy as in test_token_rollout.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from temporal_rollouts.core.records import TrajectoryResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.token_trace import IGNORE_INDEX
+from temporal_rollouts.sinks.atropos_api import TrajectoryApi
+from tests.support import REPO
+from tests.support.processes import settings_environment
+from tests.support.servers import smollm2
+from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
+from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
+from worker import Parts
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ENV_WAIT_S = 300.0
+
+
+@pytest.fixture
+def smol(settings: Settings, smollm2_server: GenerateServerProcess) -> Iterator[str]:
+    settings.policies["smol"] = generate_policy(smollm2_server)
+    yield "smol"
+    settings.policies.pop("smol", None)
+
+
+def run_env(command: str, settings: Settings, tokenizer: Path, tmp_path: Path, **env_fields) -> subprocess.Popen:
+    """`python -m temporal_rollouts.integrations.atropos.env COMMAND --config run.yaml`, configured as a user would."""
+    fields = {
+        "task_env": "echo_chain", "env_config": {"steps": 1}, "policy": "smol", "group_size": 2,
+        "max_agent_turns": 3, "agent_max_tokens": 6, "use_wandb": False, "tokenizer_name": str(tokenizer),
+        "wandb_name": "tests", "total_steps": 1, "max_token_length": 4096, **env_fields,
+    }
+    config = tmp_path / f"{command}.yaml"
+    config.write_text(yaml.safe_dump({"env": fields}))
+    environment = {**os.environ, **settings_environment(settings), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    log = open(tmp_path / f"{command}.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "temporal_rollouts.integrations.atropos.env", command, "--config", str(config)],
+                            cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def finish(proc: subprocess.Popen, tmp_path: Path, command: str) -> None:
+    """Wait for the env to exit without blocking the event loop the test worker runs on."""
+    try:
+        code = await asyncio.to_thread(proc.wait, ENV_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert code == 0, (tmp_path / f"{command}.log").read_text()[-3000:]
+
+
+async def test_serve_posts_groups_a_trainer_pulls_with_tokens_masks_and_logprobs(
+    settings: Settings, parts: Parts, client, smol: str, smollm2_server: GenerateServerProcess, smollm2_model,
+    tmp_path: Path,
+) -> None:
+    run_api = RunApiProcess(tmp_path / "run_api.log")
+    run_api.start()
+    try:
+        async with TrajectoryApi(run_api.url) as api:
+            await register_trainer(api, batch_size=2, max_token_len=4096, checkpoint_dir=tmp_path)
+            proc = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path,
+                           rollout_server_url=run_api.url, ensure_scores_are_not_same=False, steps_per_eval=0)
+            try:
+                batch = await pull_batch(api, timeout_s=ENV_WAIT_S)
+            except BaseException:
+                proc.kill()
+                raise
+            await finish(proc, tmp_path, "serve")  # its stop condition holds once the trainer took a batch
+    finally:
+        run_api.stop()
+
+    (group,) = batch
+    assert len(group["tokens"]) == 2 and group["env_id"] == 0
+    assert group["group_overrides"]["tool_errors"] == 0
+    for index, override in enumerate(group["overrides"]):
+        rollout = await client.get_workflow_handle(override["rollout_id"], result_type=TrajectoryResult).result()
+        trace = await parts.traces.load(rollout.tokens)
+        assert group["tokens"][index] == trace.tokens, "tokens arrive intact"
+        assert group["masks"][index] == trace.masks()
+        assert group["inference_logprobs"][index] == trace.inference_logprobs()
+        trained = [i for i, m in enumerate(group["masks"][index]) if m != IGNORE_INDEX]
+        assert trained, "the model wrote part of every turn"
+        fresh = smollm2.forward_logprobs(smollm2_model, group["tokens"][index])
+        assert max(abs(group["inference_logprobs"][index][i] - fresh[i - 1]) for i in trained) < LOGPROB_TOLERANCE
+
+
+async def test_process_writes_jsonl_and_html_that_atropos_reads(
+    settings: Settings, worker, smol: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    from atroposlib.frontend.jsonl2html import generate_html
+
+    out = tmp_path / "out" / "groups.jsonl"
+    proc = run_env("process", settings, smollm2_server.tokenizer_dir, tmp_path, data_path_to_save_groups=str(out))
+    await finish(proc, tmp_path, "process")
+    (line,) = out.read_text().splitlines()
+    group = json.loads(line)
+    assert len(group["tokens"]) == len(group["masks"]) == len(group["inference_logprobs"]) == 2
+    assert all(len(t) == len(m) for t, m in zip(group["tokens"], group["masks"]))
+    html = out.with_suffix(".html").read_text()
+    assert "echo step-1" in html and "Reward:" in html, "the HTML shows the conversation and its score"
+    # Atropos' viewer reads the file the same way a second time
+    again = generate_html(str(out), str(tmp_path / "again.html"))
+    assert Path(again or tmp_path / "again.html").read_text().count("reward-") >= 2
+
+
+async def test_evaluate_writes_metrics(
+    settings: Settings, worker, smol: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    evals = tmp_path / "evals"
+    proc = run_env("evaluate", settings, smollm2_server.tokenizer_dir, tmp_path, data_dir_to_save_evals=str(evals),
+                   eval_items=2)
+    await finish(proc, tmp_path, "evaluate")
+    metrics = json.loads((evals / "metrics.json").read_text())
+    (task,) = [k for k in metrics["results"] if k != "all"]
+    result = metrics["results"][task]
+    assert result["eval/completed"] + result["eval/failed"] == 2
+    assert 0.0 <= result["eval/mean_score"] <= 1.0
+    samples = [json.loads(line) for line in (evals / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == result["eval/completed"]

@@ -1,0 +1,85 @@
+"""Batches that post their groups straight to the real Atropos `run-api`, pulled back the
+way a trainer pulls them. The policy here is the demo policy (chat), so sequences carry
+no tokens: token ids, masks and logprobs through run-api are in test_atropos_env.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from activities.sinks import SinkActivities, WriteGroupInput
+from temporal_rollouts.core.records import BatchInput
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sinks.atropos_api import TrajectoryApi
+from temporal_rollouts.sinks.groups import GroupBuilder
+from temporal_rollouts.sinks.jsonl import read_groups
+from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
+from tests.support.waiting import batch_id
+from worker import Parts
+from workflows.batch import BatchWorkflow
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_api(tmp_path_factory) -> Iterator[RunApiProcess]:
+    server = RunApiProcess(tmp_path_factory.mktemp("run_api") / "run_api.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def atropos_settings(settings: Settings, run_api: RunApiProcess) -> Iterator[Settings]:
+    before = settings.atropos.api_url
+    settings.atropos.api_url = run_api.url  # the worker's settings object: its sink reads this per write
+    yield settings
+    settings.atropos.api_url = before
+
+
+async def test_batch_groups_reach_a_trainer_through_run_api(
+    client: Client, atropos_settings: Settings, run_api: RunApiProcess, tmp_path: Path
+) -> None:
+    async with TrajectoryApi(run_api.url) as api:
+        await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)
+        result = await client.execute_workflow(
+            BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=2, group_size=2, sink="atropos"),
+            id=batch_id("atropos"), task_queue=atropos_settings.temporal.task_queue,
+        )
+        assert (result.completed, result.groups_written) == (4, 2)
+        batch = await pull_batch(api, timeout_s=30)
+
+    local = {tuple(g["overrides"][0].values()): g for g in read_groups(Path(result.output))}
+    assert len(batch) == 2
+    for group in batch:
+        assert group["scores"] == [1.0, 1.0]
+        assert len(group["messages"]) == 2 and all("content" in m for t in group["messages"] for m in t)
+        assert group["messages"][0][1]["role"] == "user"
+        same = local[tuple(group["overrides"][0].values())]
+        assert group["messages"] == same["messages"], "the trainer gets what the JSONL holds"
+        assert "metadata" not in group, "run-api takes ScoredDataGroup fields only"
+        assert group["group_overrides"] == {"tool_errors": 0, "tool_errors_by_tool": {}}
+
+
+async def test_a_retried_write_posts_a_group_once(
+    parts: Parts, atropos_settings: Settings, run_api: RunApiProcess, client: Client, tmp_path: Path
+) -> None:
+    result = await client.execute_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=2), id=batch_id("once"),
+        task_queue=atropos_settings.temporal.task_queue,
+    )
+    first = read_groups(Path(result.output))[0]
+    results = []
+    for rollout_id in first["metadata"]["rollout_ids"]:
+        results.append(await client.get_workflow_handle(rollout_id).result())
+    sinks = SinkActivities(atropos_settings, GroupBuilder(parts.transcripts, parts.traces))
+    write = WriteGroupInput(path=str(tmp_path / "groups.jsonl"), group_id="g-once", results=results, sink="atropos")
+    async with TrajectoryApi(run_api.url) as api:
+        queued = (await api.status())["queue_size"]
+        assert (await sinks.write_group(write)).status == "written"
+        assert (await sinks.write_group(write)).status == "already_written"
+        assert (await api.status())["queue_size"] == queued + 1
+    assert len(read_groups(tmp_path / "groups.jsonl")) == 1

@@ -1,0 +1,86 @@
+"""`python worker.py` as a real process that tests can SIGKILL and start again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from temporal_rollouts.core.settings import Settings
+from tests.support import REPO
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The settings as ROLLOUTS_* variables (nested sections as JSON), as a user would set them."""
+    env = {}
+    for name, value in settings.model_dump(mode="json").items():
+        env[f"ROLLOUTS_{name.upper()}"] = value if isinstance(value, str) else __import__("json").dumps(value)
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        env = {**os.environ, **settings_environment(self.settings)}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "worker.py"], cwd=REPO, env=env, stdout=log, stderr=log)
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no cleanup, exactly like a crashed machine."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.kills += 1
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the worker logs that it polls its task queue."""
+        deadline = time.monotonic() + timeout_s
+        marker = "worker polling task queue"
+        while time.monotonic() < deadline:
+            assert self.proc is not None and self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            if self.log_path.exists() and self.log_path.read_text().count(marker) >= self.kills + 1:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
+
+
+def kill_servers_under(data_dir: Path) -> list[int]:
+    """SIGKILL every sandbox server whose root lies under `data_dir`: what a test leaves behind
+    when it kills processes on purpose (a container restarted twice, a worker killed mid-scale-up)."""
+    killed = []
+    marker = str(Path(data_dir).resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "temporal_rollouts.sandbox_server" in cmdline and marker in cmdline:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+            except ProcessLookupError:
+                pass
+    return killed

@@ -1,0 +1,28 @@
+"""Small helpers many tests use: fresh batch ids, the leased slots of a pool, waiting for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from temporal_rollouts.sandbox.pool import SandboxPool
+
+
+def batch_id(prefix: str = "batch") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def leased_slots(pool: SandboxPool) -> list:
+    states = await pool.slots()
+    return [s for slots in states.values() for s in slots if s.lease is not None]
+
+
+async def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)

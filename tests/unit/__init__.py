@@ -1,0 +1,1 @@
+"""Unit tests: no processes; fakes only at the transport seam (httpx.MockTransport)."""
