@@ -12,7 +12,15 @@ known ones. New families register with `@register_parser("name", *aliases)` on a
 
 from __future__ import annotations
 
-from llm.parsers import deepseek, hermes, llama, mistral, qwen3_coder  # noqa: F401  (registers the families)
+from llm.parsers import (  # noqa: F401  (registers the families)
+    deepseek,
+    glm,
+    hermes,
+    llama,
+    longcat,
+    mistral,
+    qwen3_coder,
+)
 from llm.parsers.base import (
     ParsedTurn,
     RawCall,
