@@ -16,6 +16,7 @@ from llm.parsers import (  # noqa: F401  (registers the families)
     deepseek,
     glm,
     hermes,
+    kimi,
     llama,
     longcat,
     mistral,
