@@ -18,6 +18,7 @@ from llm.parsers import (  # noqa: F401  (registers the families)
     hermes,
     kimi,
     llama,
+    llama4,
     longcat,
     mistral,
     qwen3_coder,
