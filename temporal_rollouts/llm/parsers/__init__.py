@@ -12,7 +12,17 @@ known ones. New families register with `@register_parser("name", *aliases)` on a
 
 from __future__ import annotations
 
-from temporal_rollouts.llm.parsers import deepseek, hermes, llama, mistral, qwen3_coder  # noqa: F401  (registers the families)
+from temporal_rollouts.llm.parsers import (  # noqa: F401  (registers the families)
+    deepseek,
+    glm,
+    hermes,
+    kimi,
+    llama,
+    llama4,
+    longcat,
+    mistral,
+    qwen3_coder,
+)
 from temporal_rollouts.llm.parsers.base import (
     ParsedTurn,
     RawCall,

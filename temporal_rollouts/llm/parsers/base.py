@@ -193,7 +193,8 @@ def clean_text(text: str | None) -> str | None:
 
 
 def compact_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """JSON text of `value`; ValueError for a value JSON cannot hold (infinity, NaN), never `Infinity`."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _reject_constant(name: str) -> Any:

@@ -105,7 +105,10 @@ def _builtin_call(body: str) -> RawCall | None:
         arguments = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return raw
-    return RawCall(name, compact_json(arguments))
+    try:
+        return RawCall(name, compact_json(arguments))
+    except (TypeError, ValueError):  # a literal JSON cannot hold (a set, bytes, inf): keep the raw text
+        return raw
 
 
 def _join(*parts: str) -> str:
