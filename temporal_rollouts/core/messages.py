@@ -1,4 +1,5 @@
-"""The chat transcript in OpenAI's wire shape, shared by envs, tools, model clients and workflows."""
+"""The chat transcript in OpenAI's wire shape, shared by envs, tools, model clients and workflows,
+with the cheap token estimate that context budgets use."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class ToolSpec(BaseModel):
 CHARS_PER_TOKEN = 4
 PER_MESSAGE_TOKENS = 10
 PER_TOOL_CALL_TOKENS = 50
+
 
 def estimate_tokens(messages: Iterable[Message]) -> int:
     """The original system's estimate: len(content)//4 + 10 per message, +50 per tool call."""

@@ -1,4 +1,4 @@
-"""Context size: cheap estimates, and fitting a long conversation into a turn's budget.
+"""Context size: fitting a long conversation into a turn's budget (the estimate is core.messages.estimate_tokens).
 
 `fit_context` works on a copy, per turn: the saved transcript stays whole, only what one
 model request sees is shortened. It first shortens old tool results, then drops the
