@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from rollouts.errors import SandboxRequired
+from sandboxes.limits import Confinement, SlotLimits, running_as_root
 from sandboxes.output import BoundedOutput
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
+DEFAULT_UID_BASE = 60000
 OUTPUT_DRAIN_S = 2.0
 
 IsolationMode = Literal["bubblewrap", "none"]
@@ -53,11 +55,20 @@ def sandbox_environment(home: str) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
 
 
-def bubblewrap_argv(bwrap: str, workspace: Path, command: str, *, allow_network: bool) -> list[str]:
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+def bubblewrap_argv(
+    bwrap: str, workspace: Path, command: list[str], *, allow_network: bool, as_root: bool | None = None,
+    tmp_bytes: int = 0,
+) -> list[str]:
+    """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
+    command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
+    bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev."""
+    as_root = running_as_root() if as_root is None else as_root
+    argv = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not as_root:
+        argv += ["--unshare-user", "--cap-drop", "ALL"]
     if not allow_network:
         argv.append("--unshare-net")
-    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
     for directory in READ_ONLY_DIRS:
         argv += ["--ro-bind-try", directory, directory]
     for path in MASKED_FILES:
@@ -71,9 +82,12 @@ def bubblewrap_argv(bwrap: str, workspace: Path, command: str, *, allow_network:
             argv += ["--symlink", os.readlink(directory), directory]
         else:
             argv += ["--ro-bind-try", directory, directory]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+    if tmp_bytes and bubblewrap_sizes_tmpfs():
+        argv += ["--size", str(tmp_bytes)]
+    argv += ["--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
-    return [*argv, "bash", "-c", command]
+    return [*argv, *command]
 
 
 @functools.cache
@@ -83,7 +97,7 @@ def bubblewrap_path() -> str | None:
     if bwrap is None:
         return None
     with tempfile.TemporaryDirectory() as probe_dir:
-        argv = bubblewrap_argv(bwrap, Path(probe_dir), "true", allow_network=False)
+        argv = bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False)
         try:
             probe = subprocess.run(argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT))
         except (OSError, subprocess.TimeoutExpired) as err:
@@ -98,11 +112,34 @@ def bubblewrap_path() -> str | None:
 
 
 @functools.cache
+def bubblewrap_sizes_tmpfs() -> bool:
+    """Whether this bwrap knows `--size` (0.7+), which caps the command's /tmp."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in helped.stdout + helped.stderr
+
+
+@functools.cache
 def warn_unisolated_once() -> None:
+    warn_unisolated()
+
+
+def warn_unisolated() -> None:
     log.warning(
-        "!!! bubblewrap is not available: sandbox commands run UNISOLATED on the host, with the "
-        "server's user and full network access. Install bubblewrap or set require_isolation. !!!"
+        "!!! bubblewrap is not available and require_isolation is off: sandbox commands run UNISOLATED "
+        "on the host, with full network access and the host's files in view. Install bubblewrap, or "
+        "turn require_isolation back on to refuse commands instead. !!!"
     )
+
+
+@functools.cache
+def warn_root_once() -> None:
+    log.warning("!!! the sandbox server runs as root and cannot drop slots to another uid: commands run AS ROOT !!!")
 
 
 def isolation_mode(require_isolation: bool) -> IsolationMode:
@@ -121,17 +158,35 @@ async def run_command(
     timeout_s: float,
     max_output_chars: int,
     allow_network: bool = False,
-    require_isolation: bool = False,
+    require_isolation: bool = True,
+    confinement: Confinement | None = None,
+    slot: int = 0,
 ) -> CommandResult:
-    """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends."""
+    """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
+
+    The command travels in a memory file that bash reads as its script, never on an argv, so a
+    command of any length runs. With a `confinement` it runs as the slot's uid within its limits."""
     mode = isolation_mode(require_isolation)
+    if confinement is None:
+        confinement = default_confinement()
+    if running_as_root() and not confinement.dedicated_uids:
+        if require_isolation:
+            raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
+        warn_root_once()
+    script_fd = _script_file(command)
+    script = ["bash", f"/dev/fd/{script_fd}"]
+    prefix = confinement.join_cgroups(slot) + confinement.rlimits()
+    inner = confinement.drop_privileges(slot) + script
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
         assert bwrap is not None
-        argv = bubblewrap_argv(bwrap, workspace, command, allow_network=allow_network)
+        argv = prefix + bubblewrap_argv(
+            bwrap, workspace, inner, allow_network=allow_network, as_root=confinement.dedicated_uids,
+            tmp_bytes=confinement.limits.tmp_bytes,
+        )
         env = sandbox_environment(WORKSPACE_MOUNT)
     else:
-        argv = ["bash", "-c", command]
+        argv = prefix + inner
         env = sandbox_environment(str(workspace))
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()
@@ -145,12 +200,14 @@ async def run_command(
             cwd=workspace,
             env=env,
             start_new_session=True,
+            pass_fds=(script_fd,),
         )
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(write_fd)
+        os.close(script_fd)
     transport, reader = await _open_reader(read_fd)
     pump = asyncio.create_task(_pump(reader, output))
     timed_out = False
@@ -161,6 +218,7 @@ async def run_command(
             timed_out = True
         _kill_group(proc.pid)
         await proc.wait()
+        await asyncio.to_thread(confinement.kill_slot, slot)
         await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
     finally:
         _kill_group(proc.pid)
@@ -174,6 +232,33 @@ async def run_command(
         truncated=truncated,
         duration_s=time.monotonic() - started,
     )
+
+
+@functools.cache
+def default_confinement() -> Confinement:
+    """For callers that name none: the default unprivileged uid, no limits."""
+    return Confinement.detect(SlotLimits.off(), DEFAULT_UID_BASE, "default")
+
+
+def _script_file(command: str) -> int:
+    """A readable fd holding `command`: a memfd (no disk, no size limit but memory), else an unlinked temp file."""
+    data = command.encode("utf-8", errors="surrogateescape")
+    try:
+        fd = os.memfd_create("sandbox-command", 0)
+    except (AttributeError, OSError):
+        handle, path = tempfile.mkstemp(prefix="sandbox-command-")
+        os.unlink(path)
+        os.fchmod(handle, 0o644)
+        fd = handle
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 async def _open_reader(read_fd: int) -> tuple[asyncio.BaseTransport, asyncio.StreamReader]:
