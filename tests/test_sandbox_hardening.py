@@ -402,6 +402,15 @@ async def test_network_on_is_refused_unless_acknowledged(slots):
     await slots.after_break()
 
 
+def test_network_is_the_envs_choice_on_the_worker_not_the_workflow_inputs():
+    from activities.slots import AcquireSlotInput, _env_allows_network
+    from envs.base import Env
+
+    assert not Env.allow_network
+    assert _env_allows_network(AcquireSlotInput(allow_network=True)) is False
+    assert _env_allows_network(AcquireSlotInput(env="terminal_tasks", allow_network=True)) is False
+
+
 def test_network_acknowledgement_and_limits_reach_the_server_argv():
     settings = Settings(sandbox={"allow_network_unprotected": True, "memory_limit_mb": 512})
     argv = server_limit_args(settings)
