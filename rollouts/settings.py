@@ -125,6 +125,9 @@ class SandboxSettings(BaseModel):
     """Size of the private /tmp tmpfs of each command (counts as the slot's memory); 0 leaves it unsized."""
     disk_limit_mb: int = 4096
     """Workspace size; checked after each command and before each file write, not a filesystem quota."""
+    use_cgroups: bool = True
+    """Enforce memory, processes and cpus with cgroups where the host delegates them (v1 or v2); false, or
+    a host without delegation, falls back to RLIMIT_AS and RLIMIT_NPROC (no cpu share). /health says which."""
     allow_network_unprotected: bool = False
     """Network-on slots share the sandbox host's network and can reach the control plane (Temporal,
     sandbox servers, storage, policy servers): the server refuses them unless this is set."""

@@ -9,7 +9,8 @@ Limits use the best mechanism the host has, and `/health` says which one is in f
 | limit            | mechanism, best first                                             |
 | ---------------- | ----------------------------------------------------------------- |
 | memory           | cgroup (v2 memory.max, v1 memory.limit_in_bytes); else RLIMIT_AS   |
-| processes        | cgroup pids.max; else RLIMIT_NPROC (only with a dedicated uid)     |
+| processes        | cgroup pids.max; else RLIMIT_NPROC (per slot with a dedicated uid; |
+|                  | with a shared uid: what the uid runs now plus the limit)           |
 | cpus             | cgroup cpu quota; else none                                        |
 | cpu time         | RLIMIT_CPU on every process of the command                         |
 | file size        | RLIMIT_FSIZE on every process of the command                       |
@@ -149,7 +150,7 @@ class Confinement:
     setpriv: str | None = None
 
     @classmethod
-    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str) -> Confinement:
+    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
         wanted = set()
         if limits.memory_bytes:
             wanted.add("memory")
@@ -166,7 +167,7 @@ class Confinement:
             uid_base=uid_base,
             container_id=container_id,
             dedicated_uids=root and setpriv is not None,
-            cgroups=_detect_cgroups(wanted),
+            cgroups=_detect_cgroups(wanted) if use_cgroups else None,
             prlimit=shutil.which("prlimit"),
             setpriv=setpriv,
         )
@@ -253,8 +254,10 @@ class Confinement:
             options.append(f"--cpu={limits.cpu_time_s}")
         if limits.memory_bytes and "memory" not in cgroup:
             options.append(f"--as={limits.memory_bytes}")
-        if limits.max_processes and "pids" not in cgroup and self.dedicated_uids:
-            options.append(f"--nproc={limits.max_processes}")
+        if limits.max_processes and "pids" not in cgroup:
+            # RLIMIT_NPROC counts every process of the uid: with a shared uid, allow what runs now plus the limit.
+            base = 0 if self.dedicated_uids else processes_of_uid(os.getuid())
+            options.append(f"--nproc={base + limits.max_processes}")
         return [self.prlimit, *options, "--"]
 
     def _cgroup_controllers(self) -> set[str]:
@@ -298,7 +301,8 @@ class Confinement:
             "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
             "memory": pick(limits.memory_bytes, "memory", "rlimit-as" if rlimit else None),
             "processes": pick(limits.max_processes, "pids",
-                              "rlimit-nproc" if rlimit and self.dedicated_uids else None),  # fmt: skip
+                              None if not rlimit else "rlimit-nproc" if self.dedicated_uids
+                              else "rlimit-nproc (shared uid: running processes + limit)"),  # fmt: skip
             "cpus": pick(limits.cpus, "cpu", None),
             "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",
@@ -315,6 +319,19 @@ def _write(path: Path, value: object, optional: bool = False) -> None:
         if not optional:
             raise
         log.debug("cannot set %s: %s", path, err)
+
+
+def processes_of_uid(uid: int) -> int:
+    """Tasks (threads included, as RLIMIT_NPROC counts them) that `uid` runs now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[17])
+            except (OSError, IndexError, ValueError):
+                pass
+    return count
 
 
 def disk_usage(directory: Path, stop_above: int) -> int:

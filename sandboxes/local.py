@@ -281,6 +281,8 @@ def server_limit_args(settings: Settings) -> list[str]:
         "--tmp-limit-mb", str(sandbox.tmp_limit_mb),
         "--disk-limit-mb", str(sandbox.disk_limit_mb),
     ]  # fmt: skip
+    if not sandbox.use_cgroups:
+        argv.append("--no-cgroups")
     if sandbox.allow_network_unprotected:
         argv.append("--allow-network-unprotected")
     return argv

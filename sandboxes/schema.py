@@ -81,7 +81,9 @@ class RenewRequest(LeaseRequest):
 
 
 class ReleaseRequest(LeaseRequest):
-    reset: bool = Field(default=True, description="Empty the workspace so the next holder starts clean.")
+    reset: bool = Field(
+        default=True, description="Ignored: a released slot is always emptied, so the next holder starts clean."
+    )
     reason: Literal["released", "reaped"] = Field(
         default="released", description="`reaped` when the reaper frees the lease of a closed workflow."
     )

@@ -235,6 +235,7 @@ async def serve(args: argparse.Namespace) -> None:
         limits=limits_from_args(args),
         uid_base=args.slot_uid_base,
         allow_network_unprotected=args.allow_network_unprotected,
+        use_cgroups=args.cgroups,
     )
     app = create_app(manager, read_token(args.token_file))
     listener = _tcp_listener(args.host, args.port)
@@ -310,6 +311,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--file-size-limit-mb", type=int, default=defaults.file_size_bytes // MIB, help="0: off")
     parser.add_argument("--tmp-limit-mb", type=int, default=defaults.tmp_bytes // MIB, help="0: off")
     parser.add_argument("--disk-limit-mb", type=int, default=defaults.disk_bytes // MIB, help="0: off")
+    parser.add_argument("--cgroups", action=argparse.BooleanOptionalAction, default=True,
+                        help="use cgroups for memory, processes and cpus where the host delegates them "
+                        "(default); --no-cgroups uses rlimits only")
     parser.add_argument("--allow-network-unprotected", action="store_true",
                         help="lease network-on slots although they share the host network (control plane included)")
     parser.add_argument("--max-output-chars", type=int, default=50_000)

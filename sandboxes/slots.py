@@ -69,6 +69,7 @@ class SlotManager:
         limits: SlotLimits | None = None,
         uid_base: int = DEFAULT_UID_BASE,
         allow_network_unprotected: bool = False,
+        use_cgroups: bool = True,
     ) -> None:
         if slots < 1:
             raise ValueError("a sandbox container needs at least one slot")
@@ -77,7 +78,9 @@ class SlotManager:
         self.require_isolation = require_isolation
         self.allow_network_unprotected = allow_network_unprotected
         self.sweep_interval_s = sweep_interval_s
-        self.confinement = Confinement.detect(limits if limits is not None else SlotLimits(), uid_base, container_id)
+        self.confinement = Confinement.detect(
+            limits if limits is not None else SlotLimits(), uid_base, container_id, use_cgroups
+        )
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
@@ -264,7 +267,8 @@ class SlotManager:
         return leased.lease
 
     async def release(self, slot: int, lease_id: str, reset: bool = True, reason: str = "released") -> ReleaseResult:
-        """Give a slot back (idempotent): released=False when the lease was already gone."""
+        """Give a slot back (idempotent): released=False when the lease was already gone. The slot is always
+        reset before anyone else gets it (`reset=False` is accepted for old clients and ignored)."""
         self._expire_lapsed()
         if not 0 <= slot < len(self._slots):
             return ReleaseResult(released=False)
@@ -272,7 +276,8 @@ class SlotManager:
         if target.lease is None or target.lease.lease_id != lease_id:
             return ReleaseResult(released=False)
         kind: LeaseEventKind = "reaped" if reason == "reaped" else "released"
-        await asyncio.shield(self._retire(target, reset=reset, kind=kind))
+        # `reset` is not honoured: a slot is never handed on with what its last holder left in it.
+        await asyncio.shield(self._retire(target, reset=True, kind=kind))
         return ReleaseResult(released=True)
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:

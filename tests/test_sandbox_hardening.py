@@ -208,10 +208,9 @@ async def test_memory_is_capped_and_the_other_slots_keep_running(slots):
     await slots.after_break()
 
 
-async def test_a_fork_bomb_is_capped_and_leaves_nothing(slots):
-    bomb, other = await slots.take(), await slots.take()
-    marker = unique_sleep()
-    script = (
+def fork_bomb(marker: str) -> str:
+    """Fork up to 5,000 children that each sleep `marker` seconds, printing how many it got."""
+    return (
         "import os, sys\n"
         "n = 0\n"
         "try:\n"
@@ -223,10 +222,42 @@ async def test_a_fork_bomb_is_capped_and_leaves_nothing(slots):
         "    print('stopped after', n, err)\n"
         "print('forked', n)\n"
     )
-    result = await slots.run(bomb, f"python3 - <<'PY'\n{script}PY", timeout_s=60)
+
+
+async def test_a_fork_bomb_is_capped_and_leaves_nothing(slots):
+    bomb, other = await slots.take(), await slots.take()
+    marker = unique_sleep()
+    result = await slots.run(bomb, f"python3 - <<'PY'\n{fork_bomb(marker)}PY", timeout_s=60)
     forked = int(result.output.split("forked")[-1].split()[0])
     assert "stopped after" in result.output and forked < 64, result.output
     assert (await slots.run(other, "echo alive")).output == "alive\n"
+    await slots.after_break(marker)
+
+
+@pytest.fixture(scope="module")
+async def rlimit_server(tmp_path_factory):
+    """A server told not to use cgroups: what a container without cgroup delegation gets."""
+    backend = LocalBackend(
+        tmp_path_factory.mktemp("rlimits"), slots_per_container=SLOTS, sweep_interval_s=0.3,
+        limit_args=[*LIMITS, "--no-cgroups"],
+    )
+    async with running_container(backend) as (info, client):
+        yield backend, info, client
+
+
+async def test_without_cgroups_rlimits_cap_memory_and_processes(rlimit_server):
+    backend, info, client = rlimit_server
+    slots = Slots(backend, info, client)
+    health = await client.health()
+    assert health.limits["memory"] == "rlimit-as"
+    assert health.limits["processes"].startswith("rlimit-nproc")
+    hog, bomb = await slots.take(), await slots.take()
+    memory = await slots.run(hog, "python3 -c 'x = bytearray(1 << 30); print(\"GOT\", 6 * 7)'")
+    assert "GOT 42" not in memory.output and "MemoryError" in memory.output
+    marker = unique_sleep()
+    forks = await slots.run(bomb, f"python3 - <<'PY'\n{fork_bomb(marker)}PY", timeout_s=60)
+    forked = int(forks.output.split("forked")[-1].split()[0])
+    assert "stopped after" in forks.output and forked < 64, forks.output
     await slots.after_break(marker)
 
 
