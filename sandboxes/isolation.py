@@ -37,6 +37,7 @@ MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", 
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
 DEFAULT_UID_BASE = 60000
+PROBE_UID = 65534
 OUTPUT_DRAIN_S = 2.0
 
 IsolationMode = Literal["bubblewrap", "none"]
@@ -94,21 +95,52 @@ def bubblewrap_argv(
 def bubblewrap_path() -> str | None:
     """The bwrap binary if it is installed and can build a sandbox on this host."""
     bwrap = shutil.which("bwrap")
+    return bwrap if bwrap is not None and bubblewrap_strategy() is not None else None
+
+
+BubblewrapStrategy = Literal["as-root", "userns"]
+
+
+@functools.cache
+def bubblewrap_strategy() -> BubblewrapStrategy | None:
+    """How bwrap runs here. A non-root server runs it in a user namespace of its own uid ("userns").
+    A root server runs it as root without a user namespace, the command then dropping to the slot's
+    uid ("as-root"); where root may not mount (a container without CAP_SYS_ADMIN), it drops to the
+    slot's uid first and runs bwrap in a user namespace of that uid ("userns"), which needs every
+    folder above a workspace to be searchable by others."""
+    bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None
+    if not running_as_root():
+        return "userns" if _probe(bwrap, as_root=False) else None
+    if _probe(bwrap, as_root=True):
+        return "as-root"
+    setpriv = shutil.which("setpriv")
+    if setpriv and _probe(bwrap, as_root=False, drop=[setpriv, "--reuid", str(PROBE_UID), "--regid",
+                                                        str(PROBE_UID), "--clear-groups", "--"]):  # fmt: skip
+        log.warning("root cannot run bubblewrap here without a user namespace; slots drop their uid before it")
+        return "userns"
+    return None
+
+
+def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
     with tempfile.TemporaryDirectory() as probe_dir:
-        argv = bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False)
+        if drop:
+            os.chmod(probe_dir, 0o755)
+            os.chown(probe_dir, PROBE_UID, PROBE_UID)
+        argv = [*(drop or []), *bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)]
         try:
             probe = subprocess.run(argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT))
         except (OSError, subprocess.TimeoutExpired) as err:
             log.warning("bubblewrap is installed but cannot be started: %s", err)
-            return None
+            return False
     if probe.returncode != 0:
         log.warning(
-            "bubblewrap is installed but cannot build a sandbox here: %s", probe.stderr.decode(errors="replace")
+            "bubblewrap cannot build a sandbox here (%s): %s",
+            "as root" if as_root else "in a user namespace", probe.stderr.decode(errors="replace").strip(),
         )
-        return None
-    return bwrap
+        return False
+    return True
 
 
 @functools.cache
@@ -176,17 +208,20 @@ async def run_command(
     script_fd = _script_file(command)
     script = ["bash", f"/dev/fd/{script_fd}"]
     prefix = confinement.join_cgroups(slot) + confinement.rlimits()
-    inner = confinement.drop_privileges(slot) + script
+    drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
         assert bwrap is not None
-        argv = prefix + bubblewrap_argv(
-            bwrap, workspace, inner, allow_network=allow_network, as_root=confinement.dedicated_uids,
+        as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
+        # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
+        outer, inner = ([], drop) if as_root else (drop, [])
+        argv = prefix + outer + bubblewrap_argv(
+            bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
             tmp_bytes=confinement.limits.tmp_bytes,
         )
         env = sandbox_environment(WORKSPACE_MOUNT)
     else:
-        argv = prefix + inner
+        argv = prefix + drop + script
         env = sandbox_environment(str(workspace))
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()

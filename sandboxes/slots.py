@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import time
 import uuid
 from collections.abc import Coroutine
@@ -105,6 +106,10 @@ class SlotManager:
                 "slots leased with network on share this host's network: they can reach every service it "
                 "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
             )
+        if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
+            blocked = [str(p) for p in [self.root.resolve(), *self.root.resolve().parents] if not os.stat(p).st_mode & 0o001]
+            if blocked:
+                log.error("slots run bubblewrap as their own uid here, but cannot search %s: commands will fail", blocked)
         await asyncio.to_thread(self._prepare_cgroups)
         await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
         for slot in self._slots:

@@ -568,3 +568,29 @@ async def test_commands_still_read_their_own_stdin_as_empty(slots):
     result = await slots.run(lease, "cat; echo after", timeout_s=10)
     assert result.ok and result.output == "after\n"
     await slots.after_break()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the fallback is for a root-run server")
+async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monkeypatch):
+    """Where root may not mount (a container without CAP_SYS_ADMIN), bwrap runs in a user namespace of
+    the slot's uid instead: the command still runs unprivileged, inside and outside."""
+    import tempfile
+
+    from sandboxes.limits import Confinement, SlotLimits
+
+    monkeypatch.setattr(isolation, "bubblewrap_strategy", lambda: "userns")
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        os.chmod(top, 0o755)
+        workspace = Path(top) / "workspace"
+        confinement = Confinement.detect(SlotLimits(tmp_bytes=8 << 20), UID_BASE, "fallback", use_cgroups=False)
+        from sandboxes.files import prepare_workspace
+
+        prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
+        result = await isolation.run_command(
+            "id -u; cp /bin/bash sh4 && chmod 4755 sh4 && ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
+            workspace, timeout_s=30, max_output_chars=10_000, confinement=confinement, slot=2,
+        )  # fmt: skip
+        assert result.output.splitlines()[0] == str(UID_BASE + 2), result.output
+        assert f"euid={UID_BASE + 2}" in result.output
+        assert (workspace / "sh4").stat().st_uid == UID_BASE + 2
+        assert " 8192 " in result.output
