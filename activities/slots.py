@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio import activity
 
+from envs import get_env
 from temporal_rollouts.core.errors import SlotUnavailable, activity_boundary
 from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotLease
 
+log = logging.getLogger(__name__)
 
 class AcquireSlotInput(BaseModel):
+    env: str | None = None
+    """The env the slot is for: whether its slot gets network is the env's own setting, looked up here on
+    the worker, never taken from workflow input."""
+    env_config: dict[str, Any] = Field(default_factory=dict)
     allow_network: bool = False
+    """Ignored (kept so that inputs written by older workflows still parse): see `env`."""
 
 
 class SlotActivities:
@@ -36,7 +45,7 @@ class SlotActivities:
             try:
                 return await heartbeating(self._pool.acquire(
                     holder, ttl_s=self._settings.lease_ttl_s, wait_s=max(remaining, 0.0),
-                    allow_network=input.allow_network,
+                    allow_network=_env_allows_network(input),
                 ))
             except SlotUnavailable as err:
                 raise SlotUnavailable(
@@ -48,3 +57,10 @@ class SlotActivities:
     async def release_slot(self, lease: SlotLease) -> ReleaseResult:
         with activity_boundary():
             return await self._pool.release(lease, reset=True)
+
+
+def _env_allows_network(input: AcquireSlotInput) -> bool:
+    """The env's configuration on this worker decides; a workflow input asking for network gets none."""
+    if input.allow_network and not input.env:
+        log.warning("acquire_slot ignores allow_network from workflow input; the env decides")
+    return bool(input.env) and get_env(input.env, input.env_config).allow_network

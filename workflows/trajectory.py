@@ -95,7 +95,7 @@ class TrajectoryWorkflow:
             snapshot = await self._resume_point(input) if input.resume_from_run else None
             self._phase = "acquire"
             lease = await self._step(
-                SlotActivities.acquire_slot, AcquireSlotInput(allow_network=input.allow_network),
+                SlotActivities.acquire_slot, AcquireSlotInput(env=input.env, env_config=input.env_config),
                 params.ACQUIRE_SLOT, StopReason.SANDBOX_ERROR, "acquire",
             )
             slot = lease.ref()

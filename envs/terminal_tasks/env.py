@@ -29,6 +29,10 @@ available, and there is no network. Do what the task asks, check your work, and 
 when you are done reply with a short summary without calling any tool."""
 
 CHECK_TIMEOUT_S = 60.0
+CHECK_PRELUDE = "export PYTHONNOUSERSITE=1\nunset PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
+"""Before every check: no Python user site (the agent's HOME is its workspace, so a planted
+usercustomize or .pth would run in every python3 the check starts). The bundled checks also run
+their own Python with `python3 -I`, which keeps the workspace off the import path."""
 OUTPUT_TAIL_CHARS = 2000
 
 
@@ -69,7 +73,7 @@ class TerminalTasksEnv(Env):
 
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
         task = self.task(item)
-        result = await slot.exec("check", task.check, timeout_s=CHECK_TIMEOUT_S)
+        result = await slot.exec("check", CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
         solved = result.exit_code == 0 and not result.timed_out
         return Verdict(
             score=1.0 if solved else 0.0,

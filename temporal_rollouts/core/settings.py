@@ -112,8 +112,31 @@ class SandboxSettings(BaseModel):
     """Period of the reaper schedule that frees leases whose holder workflow has closed."""
     host: str = "127.0.0.1"
     """Address the local sandbox server binds."""
-    require_isolation: bool = False
-    """Refuse to run commands when bubblewrap is missing, instead of warning and running unisolated."""
+    require_isolation: bool = True
+    """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
+    instead (development only): the server then warns on every start."""
+    slot_uid_base: int = 60000
+    """A sandbox server run as root runs slot i as the unprivileged uid/gid `slot_uid_base + i`."""
+    memory_limit_mb: int = 2048
+    """Memory of one slot (cgroup where the host delegates one, else RLIMIT_AS per process); 0 turns it off."""
+    max_processes: int = 256
+    """Processes of one slot (cgroup pids, else RLIMIT_NPROC of the slot's uid); 0 turns it off."""
+    cpus: float = 1.0
+    """CPU share of one slot (cgroup cpu quota; no fallback); 0 turns it off."""
+    cpu_time_limit_s: int = 600
+    """CPU seconds each process of a command may use (RLIMIT_CPU); 0 turns it off."""
+    file_size_limit_mb: int = 1024
+    """Largest file a command may write (RLIMIT_FSIZE); 0 turns it off."""
+    tmp_limit_mb: int = 256
+    """Size of the private /tmp tmpfs of each command (counts as the slot's memory); 0 leaves it unsized."""
+    disk_limit_mb: int = 4096
+    """Workspace size; checked after each command and before each file write, not a filesystem quota."""
+    use_cgroups: bool = True
+    """Enforce memory, processes and cpus with cgroups where the host delegates them (v1 or v2); false, or
+    a host without delegation, falls back to RLIMIT_AS and RLIMIT_NPROC (no cpu share). /health says which."""
+    allow_network_unprotected: bool = False
+    """Network-on slots share the sandbox host's network and can reach the control plane (Temporal,
+    sandbox servers, storage, policy servers): the server refuses them unless this is set."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """A slot lease not renewed for this long expires; longer than the longest step."""
     acquire_timeout_s: float = 600.0

@@ -46,6 +46,8 @@ from temporal_rollouts.sandbox_server.errors import (
     SlotUnavailable,
     SnapshotTooLarge,
 )
+from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
+from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -231,6 +233,10 @@ async def serve(args: argparse.Namespace) -> None:
         require_isolation=args.require_isolation,
         max_output_chars=args.max_output_chars,
         sweep_interval_s=args.sweep_interval,
+        limits=limits_from_args(args),
+        uid_base=args.slot_uid_base,
+        allow_network_unprotected=args.allow_network_unprotected,
+        use_cgroups=args.cgroups,
     )
     app = create_app(manager, read_token(args.token_file))
     listener = _tcp_listener(args.host, args.port)
@@ -290,11 +296,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, required=True, help="slot workspaces, journals and logs live here")
     parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
     parser.add_argument("--container-id", default="local")
-    parser.add_argument("--require-isolation", action="store_true")
+    parser.add_argument(
+        "--require-isolation", action=argparse.BooleanOptionalAction, default=True,
+        help="refuse commands when bubblewrap cannot sandbox them (default); --no-require-isolation runs "
+        "them unisolated on the host, with a warning on every start",
+    )
+    parser.add_argument("--slot-uid-base", type=int, default=DEFAULT_UID_BASE,
+                        help="a root-run server runs slot i as uid/gid BASE+i")
+    defaults = SlotLimits()
+    parser.add_argument("--memory-limit-mb", type=int, default=defaults.memory_bytes // MIB, help="0: off")
+    parser.add_argument("--max-processes", type=int, default=defaults.max_processes, help="0: off")
+    parser.add_argument("--cpus", type=float, default=defaults.cpus, help="CPU share of one slot; 0: off")
+    parser.add_argument("--cpu-time-limit-s", type=int, default=defaults.cpu_time_s,
+                        help="CPU seconds per process of a command; 0: off")
+    parser.add_argument("--file-size-limit-mb", type=int, default=defaults.file_size_bytes // MIB, help="0: off")
+    parser.add_argument("--tmp-limit-mb", type=int, default=defaults.tmp_bytes // MIB, help="0: off")
+    parser.add_argument("--disk-limit-mb", type=int, default=defaults.disk_bytes // MIB, help="0: off")
+    parser.add_argument("--cgroups", action=argparse.BooleanOptionalAction, default=True,
+                        help="use cgroups for memory, processes and cpus where the host delegates them "
+                        "(default); --no-cgroups uses rlimits only")
+    parser.add_argument("--allow-network-unprotected", action="store_true",
+                        help="lease network-on slots although they share the host network (control plane included)")
     parser.add_argument("--max-output-chars", type=int, default=DEFAULT_MAX_OUTPUT_CHARS)
     parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between lease expiry sweeps")
     parser.add_argument("--ready-file", type=Path, help="written as JSON {url, pid} once listening")
     return parser.parse_args(argv)
+
+
+def limits_from_args(args: argparse.Namespace) -> SlotLimits:
+    return SlotLimits(
+        memory_bytes=args.memory_limit_mb * MIB,
+        max_processes=args.max_processes,
+        cpus=args.cpus,
+        cpu_time_s=args.cpu_time_limit_s,
+        file_size_bytes=args.file_size_limit_mb * MIB,
+        tmp_bytes=args.tmp_limit_mb * MIB,
+        disk_bytes=args.disk_limit_mb * MIB,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

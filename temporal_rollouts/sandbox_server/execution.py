@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
+from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SlotLease, ToolOutput
@@ -29,18 +30,23 @@ class Slot:
     ttl_s: float = 0.0
     allow_network: bool = False
     resetting: bool = False
+    quarantined: str | None = None
+    """Why the slot could not be reset; a quarantined slot is never leased until a reset succeeds."""
     running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def free(self) -> bool:
-        return self.lease is None and not self.resetting
+        return self.lease is None and not self.resetting and self.quarantined is None
 
 
 class CallRunner:
-    def __init__(self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int) -> None:
+    def __init__(
+        self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int, confinement: Confinement
+    ) -> None:
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
+        self.confinement = confinement
         self.closing = False
         self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
         self._executions = ExecutionLog(root / "executions.jsonl")
@@ -67,7 +73,10 @@ class CallRunner:
 
     async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         async with slot.lock:
-            context = SlotContext(slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation)
+            context = SlotContext(
+                slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation,
+                self.confinement, slot.index,
+            )
             started, clock = time.time(), time.monotonic()
             output = await run_operation(request.call_id, request.operation, context)
             self._executions.record(

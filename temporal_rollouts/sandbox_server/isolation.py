@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from temporal_rollouts.sandbox_server.errors import SandboxRequired
+from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
+DEFAULT_UID_BASE = 60000
+PROBE_UID = 65534
 OUTPUT_DRAIN_S = 2.0
 
 IsolationMode = Literal["bubblewrap", "none"]
@@ -53,11 +56,20 @@ def sandbox_environment(home: str) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
 
 
-def bubblewrap_argv(bwrap: str, workspace: Path, command: str, *, allow_network: bool) -> list[str]:
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+def bubblewrap_argv(
+    bwrap: str, workspace: Path, command: list[str], *, allow_network: bool, as_root: bool | None = None,
+    tmp_bytes: int = 0,
+) -> list[str]:
+    """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
+    command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
+    bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev."""
+    as_root = running_as_root() if as_root is None else as_root
+    argv = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not as_root:
+        argv += ["--unshare-user", "--cap-drop", "ALL"]
     if not allow_network:
         argv.append("--unshare-net")
-    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
     for directory in READ_ONLY_DIRS:
         argv += ["--ro-bind-try", directory, directory]
     for path in MASKED_FILES:
@@ -71,38 +83,95 @@ def bubblewrap_argv(bwrap: str, workspace: Path, command: str, *, allow_network:
             argv += ["--symlink", os.readlink(directory), directory]
         else:
             argv += ["--ro-bind-try", directory, directory]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+    if tmp_bytes and bubblewrap_sizes_tmpfs():
+        argv += ["--size", str(tmp_bytes)]
+    argv += ["--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
-    return [*argv, "bash", "-c", command]
+    return [*argv, *command]
 
 
 @functools.cache
 def bubblewrap_path() -> str | None:
     """The bwrap binary if it is installed and can build a sandbox on this host."""
     bwrap = shutil.which("bwrap")
+    return bwrap if bwrap is not None and bubblewrap_strategy() is not None else None
+
+
+BubblewrapStrategy = Literal["as-root", "userns"]
+
+
+@functools.cache
+def bubblewrap_strategy() -> BubblewrapStrategy | None:
+    """How bwrap runs here. A non-root server runs it in a user namespace of its own uid ("userns").
+    A root server runs it as root without a user namespace, the command then dropping to the slot's
+    uid ("as-root"); where root may not mount (a container without CAP_SYS_ADMIN), it drops to the
+    slot's uid first and runs bwrap in a user namespace of that uid ("userns"), which needs every
+    folder above a workspace to be searchable by others."""
+    bwrap = shutil.which("bwrap")
     if bwrap is None:
         return None
+    if not running_as_root():
+        return "userns" if _probe(bwrap, as_root=False) else None
+    if _probe(bwrap, as_root=True):
+        return "as-root"
+    setpriv = shutil.which("setpriv")
+    if setpriv and _probe(bwrap, as_root=False, drop=[setpriv, "--reuid", str(PROBE_UID), "--regid",
+                                                        str(PROBE_UID), "--clear-groups", "--"]):  # fmt: skip
+        log.warning("root cannot run bubblewrap here without a user namespace; slots drop their uid before it")
+        return "userns"
+    return None
+
+
+def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
     with tempfile.TemporaryDirectory() as probe_dir:
-        argv = bubblewrap_argv(bwrap, Path(probe_dir), "true", allow_network=False)
+        if drop:
+            os.chmod(probe_dir, 0o755)
+            os.chown(probe_dir, PROBE_UID, PROBE_UID)
+        argv = [*(drop or []), *bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)]
         try:
             probe = subprocess.run(argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT))
         except (OSError, subprocess.TimeoutExpired) as err:
             log.warning("bubblewrap is installed but cannot be started: %s", err)
-            return None
+            return False
     if probe.returncode != 0:
         log.warning(
-            "bubblewrap is installed but cannot build a sandbox here: %s", probe.stderr.decode(errors="replace")
+            "bubblewrap cannot build a sandbox here (%s): %s",
+            "as root" if as_root else "in a user namespace", probe.stderr.decode(errors="replace").strip(),
         )
-        return None
-    return bwrap
+        return False
+    return True
+
+
+@functools.cache
+def bubblewrap_sizes_tmpfs() -> bool:
+    """Whether this bwrap knows `--size` (0.7+), which caps the command's /tmp."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--size" in helped.stdout + helped.stderr
 
 
 @functools.cache
 def warn_unisolated_once() -> None:
+    warn_unisolated()
+
+
+def warn_unisolated() -> None:
     log.warning(
-        "!!! bubblewrap is not available: sandbox commands run UNISOLATED on the host, with the "
-        "server's user and full network access. Install bubblewrap or set require_isolation. !!!"
+        "!!! bubblewrap is not available and require_isolation is off: sandbox commands run UNISOLATED "
+        "on the host, with full network access and the host's files in view. Install bubblewrap, or "
+        "turn require_isolation back on to refuse commands instead. !!!"
     )
+
+
+@functools.cache
+def warn_root_once() -> None:
+    log.warning("!!! the sandbox server runs as root and cannot drop slots to another uid: commands run AS ROOT !!!")
 
 
 def isolation_mode(require_isolation: bool) -> IsolationMode:
@@ -121,17 +190,38 @@ async def run_command(
     timeout_s: float,
     max_output_chars: int,
     allow_network: bool = False,
-    require_isolation: bool = False,
+    require_isolation: bool = True,
+    confinement: Confinement | None = None,
+    slot: int = 0,
 ) -> CommandResult:
-    """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends."""
+    """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
+
+    The command travels in a memory file that bash reads as its script, never on an argv, so a
+    command of any length runs. With a `confinement` it runs as the slot's uid within its limits."""
     mode = isolation_mode(require_isolation)
+    if confinement is None:
+        confinement = default_confinement()
+    if running_as_root() and not confinement.dedicated_uids:
+        if require_isolation:
+            raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
+        warn_root_once()
+    script_fd = _script_file(command)
+    script = ["bash", f"/dev/fd/{script_fd}"]
+    prefix = confinement.join_cgroups(slot) + confinement.rlimits()
+    drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
         assert bwrap is not None
-        argv = bubblewrap_argv(bwrap, workspace, command, allow_network=allow_network)
+        as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
+        # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
+        outer, inner = ([], drop) if as_root else (drop, [])
+        argv = prefix + outer + bubblewrap_argv(
+            bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
+            tmp_bytes=confinement.limits.tmp_bytes,
+        )
         env = sandbox_environment(WORKSPACE_MOUNT)
     else:
-        argv = ["bash", "-c", command]
+        argv = prefix + drop + script
         env = sandbox_environment(str(workspace))
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()
@@ -145,12 +235,14 @@ async def run_command(
             cwd=workspace,
             env=env,
             start_new_session=True,
+            pass_fds=(script_fd,),
         )
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(write_fd)
+        os.close(script_fd)
     transport, reader = await _open_reader(read_fd)
     pump = asyncio.create_task(_pump(reader, output))
     timed_out = False
@@ -161,6 +253,7 @@ async def run_command(
             timed_out = True
         _kill_group(proc.pid)
         await proc.wait()
+        await asyncio.to_thread(confinement.kill_slot, slot)
         await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
     finally:
         _kill_group(proc.pid)
@@ -174,6 +267,33 @@ async def run_command(
         truncated=truncated,
         duration_s=time.monotonic() - started,
     )
+
+
+@functools.cache
+def default_confinement() -> Confinement:
+    """For callers that name none: the default unprivileged uid, no limits."""
+    return Confinement.detect(SlotLimits.off(), DEFAULT_UID_BASE, "default")
+
+
+def _script_file(command: str) -> int:
+    """A readable fd holding `command`: a memfd (no disk, no size limit but memory), else an unlinked temp file."""
+    data = command.encode("utf-8", errors="surrogateescape")
+    try:
+        fd = os.memfd_create("sandbox-command", 0)
+    except (AttributeError, OSError):
+        handle, path = tempfile.mkstemp(prefix="sandbox-command-")
+        os.unlink(path)
+        os.fchmod(handle, 0o644)
+        fd = handle
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 async def _open_reader(read_fd: int) -> tuple[asyncio.BaseTransport, asyncio.StreamReader]:

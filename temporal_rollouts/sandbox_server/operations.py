@@ -23,6 +23,7 @@ from temporal_rollouts.sandbox_server.files import (
     write_text,
 )
 from temporal_rollouts.sandbox_server.isolation import run_command
+from temporal_rollouts.sandbox_server.limits import MIB, Confinement, disk_usage
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
 
 SEARCH_TIMEOUT_S = 30.0
@@ -35,6 +36,18 @@ class SlotContext:
     allow_network: bool
     max_output_chars: int
     require_isolation: bool
+    confinement: Confinement | None = None
+    slot: int = 0
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who host-side writes must leave files to: the slot's uid when the server runs as root."""
+        c = self.confinement
+        return (c.uid(self.slot), c.gid(self.slot)) if c is not None and c.dedicated_uids else None
+
+    @property
+    def disk_bytes(self) -> int:
+        return self.confinement.limits.disk_bytes if self.confinement is not None else 0
 
 
 async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -> ToolOutput:
@@ -64,11 +77,16 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         max_output_chars=slot.max_output_chars,
         allow_network=slot.allow_network,
         require_isolation=slot.require_isolation,
+        confinement=slot.confinement,
+        slot=slot.slot,
     )
+    output, over_disk = result.output, await _over_disk(slot, 0)
+    if over_disk:
+        output += over_disk
     return ToolOutput(
         call_id=call_id,
-        ok=result.exit_code == 0 and not result.timed_out,
-        output=result.output,
+        ok=result.exit_code == 0 and not result.timed_out and not over_disk,
+        output=output,
         exit_code=result.exit_code,
         timed_out=result.timed_out,
         truncated=result.truncated,
@@ -93,8 +111,10 @@ async def _read_file(call_id: str, op: ReadFileOp, slot: SlotContext) -> ToolOut
 async def _write_file(call_id: str, op: WriteFileOp, slot: SlotContext) -> ToolOutput:
     path = resolve_in_workspace(slot.workspace, op.path)
     shown = sandbox_view(slot.workspace, path)
+    if over_disk := await _over_disk(slot, len(op.content.encode("utf-8", errors="surrogateescape"))):
+        return _failed(call_id, f"cannot write {shown}:{over_disk}")
     try:
-        written = await asyncio.to_thread(write_text, path, op.content)
+        written = await asyncio.to_thread(write_text, path, op.content, slot.owner)
     except IsADirectoryError:
         return _failed(call_id, f"cannot write {shown}: it is a directory")
     except OSError as err:
@@ -118,6 +138,8 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
         timeout_s=SEARCH_TIMEOUT_S,
         max_output_chars=slot.max_output_chars,
         require_isolation=slot.require_isolation,
+        confinement=slot.confinement,
+        slot=slot.slot,
     )
     if result.timed_out:
         return _failed(call_id, f"search timed out after {SEARCH_TIMEOUT_S:.0f}s", timed_out=True)
@@ -131,6 +153,20 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
     if len(lines) > op.max_matches:
         shown.append(f"[... more than {op.max_matches} matches, refine the pattern or path ...]")
     return ToolOutput(call_id=call_id, ok=True, output="\n".join(shown), exit_code=0, truncated=truncated)
+
+
+async def _over_disk(slot: SlotContext, adding: int) -> str:
+    """A notice when the workspace (plus `adding` bytes) is over the slot's disk limit, else ""."""
+    limit = slot.disk_bytes
+    if not limit:
+        return ""
+    used = await asyncio.to_thread(disk_usage, slot.workspace, limit)
+    if used + adding <= limit:
+        return ""
+    return (
+        f"\n[sandbox: the workspace holds more than its disk limit of {limit // MIB} MiB; "
+        "delete files before writing more]"
+    )
 
 
 def _shorten(line: str) -> str:

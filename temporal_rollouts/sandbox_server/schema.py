@@ -90,7 +90,9 @@ class RenewRequest(LeaseRequest):
 
 
 class ReleaseRequest(LeaseRequest):
-    reset: bool = Field(default=True, description="Empty the workspace so the next holder starts clean.")
+    reset: bool = Field(
+        default=True, description="Ignored: a released slot is always emptied, so the next holder starts clean."
+    )
     reason: Literal["released", "reaped"] = Field(
         default="released", description="`reaped` when the reaper frees the lease of a closed workflow."
     )
@@ -166,6 +168,9 @@ class SlotState(BaseModel):
     slot: int
     lease: SlotLease | None = None
     busy: bool = False
+    quarantined: str | None = Field(
+        default=None, description="Why the slot could not be reset; it is not leased until a reset succeeds."
+    )
 
 
 class HealthStatus(BaseModel):
@@ -179,6 +184,16 @@ class HealthStatus(BaseModel):
         default=None, description="Unix time since when no slot has had a lease or a waiter; None while busy."
     )
     draining: bool = Field(default=False, description="True once drained for a stop: new leases are refused.")
+    require_isolation: bool = Field(default=True, description="False when commands may run unisolated.")
+    quarantined: dict[int, str] = Field(
+        default_factory=dict, description="Slots that could not be reset, with why; they are never leased."
+    )
+    limits: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, "
+        "wall_time) and the mechanism enforcing it here, or `off`.",
+    )
+    network: str = Field(default="refused", description="What a network-on slot gets on this server.")
 
 
 LeaseEventKind = Literal["queued", "granted", "released", "expired", "withdrawn", "reaped"]

@@ -50,8 +50,8 @@ class SlotBook:
         return next((slot for slot in self.slots if slot.lease and slot.lease.holder == holder), None)
 
     def free_count(self) -> int:
-        """Slots without a lease (one being reset counts: nobody works in it)."""
-        return sum(slot.lease is None for slot in self.slots)
+        """Slots without a lease (one being reset counts: nobody works in it; a quarantined one does not)."""
+        return sum(slot.lease is None and slot.quarantined is None for slot in self.slots)
 
     def snapshot(self) -> dict[str, Any]:
         """Time, line length and free count now, for an event written later."""

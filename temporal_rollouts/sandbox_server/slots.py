@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import time
 import uuid
 from collections.abc import Coroutine
@@ -23,9 +24,11 @@ from typing import Any, NamedTuple
 
 from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.archive import archive_workspace, restore_workspace
-from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SlotUnavailable
+from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import clear_directory
+from temporal_rollouts.sandbox_server.files import leftover_trash, prepare_workspace, remove_tree, reset_workspace
+from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
+from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DrainResult,
@@ -45,6 +48,8 @@ from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
 
 log = logging.getLogger(__name__)
 
+QUARANTINE_RETRY_S = 60.0
+
 
 class Grant(NamedTuple):
     lease: SlotLease
@@ -59,35 +64,105 @@ class SlotManager:
         slots: int,
         container_id: str,
         *,
-        require_isolation: bool = False,
+        require_isolation: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         sweep_interval_s: float = 2.0,
         journal_limit: int = 10_000,
+        limits: SlotLimits | None = None,
+        uid_base: int = DEFAULT_UID_BASE,
+        allow_network_unprotected: bool = False,
+        use_cgroups: bool = True,
     ) -> None:
         if slots < 1:
             raise ValueError("a sandbox container needs at least one slot")
         self.root = root
         self.container_id = container_id
         self.require_isolation = require_isolation
+        self.allow_network_unprotected = allow_network_unprotected
         self.sweep_interval_s = sweep_interval_s
+        self.confinement = Confinement.detect(
+            limits if limits is not None else SlotLimits(), uid_base, container_id, use_cgroups
+        )
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
-        self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit)
+        self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit, self.confinement)
+        self._quarantine_retry_at = 0.0
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._closing = False
         self._draining = False
 
     async def start(self) -> None:
-        """Clear workspaces no live lease owns (left by an earlier process) and start the sweeper."""
+        """Reset workspaces no live lease owns (left by an earlier process) and start the sweeper.
+
+        A slot that cannot be reset is quarantined; it never stops the server from starting."""
         if self.isolation_mode == "none":
             if self.require_isolation:
                 log.error("bubblewrap is missing and isolation is required: every command will be refused")
             else:
-                isolation.warn_unisolated_once()
-        await asyncio.gather(*(asyncio.to_thread(clear_directory, s.workspace) for s in self._slots if s.free))
+                isolation.warn_unisolated()  # on every start, not once per process
+        if self.allow_network_unprotected:
+            log.warning(
+                "slots leased with network on share this host's network: they can reach every service it "
+                "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
+            )
+        if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
+            blocked = [str(p) for p in [self.root.resolve(), *self.root.resolve().parents] if not os.stat(p).st_mode & 0o001]
+            if blocked:
+                log.error("slots run bubblewrap as their own uid here, but cannot search %s: commands will fail", blocked)
+        await asyncio.to_thread(self._prepare_cgroups)
+        await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
+        for slot in self._slots:
+            if slot.lease is not None:
+                await asyncio.to_thread(self._own_workspace, slot)
+            self._spawn(self._empty_trash(slot))
         self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    def _prepare_cgroups(self) -> None:
+        for slot in self._slots:
+            try:
+                self.confinement.prepare_slot(slot.index)
+            except OSError as err:
+                log.warning("cannot set up cgroups for slot %d (%s); limits fall back to rlimits", slot.index, err)
+                self.confinement.cgroups = None
+                return
+
+    def _owner(self, slot: Slot) -> tuple[int, int] | None:
+        c = self.confinement
+        return (c.uid(slot.index), c.gid(slot.index)) if c.dedicated_uids else None
+
+    def _own_workspace(self, slot: Slot) -> None:
+        try:
+            prepare_workspace(slot.workspace, self._owner(slot))
+        except OSError as err:
+            log.warning("cannot give slot %d's workspace to its uid: %s", slot.index, err)
+
+    async def _reset(self, slot: Slot) -> bool:
+        """Kill what the slot left running and empty its workspace; quarantine the slot if that fails."""
+        try:
+            await asyncio.to_thread(self.confinement.kill_slot, slot.index)
+            trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
+        except Exception as err:
+            slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
+            log.error("slot %d cannot be reset and is quarantined: %s", slot.index, slot.quarantined)
+            return False
+        if slot.quarantined:
+            log.info("slot %d was reset and leaves quarantine", slot.index)
+        slot.quarantined = None
+        if trash is not None:
+            self._spawn(self._remove_trash(trash))
+        return True
+
+    async def _remove_trash(self, trash: Path) -> None:
+        try:
+            await asyncio.to_thread(remove_tree, trash)
+        except Exception:
+            log.exception("cannot delete the old workspace %s", trash)
+
+    async def _empty_trash(self, slot: Slot) -> None:
+        for trash in await asyncio.to_thread(leftover_trash, slot.workspace.parent):
+            await self._remove_trash(trash)
 
     async def close(self) -> None:
         """Stop the sweeper, kill running operations and turn waiters away; leases stay persisted."""
@@ -101,6 +176,8 @@ class SlotManager:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
+        for slot in self._slots:
+            await asyncio.to_thread(self.confinement.kill_slot, slot.index)
 
     async def __aenter__(self) -> SlotManager:
         await self.start()
@@ -123,11 +200,17 @@ class SlotManager:
             isolation=self.isolation_mode,
             idle_since=self._book.idle_since,
             draining=self._draining,
+            require_isolation=self.require_isolation,
+            quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
+            limits=self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+            network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
         )
 
     def slot_states(self) -> list[SlotState]:
         self._expire_lapsed()
-        return [SlotState(slot=s.index, lease=s.lease, busy=bool(s.running)) for s in self._slots]
+        return [
+            SlotState(slot=s.index, lease=s.lease, busy=bool(s.running), quarantined=s.quarantined) for s in self._slots
+        ]
 
     async def acquire(
         self, holder: Holder, ttl_s: float, wait_s: float, allow_network: bool = False, ticket: str | None = None
@@ -145,6 +228,12 @@ class SlotManager:
             raise BadToolRequest("ttl_s must be positive and wait_s not negative")
         if self._draining or self._closing:
             raise SlotUnavailable(f"sandbox {self.container_id} is draining to stop and takes no new leases")
+        if allow_network and not self.allow_network_unprotected:
+            raise SandboxRequired(
+                "a slot with network on would share the sandbox host's network and could reach the control "
+                "plane (Temporal, sandbox servers, storage, policy servers); this server refuses network-on "
+                "slots unless sandbox.allow_network_unprotected acknowledges that risk"
+            )
         self._expire_lapsed()
         if (held := self._book.held_by(holder)) is not None:
             return Grant(self._grant(held, holder, ttl_s, allow_network, reuse=True), False)
@@ -184,7 +273,8 @@ class SlotManager:
         return leased.lease
 
     async def release(self, slot: int, lease_id: str, reset: bool = True, reason: str = "released") -> ReleaseResult:
-        """Give a slot back (idempotent): released=False when the lease was already gone."""
+        """Give a slot back (idempotent): released=False when the lease was already gone. The slot is always
+        reset before anyone else gets it (`reset=False` is accepted for old clients and ignored)."""
         self._expire_lapsed()
         if not 0 <= slot < len(self._slots):
             return ReleaseResult(released=False)
@@ -192,7 +282,8 @@ class SlotManager:
         if target.lease is None or target.lease.lease_id != lease_id:
             return ReleaseResult(released=False)
         kind: LeaseEventKind = "reaped" if reason == "reaped" else "released"
-        await asyncio.shield(self._retire(target, reset=reset, kind=kind))
+        # `reset` is not honoured: a slot is never handed on with what its last holder left in it.
+        await asyncio.shield(self._retire(target, reset=True, kind=kind))
         return ReleaseResult(released=True)
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:
@@ -203,7 +294,8 @@ class SlotManager:
     async def archive(self, slot: int, lease_id: str, max_bytes: int) -> WorkspaceArchive:
         """The leased slot's workspace as a tarball, for a rollout that will be resumed elsewhere."""
         target = self._leased(slot, lease_id)
-        data = await asyncio.to_thread(archive_workspace, target.workspace, max_bytes)
+        async with target.lock:
+            data = await asyncio.to_thread(archive_workspace, target.workspace, max_bytes)
         return WorkspaceArchive(data=base64.b64encode(data).decode(), size=len(data))
 
     async def restore(self, slot: int, lease_id: str, data: str) -> RestoreResult:
@@ -213,7 +305,9 @@ class SlotManager:
             raw = base64.b64decode(data, validate=True)
         except ValueError as err:
             raise BadToolRequest(f"the workspace snapshot is not base64: {err}") from None
-        return RestoreResult(entries=await asyncio.to_thread(restore_workspace, target.workspace, raw))
+        async with target.lock:
+            entries = await asyncio.to_thread(restore_workspace, target.workspace, raw, self._owner(target))
+        return RestoreResult(entries=entries)
 
     def _ran(self, slot: Slot, lease_id: str) -> None:
         if slot.lease and slot.lease.lease_id == lease_id:
@@ -292,9 +386,11 @@ class SlotManager:
             await asyncio.gather(*slot.running, return_exceptions=True)
             if reset:
                 async with slot.lock:
-                    await asyncio.to_thread(clear_directory, slot.workspace)
-        except Exception:
-            log.exception("resetting slot %d failed; handing it on as it is", slot.index)
+                    await self._reset(slot)
+        except BaseException as err:
+            if not isinstance(err, asyncio.CancelledError) or not self._closing:
+                slot.quarantined = slot.quarantined or f"reset interrupted: {type(err).__name__}"
+            raise
         finally:
             slot.resetting = False
             if not self._closing:
@@ -317,8 +413,21 @@ class SlotManager:
             await asyncio.sleep(self.sweep_interval_s)
             try:
                 self._expire_lapsed()
+                await self._retry_quarantined()
             except Exception:
                 log.exception("lease sweep failed")
+
+    async def _retry_quarantined(self) -> None:
+        """Try again, now and then, to reset quarantined slots (whatever blocked it may have gone)."""
+        if time.monotonic() < self._quarantine_retry_at:
+            return
+        self._quarantine_retry_at = time.monotonic() + QUARANTINE_RETRY_S
+        for slot in self._slots:
+            if slot.quarantined and slot.lease is None and not slot.resetting:
+                async with slot.lock:
+                    if await self._reset(slot):
+                        self._book.update_idle()
+                        self._hand_over(slot)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)

@@ -29,6 +29,8 @@ def mode(request, monkeypatch) -> str:
 
 
 async def run(command: str, workspace, timeout_s: float = 10.0, **options):
+    if isolation.bubblewrap_path() is None:  # the "none" mode: running unisolated must be asked for
+        options.setdefault("require_isolation", False)
     return await run_command(
         command, workspace, timeout_s=timeout_s, max_output_chars=options.pop("cap", 10_000), **options
     )

@@ -29,8 +29,11 @@ OUTPUT_CAP = 2_000
 
 @pytest.fixture(scope="module")
 async def backend(tmp_path_factory) -> LocalBackend:
+    # Network-on slots reach the host network (control plane included), so a server refuses them unless
+    # told otherwise; this container says so, for the test of what network on and off mean.
     return LocalBackend(
-        tmp_path_factory.mktemp("data"), slots_per_container=3, max_output_chars=OUTPUT_CAP, sweep_interval_s=0.3
+        tmp_path_factory.mktemp("data"), slots_per_container=3, max_output_chars=OUTPUT_CAP, sweep_interval_s=0.3,
+        limit_args=["--allow-network-unprotected"],
     )
 
 

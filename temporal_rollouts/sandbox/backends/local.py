@@ -57,10 +57,11 @@ class LocalBackend(SandboxBackend):
         data_dir: Path,
         slots_per_container: int = 8,
         host: str = "127.0.0.1",
-        require_isolation: bool = False,
+        require_isolation: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         start_timeout_s: float = 30.0,
         sweep_interval_s: float = 2.0,
+        limit_args: list[str] | None = None,
     ) -> None:
         self.directory = Path(data_dir).resolve() / "sandboxes"
         self.slots_per_container = slots_per_container
@@ -69,6 +70,8 @@ class LocalBackend(SandboxBackend):
         self.max_output_chars = max_output_chars
         self.start_timeout_s = start_timeout_s
         self.sweep_interval_s = sweep_interval_s
+        self.limit_args = list(limit_args or [])
+        """Extra server options (limits, slot uids, network), from `server_limit_args`."""
         self.registry = ContainerRegistry(self.directory / "containers.json")
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -81,6 +84,7 @@ class LocalBackend(SandboxBackend):
             host=sandbox.host,
             require_isolation=sandbox.require_isolation,
             max_output_chars=sandbox.max_output_chars,
+            limit_args=server_limit_args(settings),
         )
 
     def container_dir(self, container_id: str) -> Path:
@@ -223,10 +227,11 @@ class LocalBackend(SandboxBackend):
             "--sweep-interval", str(self.sweep_interval_s),
             "--ready-file", str(ready_file),
         ]  # fmt: skip
-        if self.require_isolation:
-            argv.append("--require-isolation")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        argv.append("--require-isolation" if self.require_isolation else "--no-require-isolation")
+        argv += self.limit_args
+        if not self.require_isolation:
+            log.warning("starting sandbox %s with require_isolation off: commands may run UNISOLATED", container_id)
+        env = server_environment()
         with (directory / "server.log").open("ab") as log_file:
             process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -248,6 +253,39 @@ class LocalBackend(SandboxBackend):
             await asyncio.sleep(0.05)
         terminate(process.pid, signal.SIGKILL)
         raise SandboxUnreachable(f"sandbox server did not start within {self.start_timeout_s:g}s; see {log_path}")
+
+
+SERVER_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+
+def server_environment() -> dict[str, str]:
+    """The sandbox server's whole environment: what it needs to run, none of the worker's secrets
+    (API keys, cloud credentials, tokens) that a slot could otherwise find."""
+    env = {key: os.environ[key] for key in SERVER_ENV_KEEP if key in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def server_limit_args(settings: Settings) -> list[str]:
+    """The sandbox settings a server takes on its command line."""
+    sandbox = settings.sandbox
+    argv = [
+        "--slot-uid-base", str(sandbox.slot_uid_base),
+        "--memory-limit-mb", str(sandbox.memory_limit_mb),
+        "--max-processes", str(sandbox.max_processes),
+        "--cpus", str(sandbox.cpus),
+        "--cpu-time-limit-s", str(sandbox.cpu_time_limit_s),
+        "--file-size-limit-mb", str(sandbox.file_size_limit_mb),
+        "--tmp-limit-mb", str(sandbox.tmp_limit_mb),
+        "--disk-limit-mb", str(sandbox.disk_limit_mb),
+    ]  # fmt: skip
+    if not sandbox.use_cgroups:
+        argv.append("--no-cgroups")
+    if sandbox.allow_network_unprotected:
+        argv.append("--allow-network-unprotected")
+    return argv
 
 
 def _ensure_token(token_file: Path) -> None:

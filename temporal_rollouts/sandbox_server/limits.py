@@ -1,0 +1,355 @@
+"""Per-slot confinement: which uid a slot's commands run as, and the limits they run within.
+
+A slot runs as an unprivileged uid. When the server runs as root, slot `i` runs as
+the dedicated uid/gid `uid_base + i` (so RLIMIT_NPROC, which the kernel counts per
+uid, is a per-slot limit); otherwise it runs as the server's own (unprivileged) uid.
+
+Limits use the best mechanism the host has, and `/health` says which one is in force:
+
+| limit            | mechanism, best first                                             |
+| ---------------- | ----------------------------------------------------------------- |
+| memory           | cgroup (v2 memory.max, v1 memory.limit_in_bytes); else RLIMIT_AS   |
+| processes        | cgroup pids.max; else RLIMIT_NPROC (per slot with a dedicated uid; |
+|                  | with a shared uid: what the uid runs now plus the limit)           |
+| cpus             | cgroup cpu quota; else none                                        |
+| cpu time         | RLIMIT_CPU on every process of the command                         |
+| file size        | RLIMIT_FSIZE on every process of the command                       |
+| /tmp             | a tmpfs of that size, private to each command                      |
+| workspace disk   | checked after every command and before every file write (see below)|
+| wall time        | the command timeout; the whole tree is killed (process group, pid  |
+|                  | namespace, and every process left in the slot's cgroup)            |
+
+The workspace disk limit is not a filesystem quota: one command can write past it
+(each file is capped at the file size limit, and the command at its timeout); the
+command is then reported failed with a notice, and file writes are refused until the
+agent frees space. A reset always empties the workspace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+MIB = 1024 * 1024
+KILL_ROUNDS = 50
+
+
+@dataclass(frozen=True)
+class SlotLimits:
+    """What one slot may use; 0 turns a limit off."""
+
+    memory_bytes: int = 2048 * MIB
+    max_processes: int = 256
+    cpus: float = 1.0
+    cpu_time_s: int = 600
+    file_size_bytes: int = 1024 * MIB
+    tmp_bytes: int = 256 * MIB
+    disk_bytes: int = 4096 * MIB
+
+    @classmethod
+    def off(cls) -> SlotLimits:
+        return cls(0, 0, 0, 0, 0, 0, 0)
+
+
+@dataclass
+class _Cgroups:
+    """The cgroup directories (one per controller in v1, one in v2) under which slot cgroups are made."""
+
+    version: str  # "v1" or "v2"
+    parents: dict[str, Path]  # controller -> directory; v2 uses the same directory for every controller
+
+    def slot_dirs(self, name: str) -> dict[str, Path]:
+        return {controller: parent / name for controller, parent in self.parents.items()}
+
+
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _own_cgroup_paths() -> dict[str, str]:
+    paths: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return paths
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+def _detect_cgroups(wanted: set[str]) -> _Cgroups | None:
+    """A place to make slot cgroups in, or None when this host gives us none (no delegation)."""
+    if not wanted:
+        return None
+    own = _own_cgroup_paths()
+    controllers_file = CGROUP_ROOT / "cgroup.controllers"
+    if controllers_file.exists():  # cgroup v2 (unified)
+        return _detect_v2(own.get("", "/"), wanted)
+    parents: dict[str, Path] = {}
+    for controller in wanted:
+        base = CGROUP_ROOT / controller
+        own_path = own.get(controller, "/").lstrip("/")
+        candidate = base / own_path if own_path else base
+        if _writable_dir(candidate) and (candidate / "cgroup.procs").exists():
+            parents[controller] = candidate
+    return _Cgroups("v1", parents) if parents else None
+
+
+def _detect_v2(own_path: str, wanted: set[str]) -> _Cgroups | None:
+    """Under cgroup v2 a cgroup with processes cannot enable controllers for children, so the
+    server moves itself into a leaf `server` child first (only when it is alone in its cgroup)."""
+    mine = CGROUP_ROOT / own_path.lstrip("/")
+    try:
+        available = set((mine / "cgroup.controllers").read_text().split())
+        enable = sorted(wanted & available)
+        if not enable:
+            return None
+        subtree = mine / "cgroup.subtree_control"
+        try:
+            subtree.write_text(" ".join(f"+{c}" for c in enable))
+        except OSError:
+            procs = (mine / "cgroup.procs").read_text().split()
+            if procs != [str(os.getpid())]:
+                return None
+            leaf = mine / "server"
+            leaf.mkdir(exist_ok=True)
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+            subtree.write_text(" ".join(f"+{c}" for c in enable))
+    except OSError as err:
+        log.info("cgroup v2 controllers cannot be delegated here (%s); falling back to rlimits", err)
+        return None
+    return _Cgroups("v2", {controller: mine for controller in enable})
+
+
+@dataclass
+class Confinement:
+    """How every command of one server is confined; `for_slot` gives the parts of one slot."""
+
+    limits: SlotLimits
+    uid_base: int = 60000
+    container_id: str = "local"
+    dedicated_uids: bool = field(default_factory=running_as_root)
+    cgroups: _Cgroups | None = None
+    prlimit: str | None = None
+    setpriv: str | None = None
+
+    @classmethod
+    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
+        wanted = set()
+        if limits.memory_bytes:
+            wanted.add("memory")
+        if limits.max_processes:
+            wanted.add("pids")
+        if limits.cpus:
+            wanted.add("cpu")
+        root = running_as_root()
+        setpriv = shutil.which("setpriv") if root else None
+        if root and setpriv is None:
+            log.error("setpriv is missing: a root-run server cannot drop slots to an unprivileged uid")
+        return cls(
+            limits=limits,
+            uid_base=uid_base,
+            container_id=container_id,
+            dedicated_uids=root and setpriv is not None,
+            cgroups=_detect_cgroups(wanted) if use_cgroups else None,
+            prlimit=shutil.which("prlimit"),
+            setpriv=setpriv,
+        )
+
+    # --- who a slot runs as -------------------------------------------------------------
+
+    def uid(self, slot: int) -> int:
+        return self.uid_base + slot if self.dedicated_uids else os.getuid()
+
+    def gid(self, slot: int) -> int:
+        return self.uid_base + slot if self.dedicated_uids else os.getgid()
+
+    def drop_privileges(self, slot: int) -> list[str]:
+        """The argv prefix that turns a root process into the slot's uid, with no capabilities left."""
+        if not self.dedicated_uids:
+            return []
+        assert self.setpriv is not None
+        uid, gid = str(self.uid(slot)), str(self.gid(slot))
+        return [self.setpriv, "--reuid", uid, "--regid", gid, "--clear-groups",
+                "--inh-caps", "-all", "--bounding-set", "-all", "--no-new-privs", "--"]  # fmt: skip
+
+    # --- limits ---------------------------------------------------------------------------
+
+    def _cgroup_name(self, slot: int) -> str:
+        return "rollouts-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.container_id) + f"-slot-{slot}"
+
+    def _cgroup_dirs(self, slot: int) -> dict[str, Path]:
+        return self.cgroups.slot_dirs(self._cgroup_name(slot)) if self.cgroups else {}
+
+    def prepare_slot(self, slot: int) -> None:
+        """Make the slot's cgroups and write its limits into them (idempotent)."""
+        if self.cgroups is None:
+            return
+        limits, v2 = self.limits, self.cgroups.version == "v2"
+        for controller, directory in self._cgroup_dirs(slot).items():
+            directory.mkdir(exist_ok=True)
+            if controller == "memory" and limits.memory_bytes:
+                if v2:
+                    _write(directory / "memory.max", limits.memory_bytes)
+                    _write(directory / "memory.swap.max", 0, optional=True)
+                else:
+                    _write(directory / "memory.limit_in_bytes", limits.memory_bytes)
+                    _write(directory / "memory.memsw.limit_in_bytes", limits.memory_bytes, optional=True)
+            elif controller == "pids" and limits.max_processes:
+                _write(directory / "pids.max", limits.max_processes)
+            elif controller == "cpu" and limits.cpus:
+                period = 100_000
+                quota = max(1000, int(limits.cpus * period))
+                if v2:
+                    _write(directory / "cpu.max", f"{quota} {period}")
+                else:
+                    _write(directory / "cpu.cfs_period_us", period)
+                    _write(directory / "cpu.cfs_quota_us", quota)
+
+    def remove_slot(self, slot: int) -> None:
+        self.kill_slot(slot)
+        for directory in set(self._cgroup_dirs(slot).values()):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+
+    def join_cgroups(self, slot: int) -> list[str]:
+        """An argv prefix that moves the command into the slot's cgroups before it starts (fails closed)."""
+        dirs = self._cgroup_dirs(slot)
+        if not dirs:
+            return []
+        procs = sorted({str(directory / "cgroup.procs") for directory in dirs.values()})
+        joins = "; ".join(
+            f'{{ echo $$ > {shlex.quote(p)}; }} 2>/dev/null || {{ echo "sandbox: cannot join {shlex.quote(p)}" >&2; exit 125; }}'
+            for p in procs
+        )
+        return ["/bin/sh", "-c", f'{joins}; exec "$@"', "sandbox-limits"]
+
+    def rlimits(self) -> list[str]:
+        """An argv prefix setting the per-process limits (prlimit from util-linux)."""
+        if self.prlimit is None:
+            return []
+        limits, cgroup = self.limits, self._cgroup_controllers()
+        options = ["--core=0"]
+        if limits.file_size_bytes:
+            options.append(f"--fsize={limits.file_size_bytes}")
+        if limits.cpu_time_s:
+            options.append(f"--cpu={limits.cpu_time_s}")
+        if limits.memory_bytes and "memory" not in cgroup:
+            options.append(f"--as={limits.memory_bytes}")
+        if limits.max_processes and "pids" not in cgroup:
+            # RLIMIT_NPROC counts every process of the uid: with a shared uid, allow what runs now plus the limit.
+            base = 0 if self.dedicated_uids else processes_of_uid(os.getuid())
+            options.append(f"--nproc={base + limits.max_processes}")
+        return [self.prlimit, *options, "--"]
+
+    def _cgroup_controllers(self) -> set[str]:
+        return set(self.cgroups.parents) if self.cgroups else set()
+
+    def kill_slot(self, slot: int) -> int:
+        """SIGKILL every process left in the slot's cgroups; returns how many were signalled."""
+        killed = 0
+        for directory in set(self._cgroup_dirs(slot).values()):
+            procs_file = directory / "cgroup.procs"
+            for _ in range(KILL_ROUNDS):
+                try:
+                    pids = [int(p) for p in procs_file.read_text().split()]
+                except (OSError, ValueError):
+                    break
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed += 1
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                time.sleep(0.01)
+        return killed
+
+    def in_force(self, tmp_sized: bool) -> dict[str, str]:
+        """For /health: each limit and the mechanism enforcing it ("off" when none)."""
+        limits, cgroup = self.limits, self._cgroup_controllers()
+        version = self.cgroups.version if self.cgroups else ""
+        rlimit = self.prlimit is not None
+
+        def pick(value: float, controller: str, fallback: str | None) -> str:
+            if not value:
+                return "off"
+            if controller in cgroup:
+                return f"cgroup-{version}"
+            return fallback or "off"
+
+        return {
+            "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
+            "memory": pick(limits.memory_bytes, "memory", "rlimit-as" if rlimit else None),
+            "processes": pick(limits.max_processes, "pids",
+                              None if not rlimit else "rlimit-nproc" if self.dedicated_uids
+                              else "rlimit-nproc (shared uid: running processes + limit)"),  # fmt: skip
+            "cpus": pick(limits.cpus, "cpu", None),
+            "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
+            "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",
+            "tmp": "tmpfs-size" if limits.tmp_bytes and tmp_sized else "off",
+            "disk": "checked-after-command" if limits.disk_bytes else "off",
+            "wall_time": "timeout kills the tree" + (" and the slot cgroup" if cgroup else ""),
+        }
+
+
+def _write(path: Path, value: object, optional: bool = False) -> None:
+    try:
+        path.write_text(str(value))
+    except OSError as err:
+        if not optional:
+            raise
+        log.debug("cannot set %s: %s", path, err)
+
+
+def processes_of_uid(uid: int) -> int:
+    """Tasks (threads included, as RLIMIT_NPROC counts them) that `uid` runs now."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[17])
+            except (OSError, IndexError, ValueError):
+                pass
+    return count
+
+
+def disk_usage(directory: Path, stop_above: int) -> int:
+    """Bytes allocated under `directory` (without following links), stopping once past `stop_above`."""
+    total, stack = 0, [str(directory)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+        if stop_above and total > stop_above:
+            break
+    return total
