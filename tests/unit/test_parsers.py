@@ -26,10 +26,8 @@ including the end-of-turn token.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import re
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -46,48 +44,14 @@ from temporal_rollouts.llm.parsers import (
 )
 from temporal_rollouts.llm.parsers.base import _REGISTRY, RawCall
 from tests.support import TEMPLATES
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def calls_of(turn: ParsedTurn) -> list[tuple[str, str]]:
-    return [(call.function.name, call.function.arguments) for call in turn.tool_calls]
-
+from tests.support.chat_templates import TOOLS, calls_of, compact, render
 
 # ---------------------------------------------------------------------------- rendering
 
 
-@functools.cache
-def _template(name: str):
-    return _environment().from_string((TEMPLATES / name).read_text())
 
 
-@functools.cache
-def _environment():
-    jinja2 = pytest.importorskip("jinja2", reason="rendering the real chat templates needs jinja2")
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
-        # transformers replaces jinja's tojson (which HTML-escapes and sorts keys) with plain json.dumps
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-def render(template: str, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False, **extra: Any) -> str:
-    return _template(template).render(
-        messages=copy.deepcopy(messages), tools=tools, add_generation_prompt=add_generation_prompt, **extra
-    )
 
 
 def generated_text(template: str, messages: list[dict], end: str, *, marker: str | None = None, tools: list[dict] | None = None, **extra: Any) -> str:
@@ -119,46 +83,6 @@ WRITE = {
     "meta": {"k": [1, 2.5, None]},
 }
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "kelvin"]}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Write a file",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "content": {"type": "string"},
-                    "overwrite": {"type": "boolean"},
-                    "retries": {"type": "integer"},
-                    "version": {"type": "string"},
-                    "tags": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-        },
-    },
-]
 
 USER = {"role": "user", "content": "What's the weather in Zürich? Then search for something."}
 
@@ -180,7 +104,7 @@ def assistant(content: str | None, *calls: dict, reasoning: str | None = None) -
 
 
 @pytest.mark.parametrize("as_string", [False, True], ids=["dict-arguments", "string-arguments"])
-def test_qwen2_5_template(as_string: bool) -> None:
+def test_qwen2_5template(as_string: bool) -> None:
     """Qwen2.5 renders `arguments | tojson`: OpenAI's string arguments come out double-encoded."""
     args = (lambda a: json.dumps(a, ensure_ascii=False)) if as_string else (lambda a: a)
     messages = [USER, assistant("Let me look.", tool_call("get_weather", args(WEATHER)), tool_call("search", args(SEARCH)))]
@@ -296,7 +220,7 @@ def test_qwen3_coder_template_no_content() -> None:
 
 @pytest.mark.parametrize("template", ["llama3_1.jinja", "llama3_2.jinja"])
 @pytest.mark.parametrize("as_string", [False, True], ids=["dict-arguments", "string-arguments"])
-def test_llama3_template(template: str, as_string: bool) -> None:
+def test_llama3template(template: str, as_string: bool) -> None:
     """Llama 3.1/3.2 render one bare {"name", "parameters"} object; `tojson` double-encodes strings."""
     arguments = json.dumps(SEARCH, ensure_ascii=False) if as_string else SEARCH
     messages = [{"role": "system", "content": "Be brief."}, USER, assistant(None, tool_call("search", arguments))]
