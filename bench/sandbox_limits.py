@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rollouts.settings import Settings  # noqa: E402
-from sandboxes.client import SandboxClient  # noqa: E402
-from sandboxes.local import LocalBackend, server_limit_args  # noqa: E402
-from sandboxes.schema import ExecOp, Holder  # noqa: E402
+from rollouts.settings import Settings
+from sandboxes.client import SandboxClient
+from sandboxes.local import LocalBackend, server_limit_args
+from sandboxes.schema import ExecOp, Holder
 
 LIMITS_OFF = [
     "--memory-limit-mb", "0", "--max-processes", "0", "--cpus", "0", "--cpu-time-limit-s", "0",

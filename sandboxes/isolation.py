@@ -116,8 +116,8 @@ def bubblewrap_strategy() -> BubblewrapStrategy | None:
     if _probe(bwrap, as_root=True):
         return "as-root"
     setpriv = shutil.which("setpriv")
-    if setpriv and _probe(bwrap, as_root=False, drop=[setpriv, "--reuid", str(PROBE_UID), "--regid",
-                                                        str(PROBE_UID), "--clear-groups", "--"]):  # fmt: skip
+    drop = [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"] if setpriv else []
+    if drop and _probe(bwrap, as_root=False, drop=drop):
         log.warning("root cannot run bubblewrap here without a user namespace; slots drop their uid before it")
         return "userns"
     return None
@@ -128,9 +128,12 @@ def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
         if drop:
             os.chmod(probe_dir, 0o755)
             os.chown(probe_dir, PROBE_UID, PROBE_UID)
-        argv = [*(drop or []), *bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)]
+        sandbox = bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)
+        argv = [*(drop or []), *sandbox]
         try:
-            probe = subprocess.run(argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT))
+            probe = subprocess.run(
+                argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT), check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
             log.warning("bubblewrap is installed but cannot be started: %s", err)
             return False
@@ -150,7 +153,7 @@ def bubblewrap_sizes_tmpfs() -> bool:
     if bwrap is None:
         return False
     try:
-        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return b"--size" in helped.stdout + helped.stderr

@@ -290,6 +290,10 @@ class Confinement:
         version = self.cgroups.version if self.cgroups else ""
         rlimit = self.prlimit is not None
 
+        nproc = None
+        if rlimit:
+            nproc = "rlimit-nproc" if self.dedicated_uids else "rlimit-nproc (shared uid: running processes + limit)"
+
         def pick(value: float, controller: str, fallback: str | None) -> str:
             if not value:
                 return "off"
@@ -300,9 +304,7 @@ class Confinement:
         return {
             "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
             "memory": pick(limits.memory_bytes, "memory", "rlimit-as" if rlimit else None),
-            "processes": pick(limits.max_processes, "pids",
-                              None if not rlimit else "rlimit-nproc" if self.dedicated_uids
-                              else "rlimit-nproc (shared uid: running processes + limit)"),  # fmt: skip
+            "processes": pick(limits.max_processes, "pids", nproc),
             "cpus": pick(limits.cpus, "cpu", None),
             "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",

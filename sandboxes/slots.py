@@ -107,9 +107,10 @@ class SlotManager:
                 "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
             )
         if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
-            blocked = [str(p) for p in [self.root.resolve(), *self.root.resolve().parents] if not os.stat(p).st_mode & 0o001]
+            top = self.root.resolve()
+            blocked = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
             if blocked:
-                log.error("slots run bubblewrap as their own uid here, but cannot search %s: commands will fail", blocked)
+                log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         await asyncio.to_thread(self._prepare_cgroups)
         await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
         for slot in self._slots:
@@ -142,7 +143,7 @@ class SlotManager:
         try:
             await asyncio.to_thread(self.confinement.kill_slot, slot.index)
             trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
             log.error("slot %d cannot be reset and is quarantined: %s", slot.index, slot.quarantined)
             return False

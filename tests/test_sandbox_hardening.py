@@ -20,26 +20,25 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.sandbox_fixtures import (
-    holder,
-    needs_bubblewrap,
-    processes_running,
-    root_of,
-    running_container,
-    unique_sleep,
-    wait_until,
-    workspace_of,
-)
 
 from envs.terminal_tasks import bundled_tasks
 from envs.terminal_tasks.env import CHECK_PRELUDE
-from rollouts.errors import BadToolRequest, SandboxRequired
+from rollouts.errors import BadToolRequest, SandboxRequired, SlotUnavailable
 from rollouts.settings import Settings
 from sandboxes import isolation
 from sandboxes.client import SandboxClient
 from sandboxes.local import LocalBackend, server_environment, server_limit_args
 from sandboxes.schema import ExecOp, ReadFileOp, SlotLease, WriteFileOp
 from sandboxes.slots import SlotManager
+from tests.sandbox_fixtures import (
+    holder,
+    needs_bubblewrap,
+    processes_running,
+    running_container,
+    unique_sleep,
+    wait_until,
+    workspace_of,
+)
 
 pytestmark = needs_bubblewrap
 
@@ -342,7 +341,7 @@ def test_every_bundled_check_runs_python_isolated():
     """The checker's own Python runs with -I; the task's program (which must import from the workspace)
     with -s, so no user-site hook runs."""
     for task in bundled_tasks().values():
-        for flag in re.findall(r"(?:^|\$\(|\|)\s*python3\s+(\S+)", task.check, re.M):
+        for flag in re.findall(r"(?:^|\$\(|\|)\s*python3\s+(\S+)", task.check, re.MULTILINE):
             assert flag in ("-I", "-s"), f"{task.id}: python3 {flag}"
 
 
@@ -352,10 +351,7 @@ def test_every_bundled_check_runs_python_isolated():
 def deep_tree(depth: int) -> str:
     """The issue's `for i in $(seq N); do mkdir d; cd d; done`, in Python: bash's `cd` re-reads the whole
     path each time and takes tens of seconds at this depth; the tree is the same."""
-    return (
-        "python3 -c 'import os\nfor _ in range(%d):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"bottom\", \"w\")'"
-        % depth
-    )
+    return f"python3 -c 'import os\nfor _ in range({depth}):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"bottom\", \"w\")'"
 
 
 
@@ -398,7 +394,7 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
         lease = await client.acquire(holder("stuck"), ttl_s=60, wait_s=5)
         workspace = workspace_of(backend, info.container_id, lease.slot)
         await client.execute(lease.slot, lease.lease_id, "f", ExecOp(command="echo secret > left.txt"))
-        subprocess.run(["chattr", "+i", str(workspace)], check=True)  # the reset's rename now fails
+        await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=True)  # the reset's rename fails
         try:
             await client.release(lease.slot, lease.lease_id)
             health = await client.health()
@@ -412,10 +408,10 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
             assert states[lease.slot].quarantined
             others = [await client.acquire(holder(f"next-{i}"), ttl_s=60, wait_s=0) for i in range(1)]
             assert all(other.slot != lease.slot for other in others)
-            with pytest.raises(Exception):
+            with pytest.raises(SlotUnavailable):
                 await client.acquire(holder("no-more"), ttl_s=60, wait_s=0)
         finally:
-            subprocess.run(["chattr", "-i", str(workspace)], check=True)
+            await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(workspace)], check=True)
         # A restart neither fails on the slot nor keeps it dirty.
         await backend.stop_container(info.container_id)
         restarted = await backend.start_container(info.container_id)
