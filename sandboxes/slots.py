@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import os
 import time
@@ -79,8 +80,11 @@ class SlotManager:
         self.require_isolation = require_isolation
         self.allow_network_unprotected = allow_network_unprotected
         self.sweep_interval_s = sweep_interval_s
+        # Cgroups are named after the container and its slot folder: a server restarted in place finds its
+        # own (and kills what was left in them), two servers never share one.
+        cgroup_name = f"{container_id}-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}"
         self.confinement = Confinement.detect(
-            limits if limits is not None else SlotLimits(), uid_base, container_id, use_cgroups
+            limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups
         )
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
@@ -177,7 +181,7 @@ class SlotManager:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
         for slot in self._slots:
-            await asyncio.to_thread(self.confinement.kill_slot, slot.index)
+            await asyncio.to_thread(self.confinement.remove_slot, slot.index)
 
     async def __aenter__(self) -> SlotManager:
         await self.start()
