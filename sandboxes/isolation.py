@@ -218,13 +218,13 @@ async def run_command(
         as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
         # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
         outer, inner = ([], drop) if as_root else (drop, [])
-        argv = prefix + outer + bubblewrap_argv(
+        argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
             bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
             tmp_bytes=confinement.limits.tmp_bytes,
         )
         env = sandbox_environment(WORKSPACE_MOUNT)
     else:
-        argv = prefix + drop + script
+        argv = prefix + drop + confinement.die_with_server() + script
         env = sandbox_environment(str(workspace))
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()

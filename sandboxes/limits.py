@@ -148,6 +148,8 @@ class Confinement:
     cgroups: _Cgroups | None = None
     prlimit: str | None = None
     setpriv: str | None = None
+    pdeathsig: str | None = None
+    """setpriv, to make the command's outermost process die with the server (no cgroup needed)."""
 
     @classmethod
     def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
@@ -170,6 +172,7 @@ class Confinement:
             cgroups=_detect_cgroups(wanted) if use_cgroups else None,
             prlimit=shutil.which("prlimit"),
             setpriv=setpriv,
+            pdeathsig=shutil.which("setpriv"),
         )
 
     # --- who a slot runs as -------------------------------------------------------------
@@ -188,6 +191,11 @@ class Confinement:
         uid, gid = str(self.uid(slot)), str(self.gid(slot))
         return [self.setpriv, "--reuid", uid, "--regid", gid, "--clear-groups",
                 "--inh-caps", "-all", "--bounding-set", "-all", "--no-new-privs", "--"]  # fmt: skip
+
+    def die_with_server(self) -> list[str]:
+        """An argv prefix after which the process is SIGKILLed when the server dies (set after any uid change,
+        which would clear it). For unisolated commands; bubblewrap's --die-with-parent does this itself."""
+        return [self.pdeathsig, "--pdeathsig", "KILL", "--"] if self.pdeathsig else []
 
     # --- limits ---------------------------------------------------------------------------
 

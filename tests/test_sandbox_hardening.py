@@ -590,3 +590,26 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
         assert f"euid={UID_BASE + 2}" in result.output
         assert (workspace / "sh4").stat().st_uid == UID_BASE + 2
         assert " 8192 " in result.output
+
+
+async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
+    """Without cgroups to sweep, the command still dies with its server (bwrap's --die-with-parent)."""
+    backend = LocalBackend(
+        tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, limit_args=[*LIMITS, "--no-cgroups"]
+    )
+    info = await backend.start_container()
+    marker = unique_sleep()
+    try:
+        async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
+            lease = await client.acquire(holder("killed"), ttl_s=60, wait_s=5)
+            running = asyncio.create_task(
+                client.execute(lease.slot, lease.lease_id, "long", ExecOp(command=f"sleep {marker}", timeout_s=600))
+            )
+            assert await wait_until(lambda: processes_running(marker) != [], timeout_s=15)
+            assert info.pid is not None
+            os.kill(info.pid, signal.SIGKILL)
+            assert await wait_until(lambda: processes_running(marker) == [], timeout_s=15), processes_running(marker)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    finally:
+        await backend.stop_container(info.container_id)
