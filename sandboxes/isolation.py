@@ -209,7 +209,9 @@ async def run_command(
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     script_fd = _script_file(command)
-    script = ["bash", f"/dev/fd/{script_fd}"]
+    # bash reads the command from the memory file and runs it as `bash -c` would (same $0, same messages),
+    # closing the file first so that nothing the command starts holds it.
+    script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
     prefix = confinement.join_cgroups(slot) + confinement.rlimits()
     drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
