@@ -394,7 +394,10 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
         lease = await client.acquire(holder("stuck"), ttl_s=60, wait_s=5)
         workspace = workspace_of(backend, info.container_id, lease.slot)
         await client.execute(lease.slot, lease.lease_id, "f", ExecOp(command="echo secret > left.txt"))
-        await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=True)  # the reset's rename fails
+        # An immutable workspace folder: the reset's rename fails, as a real fault would make it.
+        frozen = await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=False)
+        if frozen.returncode != 0:
+            pytest.skip("this filesystem has no immutable attribute")
         try:
             await client.release(lease.slot, lease.lease_id)
             health = await client.health()
