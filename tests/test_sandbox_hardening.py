@@ -71,6 +71,13 @@ async def server(backend):
             yield info, client
     finally:
         os.environ.pop("WORKER_API_KEY_FOR_TEST", None)
+        remove_deep(backend.directory)
+
+
+def remove_deep(directory: Path) -> None:
+    """Delete what the tests made with `rm -rf`: pytest's own clean-up of old temp folders recurses and
+    would fail on a tree as deep as the ones these tests build."""
+    subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
 
 
 class Slots:
@@ -385,6 +392,7 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
             assert listing.output.strip() == "0"
     finally:
         await backend.stop_container(info.container_id)
+        remove_deep(tmp_path / "data")
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="chattr +i needs root")
