@@ -1,10 +1,12 @@
 """Run one shell command for a slot, inside bubblewrap when the host has it.
 
-The slot's workspace is the only writable place the command sees (at /workspace);
-the system directories are read-only and nothing else of the host is visible.
-Every command gets its own process group (and, under bubblewrap, its own pid
-namespace), so when it exits or times out everything it started dies with it:
-no background process outlives the command that started it.
+The slot's workspace is the only writable place the command sees (at /workspace), besides a
+private, size-limited /tmp; the system directories are read-only and nothing else of the host
+is visible. Every mount is nosuid,nodev, and the command runs as an unprivileged uid with no
+capabilities (see `sandboxes.limits.Confinement`). Every command gets its own process group and
+pid namespace (and, where available, the slot's cgroups), so when it exits or times out
+everything it started dies with it: no background process outlives the command that started it.
+Without bubblewrap a command is refused unless isolation was explicitly turned off.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ WORKSPACE_MOUNT = "/workspace"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_ONLY_DIRS = ("/usr", "/etc")
 SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
-# Under a root-run server the sandbox user maps to host root, so secrets in /etc are masked.
+# Secrets in /etc are masked as well as unreadable to the slot's uid (defence in depth).
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
@@ -199,8 +201,9 @@ async def run_command(
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
-    The command travels in a memory file that bash reads as its script, never on an argv, so a
-    command of any length runs. With a `confinement` it runs as the slot's uid within its limits."""
+    The command travels in a memory file that bash reads and evaluates, never on an argv, so a
+    command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
+    default one, with no limits, for callers that name none)."""
     mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()

@@ -8,6 +8,11 @@ its caller goes away, so a dead client never keeps a place in line nor receives 
 slot. Leases that are not renewed lapse (checked on every operation and by a
 background sweeper) and their slot is reset and handed on. Every change is written
 to the lease event log (see `sandboxes.lease_log`).
+
+A reset moves the workspace aside and makes a fresh one (constant time, whatever the agent
+built); the old tree is deleted in the background. A slot whose reset fails is quarantined:
+reported in /health and /slots, never leased, tried again now and then, and never a reason
+for the server not to start.
 """
 
 from __future__ import annotations
