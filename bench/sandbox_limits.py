@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temporal_rollouts.core.settings import Settings  # noqa: E402
-from temporal_rollouts.sandbox.backends.local import LocalBackend, server_limit_args  # noqa: E402
-from temporal_rollouts.sandbox.client import SandboxClient  # noqa: E402
-from temporal_rollouts.sandbox_server.schema import ExecOp, Holder  # noqa: E402
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sandbox.backends.local import LocalBackend, server_limit_args
+from temporal_rollouts.sandbox.client import SandboxClient
+from temporal_rollouts.sandbox_server.schema import ExecOp, Holder
 
 LIMITS_OFF = [
     "--memory-limit-mb", "0", "--max-processes", "0", "--cpus", "0", "--cpu-time-limit-s", "0",

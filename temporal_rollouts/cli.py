@@ -204,7 +204,8 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
-            table.add_row(container.container_id, str(slot.slot), "leased" if lease else "free",
+            state = "leased" if lease else "quarantined" if slot.quarantined else "free"
+            table.add_row(container.container_id, str(slot.slot), state,
                           lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
     Console().print(table)
     return 0

@@ -81,7 +81,10 @@ async def acquire(pool: SandboxPool, holder: Holder, ttl_s: float, wait_s: float
 async def _take_free(
     pool: SandboxPool, states: dict[str, list[SlotState]], holder: Holder, ttl_s: float, allow_network: bool
 ) -> SlotLease | None:
-    free = {container_id: sum(state.lease is None for state in slots) for container_id, slots in states.items()}
+    free = {
+        container_id: sum(state.lease is None and not state.quarantined for state in slots)
+        for container_id, slots in states.items()
+    }
     for container_id in sorted(free, key=free.__getitem__, reverse=True):
         if free[container_id] == 0:
             break

@@ -1,10 +1,12 @@
 """Run one shell command for a slot, inside bubblewrap when the host has it.
 
-The slot's workspace is the only writable place the command sees (at /workspace);
-the system directories are read-only and nothing else of the host is visible.
-Every command gets its own process group (and, under bubblewrap, its own pid
-namespace), so when it exits or times out everything it started dies with it:
-no background process outlives the command that started it.
+The slot's workspace is the only writable place the command sees (at /workspace), besides a
+private, size-limited /tmp; the system directories are read-only and nothing else of the host
+is visible. Every mount is nosuid,nodev, and the command runs as an unprivileged uid with no
+capabilities (see `temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group and
+pid namespace (and, where available, the slot's cgroups), so when it exits or times out
+everything it started dies with it: no background process outlives the command that started it.
+Without bubblewrap a command is refused unless isolation was explicitly turned off.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ WORKSPACE_MOUNT = "/workspace"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_ONLY_DIRS = ("/usr", "/etc")
 SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
-# Under a root-run server the sandbox user maps to host root, so secrets in /etc are masked.
+# Secrets in /etc are masked as well as unreadable to the slot's uid (defence in depth).
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
@@ -116,8 +118,8 @@ def bubblewrap_strategy() -> BubblewrapStrategy | None:
     if _probe(bwrap, as_root=True):
         return "as-root"
     setpriv = shutil.which("setpriv")
-    if setpriv and _probe(bwrap, as_root=False, drop=[setpriv, "--reuid", str(PROBE_UID), "--regid",
-                                                        str(PROBE_UID), "--clear-groups", "--"]):  # fmt: skip
+    drop = [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"] if setpriv else []
+    if drop and _probe(bwrap, as_root=False, drop=drop):
         log.warning("root cannot run bubblewrap here without a user namespace; slots drop their uid before it")
         return "userns"
     return None
@@ -128,9 +130,12 @@ def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
         if drop:
             os.chmod(probe_dir, 0o755)
             os.chown(probe_dir, PROBE_UID, PROBE_UID)
-        argv = [*(drop or []), *bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)]
+        sandbox = bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)
+        argv = [*(drop or []), *sandbox]
         try:
-            probe = subprocess.run(argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT))
+            probe = subprocess.run(
+                argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT), check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
             log.warning("bubblewrap is installed but cannot be started: %s", err)
             return False
@@ -150,7 +155,7 @@ def bubblewrap_sizes_tmpfs() -> bool:
     if bwrap is None:
         return False
     try:
-        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10)
+        helped = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return b"--size" in helped.stdout + helped.stderr
@@ -196,8 +201,9 @@ async def run_command(
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
-    The command travels in a memory file that bash reads as its script, never on an argv, so a
-    command of any length runs. With a `confinement` it runs as the slot's uid within its limits."""
+    The command travels in a memory file that bash reads and evaluates, never on an argv, so a
+    command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
+    default one, with no limits, for callers that name none)."""
     mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()
@@ -206,7 +212,9 @@ async def run_command(
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     script_fd = _script_file(command)
-    script = ["bash", f"/dev/fd/{script_fd}"]
+    # bash reads the command from the memory file and runs it as `bash -c` would (same $0, same messages),
+    # closing the file first so that nothing the command starts holds it.
+    script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
     prefix = confinement.join_cgroups(slot) + confinement.rlimits()
     drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
@@ -215,13 +223,13 @@ async def run_command(
         as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
         # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
         outer, inner = ([], drop) if as_root else (drop, [])
-        argv = prefix + outer + bubblewrap_argv(
+        argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
             bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
             tmp_bytes=confinement.limits.tmp_bytes,
         )
         env = sandbox_environment(WORKSPACE_MOUNT)
     else:
-        argv = prefix + drop + script
+        argv = prefix + drop + confinement.die_with_server() + script
         env = sandbox_environment(str(workspace))
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()

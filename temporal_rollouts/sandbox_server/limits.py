@@ -148,6 +148,8 @@ class Confinement:
     cgroups: _Cgroups | None = None
     prlimit: str | None = None
     setpriv: str | None = None
+    pdeathsig: str | None = None
+    """setpriv, to make the command's outermost process die with the server (no cgroup needed)."""
 
     @classmethod
     def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
@@ -170,6 +172,7 @@ class Confinement:
             cgroups=_detect_cgroups(wanted) if use_cgroups else None,
             prlimit=shutil.which("prlimit"),
             setpriv=setpriv,
+            pdeathsig=shutil.which("setpriv"),
         )
 
     # --- who a slot runs as -------------------------------------------------------------
@@ -188,6 +191,11 @@ class Confinement:
         uid, gid = str(self.uid(slot)), str(self.gid(slot))
         return [self.setpriv, "--reuid", uid, "--regid", gid, "--clear-groups",
                 "--inh-caps", "-all", "--bounding-set", "-all", "--no-new-privs", "--"]  # fmt: skip
+
+    def die_with_server(self) -> list[str]:
+        """An argv prefix after which the process is SIGKILLed when the server dies (set after any uid change,
+        which would clear it). For unisolated commands; bubblewrap's --die-with-parent does this itself."""
+        return [self.pdeathsig, "--pdeathsig", "KILL", "--"] if self.pdeathsig else []
 
     # --- limits ---------------------------------------------------------------------------
 
@@ -290,6 +298,10 @@ class Confinement:
         version = self.cgroups.version if self.cgroups else ""
         rlimit = self.prlimit is not None
 
+        nproc = None
+        if rlimit:
+            nproc = "rlimit-nproc" if self.dedicated_uids else "rlimit-nproc (shared uid: running processes + limit)"
+
         def pick(value: float, controller: str, fallback: str | None) -> str:
             if not value:
                 return "off"
@@ -300,9 +312,7 @@ class Confinement:
         return {
             "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
             "memory": pick(limits.memory_bytes, "memory", "rlimit-as" if rlimit else None),
-            "processes": pick(limits.max_processes, "pids",
-                              None if not rlimit else "rlimit-nproc" if self.dedicated_uids
-                              else "rlimit-nproc (shared uid: running processes + limit)"),  # fmt: skip
+            "processes": pick(limits.max_processes, "pids", nproc),
             "cpus": pick(limits.cpus, "cpu", None),
             "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",

@@ -8,12 +8,18 @@ its caller goes away, so a dead client never keeps a place in line nor receives 
 slot. Leases that are not renewed lapse (checked on every operation and by a
 background sweeper) and their slot is reset and handed on. Every change is written
 to the lease event log (see `temporal_rollouts.sandbox_server.lease_log`).
+
+A reset moves the workspace aside and makes a fresh one (constant time, whatever the agent
+built); the old tree is deleted in the background. A slot whose reset fails is quarantined:
+reported in /health and /slots, never leased, tried again now and then, and never a reason
+for the server not to start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import os
 import time
@@ -80,8 +86,11 @@ class SlotManager:
         self.require_isolation = require_isolation
         self.allow_network_unprotected = allow_network_unprotected
         self.sweep_interval_s = sweep_interval_s
+        # Cgroups are named after the container and its slot folder: a server restarted in place finds its
+        # own (and kills what was left in them), two servers never share one.
+        cgroup_name = f"{container_id}-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}"
         self.confinement = Confinement.detect(
-            limits if limits is not None else SlotLimits(), uid_base, container_id, use_cgroups
+            limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups
         )
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
@@ -108,9 +117,10 @@ class SlotManager:
                 "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
             )
         if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
-            blocked = [str(p) for p in [self.root.resolve(), *self.root.resolve().parents] if not os.stat(p).st_mode & 0o001]
+            top = self.root.resolve()
+            blocked = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
             if blocked:
-                log.error("slots run bubblewrap as their own uid here, but cannot search %s: commands will fail", blocked)
+                log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         await asyncio.to_thread(self._prepare_cgroups)
         await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
         for slot in self._slots:
@@ -143,7 +153,7 @@ class SlotManager:
         try:
             await asyncio.to_thread(self.confinement.kill_slot, slot.index)
             trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
             log.error("slot %d cannot be reset and is quarantined: %s", slot.index, slot.quarantined)
             return False
@@ -177,7 +187,7 @@ class SlotManager:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
         for slot in self._slots:
-            await asyncio.to_thread(self.confinement.kill_slot, slot.index)
+            await asyncio.to_thread(self.confinement.remove_slot, slot.index)
 
     async def __aenter__(self) -> SlotManager:
         await self.start()

@@ -55,7 +55,7 @@ async def test_batch_groups_reach_a_trainer_through_run_api(
     local = {tuple(g["overrides"][0].values()): g for g in read_groups(Path(result.output))}
     assert len(batch) == 2
     for group in batch:
-        assert group["scores"] == [1.0, 1.0]
+        assert group["scores"] == [1.0, 1.0], [m[-1] for m in group["messages"]]
         assert len(group["messages"]) == 2 and all("content" in m for t in group["messages"] for m in t)
         assert group["messages"][0][1]["role"] == "user"
         same = local[tuple(group["overrides"][0].values())]

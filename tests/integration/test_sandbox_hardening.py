@@ -23,7 +23,7 @@ import pytest
 
 from envs.terminal_tasks import bundled_tasks
 from envs.terminal_tasks.env import CHECK_PRELUDE
-from temporal_rollouts.core.errors import BadToolRequest, SandboxRequired
+from temporal_rollouts.core.errors import BadToolRequest, SandboxRequired, SlotUnavailable
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment, server_limit_args
 from temporal_rollouts.sandbox.client import SandboxClient
@@ -71,6 +71,13 @@ async def server(backend):
             yield info, client
     finally:
         os.environ.pop("WORKER_API_KEY_FOR_TEST", None)
+        remove_deep(backend.directory)
+
+
+def remove_deep(directory: Path) -> None:
+    """Delete what the tests made with `rm -rf`: pytest's own clean-up of old temp folders recurses and
+    would fail on a tree as deep as the ones these tests build."""
+    subprocess.run(["rm", "-rf", "--", str(directory)], check=False)
 
 
 class Slots:
@@ -341,7 +348,7 @@ def test_every_bundled_check_runs_python_isolated():
     """The checker's own Python runs with -I; the task's program (which must import from the workspace)
     with -s, so no user-site hook runs."""
     for task in bundled_tasks().values():
-        for flag in re.findall(r"(?:^|\$\(|\|)\s*python3\s+(\S+)", task.check, re.M):
+        for flag in re.findall(r"(?:^|\$\(|\|)\s*python3\s+(\S+)", task.check, re.MULTILINE):
             assert flag in ("-I", "-s"), f"{task.id}: python3 {flag}"
 
 
@@ -351,10 +358,7 @@ def test_every_bundled_check_runs_python_isolated():
 def deep_tree(depth: int) -> str:
     """The issue's `for i in $(seq N); do mkdir d; cd d; done`, in Python: bash's `cd` re-reads the whole
     path each time and takes tens of seconds at this depth; the tree is the same."""
-    return (
-        "python3 -c 'import os\nfor _ in range(%d):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"bottom\", \"w\")'"
-        % depth
-    )
+    return f"python3 -c 'import os\nfor _ in range({depth}):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"bottom\", \"w\")'"
 
 
 
@@ -388,6 +392,7 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
             assert listing.output.strip() == "0"
     finally:
         await backend.stop_container(info.container_id)
+        remove_deep(tmp_path / "data")
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="chattr +i needs root")
@@ -397,7 +402,10 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
         lease = await client.acquire(holder("stuck"), ttl_s=60, wait_s=5)
         workspace = workspace_of(backend, info.container_id, lease.slot)
         await client.execute(lease.slot, lease.lease_id, "f", ExecOp(command="echo secret > left.txt"))
-        subprocess.run(["chattr", "+i", str(workspace)], check=True)  # the reset's rename now fails
+        # An immutable workspace folder: the reset's rename fails, as a real fault would make it.
+        frozen = await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=False)
+        if frozen.returncode != 0:
+            pytest.skip("this filesystem has no immutable attribute")
         try:
             await client.release(lease.slot, lease.lease_id)
             health = await client.health()
@@ -411,10 +419,10 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
             assert states[lease.slot].quarantined
             others = [await client.acquire(holder(f"next-{i}"), ttl_s=60, wait_s=0) for i in range(1)]
             assert all(other.slot != lease.slot for other in others)
-            with pytest.raises(Exception):
+            with pytest.raises(SlotUnavailable):
                 await client.acquire(holder("no-more"), ttl_s=60, wait_s=0)
         finally:
-            subprocess.run(["chattr", "-i", str(workspace)], check=True)
+            await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(workspace)], check=True)
         # A restart neither fails on the slot nor keeps it dirty.
         await backend.stop_container(info.container_id)
         restarted = await backend.start_container(info.container_id)
@@ -593,3 +601,26 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
         assert f"euid={UID_BASE + 2}" in result.output
         assert (workspace / "sh4").stat().st_uid == UID_BASE + 2
         assert " 8192 " in result.output
+
+
+async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
+    """Without cgroups to sweep, the command still dies with its server (bwrap's --die-with-parent)."""
+    backend = LocalBackend(
+        tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, limit_args=[*LIMITS, "--no-cgroups"]
+    )
+    info = await backend.start_container()
+    marker = unique_sleep()
+    try:
+        async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
+            lease = await client.acquire(holder("killed"), ttl_s=60, wait_s=5)
+            running = asyncio.create_task(
+                client.execute(lease.slot, lease.lease_id, "long", ExecOp(command=f"sleep {marker}", timeout_s=600))
+            )
+            assert await wait_until(lambda: processes_running(marker) != [], timeout_s=15)
+            assert info.pid is not None
+            os.kill(info.pid, signal.SIGKILL)
+            assert await wait_until(lambda: processes_running(marker) == [], timeout_s=15), processes_running(marker)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+    finally:
+        await backend.stop_container(info.container_id)
