@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
+from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
@@ -23,6 +25,9 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 
 DEMO_POLICY = "demo"
+
+_SLOT_LIMITS = SlotLimits()
+"""The sandbox server's own defaults, stated once there."""
 
 
 class TemporalSettings(BaseModel):
@@ -115,21 +120,21 @@ class SandboxSettings(BaseModel):
     require_isolation: bool = True
     """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
     instead (development only): the server then warns on every start."""
-    slot_uid_base: int = 60000
+    slot_uid_base: int = DEFAULT_UID_BASE
     """A sandbox server run as root runs slot i as the unprivileged uid/gid `slot_uid_base + i`."""
-    memory_limit_mb: int = 2048
+    memory_limit_mb: int = _SLOT_LIMITS.memory_bytes // MIB
     """Memory of one slot (cgroup where the host delegates one, else RLIMIT_AS per process); 0 turns it off."""
-    max_processes: int = 256
+    max_processes: int = _SLOT_LIMITS.max_processes
     """Processes of one slot (cgroup pids, else RLIMIT_NPROC of the slot's uid); 0 turns it off."""
-    cpus: float = 1.0
+    cpus: float = _SLOT_LIMITS.cpus
     """CPU share of one slot (cgroup cpu quota; no fallback); 0 turns it off."""
-    cpu_time_limit_s: int = 600
+    cpu_time_limit_s: int = _SLOT_LIMITS.cpu_time_s
     """CPU seconds each process of a command may use (RLIMIT_CPU); 0 turns it off."""
-    file_size_limit_mb: int = 1024
+    file_size_limit_mb: int = _SLOT_LIMITS.file_size_bytes // MIB
     """Largest file a command may write (RLIMIT_FSIZE); 0 turns it off."""
-    tmp_limit_mb: int = 256
+    tmp_limit_mb: int = _SLOT_LIMITS.tmp_bytes // MIB
     """Size of the private /tmp tmpfs of each command (counts as the slot's memory); 0 leaves it unsized."""
-    disk_limit_mb: int = 4096
+    disk_limit_mb: int = _SLOT_LIMITS.disk_bytes // MIB
     """Workspace size; checked after each command and before each file write, not a filesystem quota."""
     use_cgroups: bool = True
     """Enforce memory, processes and cpus with cgroups where the host delegates them (v1 or v2); false, or
