@@ -43,7 +43,9 @@ from rollouts.settings import Settings
 from sandboxes import placement, upkeep
 from sandboxes.backend import ContainerInfo, SandboxBackend
 from sandboxes.client import SandboxClient
-from sandboxes.schema import Holder, Operation, ReleaseResult, SlotLease, SlotRef, SlotState, ToolOutput
+from sandboxes.schema import (
+    Holder, Operation, ReleaseResult, SlotLease, SlotLimitsRequest, SlotRef, SlotState, ToolOutput,
+)
 from sandboxes.upkeep import HealthReport
 
 log = logging.getLogger(__name__)
@@ -162,6 +164,10 @@ class SandboxPool:
 
     async def execute(self, lease: SlotRef, call_id: str, operation: Operation) -> ToolOutput:
         return await self._on(lease.container_id, lambda c: c.execute(lease.slot, lease.lease_id, call_id, operation))
+
+    async def narrow(self, lease: SlotRef, limits: SlotLimitsRequest) -> SlotLimitsRequest:
+        """Lower the leased slot's limits for this lease (an env's own limits)."""
+        return await self._on(lease.container_id, lambda c: c.narrow(lease.slot, lease.lease_id, limits))
 
     async def archive(self, lease: SlotRef, max_bytes: int = 256 * 1024 * 1024) -> bytes:
         """The leased slot's workspace as a gzipped tar."""
