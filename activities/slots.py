@@ -14,7 +14,7 @@ from temporal_rollouts.core.errors import SlotUnavailable, activity_boundary
 from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotLease
+from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotLease, SlotLimitsRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +42,20 @@ class SlotActivities:
         deadline = info.scheduled_time.timestamp() + self._settings.acquire_timeout_s
         remaining = deadline - datetime.now(timezone.utc).timestamp()
         with activity_boundary():
+            allow_network, limits = slot_terms(input)
             try:
-                return await heartbeating(self._pool.acquire(
+                lease = await heartbeating(self._pool.acquire(
                     holder, ttl_s=self._settings.lease_ttl_s, wait_s=max(remaining, 0.0),
-                    allow_network=_env_allows_network(input),
+                    allow_network=allow_network,
                 ))
             except SlotUnavailable as err:
                 raise SlotUnavailable(
                     f"no sandbox slot became free within {self._settings.acquire_timeout_s:.0f}s ({err.message})",
                     retryable=False,
                 ) from err
+            if limits is not None:
+                await self._pool.narrow(lease.ref(), limits)
+            return lease
 
     @activity.defn(name="release_slot")
     async def release_slot(self, lease: SlotLease) -> ReleaseResult:
@@ -59,8 +63,12 @@ class SlotActivities:
             return await self._pool.release(lease, reset=True)
 
 
-def _env_allows_network(input: AcquireSlotInput) -> bool:
-    """The env's configuration on this worker decides; a workflow input asking for network gets none."""
+def slot_terms(input: AcquireSlotInput) -> tuple[bool, SlotLimitsRequest | None]:
+    """Whether the slot gets network and which narrower limits it runs within: the env's own settings,
+    read here on the worker. A workflow input asking for network gets none."""
     if input.allow_network and not input.env:
         log.warning("acquire_slot ignores allow_network from workflow input; the env decides")
-    return bool(input.env) and get_env(input.env, input.env_config).allow_network
+    if not input.env:
+        return False, None
+    env = get_env(input.env, input.env_config)
+    return env.allow_network, SlotLimitsRequest(**env.sandbox_limits) if env.sandbox_limits else None

@@ -40,6 +40,10 @@ class Env(ABC):
 
     name: ClassVar[str]
     allow_network: ClassVar[bool] = False
+    sandbox_limits: ClassVar[dict[str, float]] = {}
+    """Limits for this env's slots, narrower than the sandbox server's, by `SandboxSettings` name
+    (`memory_limit_mb`, `max_processes`, `cpus`, `cpu_time_limit_s`, `file_size_limit_mb`,
+    `tmp_limit_mb`, `disk_limit_mb`). Read on the worker; they can never widen the server's."""
     tool_names: ClassVar[tuple[str, ...]] = ("terminal", "read_file", "write_file", "search")
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:

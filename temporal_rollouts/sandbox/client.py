@@ -25,6 +25,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ExecuteRequest,
     HealthStatus,
     Holder,
+    NarrowRequest,
     Operation,
     ReleaseRequest,
     ReleaseResult,
@@ -32,6 +33,7 @@ from temporal_rollouts.sandbox_server.schema import (
     RestoreRequest,
     RestoreResult,
     SlotLease,
+    SlotLimitsRequest,
     SlotState,
     ToolOutput,
     WithdrawRequest,
@@ -111,6 +113,11 @@ class SandboxClient:
         body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
         timeout = self.timeout + OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp) else 0.0)
         return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
+
+    async def narrow(self, slot: int, lease_id: str, limits: SlotLimitsRequest) -> SlotLimitsRequest:
+        """Lower this lease's limits; returns the limits now in force."""
+        body = NarrowRequest(slot=slot, lease_id=lease_id, limits=limits)
+        return _parse(SlotLimitsRequest, await self._request("POST", "/slots/limits", body))
 
     async def archive(self, slot: int, lease_id: str, max_bytes: int) -> bytes:
         body = ArchiveRequest(slot=slot, lease_id=lease_id, max_bytes=max_bytes)

@@ -40,17 +40,17 @@ from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox import placement, upkeep
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.upkeep import HealthReport
+from temporal_rollouts.sandbox_server import placement, upkeep
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
-    DEFAULT_MAX_ARCHIVE_BYTES,
     Holder,
     Operation,
     ReleaseResult,
     SlotLease,
+    SlotLimitsRequest,
     SlotRef,
     SlotState,
     ToolOutput,
@@ -173,7 +173,11 @@ class SandboxPool:
     async def execute(self, lease: SlotRef, call_id: str, operation: Operation) -> ToolOutput:
         return await self.call(lease.container_id, lambda c: c.execute(lease.slot, lease.lease_id, call_id, operation))
 
-    async def archive(self, lease: SlotRef, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
+    async def narrow(self, lease: SlotRef, limits: SlotLimitsRequest) -> SlotLimitsRequest:
+        """Lower the leased slot's limits for this lease (an env's own limits)."""
+        return await self._on(lease.container_id, lambda c: c.narrow(lease.slot, lease.lease_id, limits))
+
+    async def archive(self, lease: SlotRef, max_bytes: int = 256 * 1024 * 1024) -> bytes:
         """The leased slot's workspace as a gzipped tar."""
         return await self.call(lease.container_id, lambda c: c.archive(lease.slot, lease.lease_id, max_bytes))
 

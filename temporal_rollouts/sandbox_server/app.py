@@ -55,6 +55,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ArchiveRequest,
     DrainRequest,
     ExecuteRequest,
+    NarrowRequest,
     ReleaseRequest,
     RenewRequest,
     RestoreRequest,
@@ -131,6 +132,10 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
         body = await _parse(request, ReleaseRequest)
         return await manager.release(body.slot, body.lease_id, body.reset, body.reason)
 
+    async def narrow(request: Request) -> BaseModel:
+        body = await _parse(request, NarrowRequest)
+        return await manager.narrow(body.slot, body.lease_id, body.limits)
+
     async def execute(request: Request) -> BaseModel:
         return await manager.execute(await _parse(request, ExecuteRequest))
 
@@ -154,6 +159,7 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
         Route("/slots/renew", endpoint(renew), methods=["POST"]),
         Route("/slots/release", endpoint(release), methods=["POST"]),
         Route("/slots/withdraw", endpoint(withdraw), methods=["POST"]),
+        Route("/slots/limits", endpoint(narrow), methods=["POST"]),
         Route("/drain", endpoint(drain), methods=["POST"]),
         Route("/execute", endpoint(execute), methods=["POST"]),
         Route("/workspace/archive", endpoint(archive), methods=["POST"]),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SlotLease, ToolOutput
@@ -32,6 +32,8 @@ class Slot:
     resetting: bool = False
     quarantined: str | None = None
     """Why the slot could not be reset; a quarantined slot is never leased until a reset succeeds."""
+    limits: SlotLimits | None = None
+    """This lease's narrower limits (`SlotManager.narrow`); None: the server's."""
     running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -75,7 +77,7 @@ class CallRunner:
         async with slot.lock:
             context = SlotContext(
                 slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation,
-                self.confinement, slot.index,
+                self.confinement.with_limits(slot.limits), slot.index,
             )
             started, clock = time.time(), time.monotonic()
             output = await run_operation(request.call_id, request.operation, context)

@@ -27,6 +27,7 @@ agent frees space. A reset always empties the workspace.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -59,6 +60,39 @@ class SlotLimits:
     @classmethod
     def off(cls) -> SlotLimits:
         return cls(0, 0, 0, 0, 0, 0, 0)
+
+    def narrowed(self, requested: dict[str, float | None]) -> SlotLimits:
+        """These limits, each lowered to the requested one (in settings units, as `as_settings` gives);
+        a request can set a limit that is off here, but never raise or turn off one that is on."""
+        mine = self.as_settings()
+        values = {}
+        for key, value in mine.items():
+            wanted = requested.get(key)
+            values[key] = value if not wanted else wanted if not value else min(value, wanted)
+        return SlotLimits.from_settings(values)
+
+    def as_settings(self) -> dict[str, float]:
+        return {
+            "memory_limit_mb": self.memory_bytes // MIB,
+            "max_processes": self.max_processes,
+            "cpus": self.cpus,
+            "cpu_time_limit_s": self.cpu_time_s,
+            "file_size_limit_mb": self.file_size_bytes // MIB,
+            "tmp_limit_mb": self.tmp_bytes // MIB,
+            "disk_limit_mb": self.disk_bytes // MIB,
+        }
+
+    @classmethod
+    def from_settings(cls, values: dict[str, float]) -> SlotLimits:
+        return cls(
+            memory_bytes=int(values["memory_limit_mb"]) * MIB,
+            max_processes=int(values["max_processes"]),
+            cpus=float(values["cpus"]),
+            cpu_time_s=int(values["cpu_time_limit_s"]),
+            file_size_bytes=int(values["file_size_limit_mb"]) * MIB,
+            tmp_bytes=int(values["tmp_limit_mb"]) * MIB,
+            disk_bytes=int(values["disk_limit_mb"]) * MIB,
+        )
 
 
 @dataclass
@@ -175,6 +209,10 @@ class Confinement:
             pdeathsig=shutil.which("setpriv"),
         )
 
+    def with_limits(self, limits: SlotLimits | None) -> Confinement:
+        """The same confinement (uids, cgroups, tools) with other limits, for one lease."""
+        return self if limits is None else dataclasses.replace(self, limits=limits)
+
     # --- who a slot runs as -------------------------------------------------------------
 
     def uid(self, slot: int) -> int:
@@ -216,9 +254,14 @@ class Confinement:
                 if v2:
                     _write(directory / "memory.max", limits.memory_bytes)
                     _write(directory / "memory.swap.max", 0, optional=True)
-                else:
-                    _write(directory / "memory.limit_in_bytes", limits.memory_bytes)
-                    _write(directory / "memory.memsw.limit_in_bytes", limits.memory_bytes, optional=True)
+                else:  # memory+swap may never be below memory: raise it first, lower it last
+                    memory, memsw = directory / "memory.limit_in_bytes", directory / "memory.memsw.limit_in_bytes"
+                    raising = limits.memory_bytes > int(memory.read_text())
+                    if raising:
+                        _write(memsw, limits.memory_bytes, optional=True)
+                    _write(memory, limits.memory_bytes)
+                    if not raising:
+                        _write(memsw, limits.memory_bytes, optional=True)
             elif controller == "pids" and limits.max_processes:
                 _write(directory / "pids.max", limits.max_processes)
             elif controller == "cpu" and limits.cpus:

@@ -89,6 +89,25 @@ class RenewRequest(LeaseRequest):
     ttl_s: float = DEFAULT_LEASE_TTL_S
 
 
+class SlotLimitsRequest(BaseModel):
+    """Limits for one lease, in the units of `SandboxSettings`; they can only narrow the server's own
+    (a larger value, or 0, leaves the server's limit). Unset fields keep the server's limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_limit_mb: int | None = Field(default=None, ge=0)
+    max_processes: int | None = Field(default=None, ge=0)
+    cpus: float | None = Field(default=None, ge=0)
+    cpu_time_limit_s: int | None = Field(default=None, ge=0)
+    file_size_limit_mb: int | None = Field(default=None, ge=0)
+    tmp_limit_mb: int | None = Field(default=None, ge=0)
+    disk_limit_mb: int | None = Field(default=None, ge=0)
+
+
+class NarrowRequest(LeaseRequest):
+    limits: SlotLimitsRequest
+
+
 class ReleaseRequest(LeaseRequest):
     reset: bool = Field(
         default=True, description="Ignored: a released slot is always emptied, so the next holder starts clean."

@@ -45,6 +45,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ReleaseResult,
     RestoreResult,
     SlotLease,
+    SlotLimitsRequest,
     SlotState,
     ToolOutput,
     WorkspaceArchive,
@@ -152,6 +153,9 @@ class SlotManager:
         """Kill what the slot left running and empty its workspace; quarantine the slot if that fails."""
         try:
             await asyncio.to_thread(self.confinement.kill_slot, slot.index)
+            if slot.limits is not None:  # the next lease starts from the server's limits
+                slot.limits = None
+                await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
             trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
         except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
@@ -295,6 +299,17 @@ class SlotManager:
         # `reset` is not honoured: a slot is never handed on with what its last holder left in it.
         await asyncio.shield(self._retire(target, reset=True, kind=kind))
         return ReleaseResult(released=True)
+
+    async def narrow(self, slot: int, lease_id: str, requested: SlotLimitsRequest) -> SlotLimitsRequest:
+        """Lower the leased slot's limits for this lease (never above the server's); returns those in force.
+        They last until the slot is released; a restarted server applies its own limits again."""
+        target = self._leased(slot, lease_id)
+        current = target.limits or self.confinement.limits
+        narrowed = current.narrowed(requested.model_dump())
+        async with target.lock:
+            await asyncio.to_thread(self.confinement.with_limits(narrowed).prepare_slot, target.index)
+            target.limits = narrowed
+        return SlotLimitsRequest(**narrowed.as_settings())
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:
         """Run one operation in a leased slot, or answer a repeated call id from its stored result."""

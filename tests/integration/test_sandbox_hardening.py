@@ -28,7 +28,13 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment, server_limit_args
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox_server import isolation
-from temporal_rollouts.sandbox_server.schema import ExecOp, ReadFileOp, SlotLease, WriteFileOp
+from temporal_rollouts.sandbox_server.schema import (
+    ExecOp,
+    ReadFileOp,
+    SlotLease,
+    SlotLimitsRequest,
+    WriteFileOp,
+)
 from temporal_rollouts.sandbox_server.slots import SlotManager
 from tests.support.sandbox import (
     holder,
@@ -441,12 +447,12 @@ async def test_network_on_is_refused_unless_acknowledged(slots):
 
 
 def test_network_is_the_envs_choice_on_the_worker_not_the_workflow_inputs():
-    from activities.slots import AcquireSlotInput, _env_allows_network
+    from activities.slots import AcquireSlotInput, slot_terms
     from envs.base import Env
 
     assert not Env.allow_network
-    assert _env_allows_network(AcquireSlotInput(allow_network=True)) is False
-    assert _env_allows_network(AcquireSlotInput(env="terminal_tasks", allow_network=True)) is False
+    assert slot_terms(AcquireSlotInput(allow_network=True)) == (False, None)
+    assert slot_terms(AcquireSlotInput(env="terminal_tasks", allow_network=True)) == (False, None)
 
 
 def test_network_acknowledgement_and_limits_reach_the_server_argv():
@@ -624,3 +630,32 @@ async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
             await asyncio.gather(running, return_exceptions=True)
     finally:
         await backend.stop_container(info.container_id)
+
+
+async def test_an_env_can_narrow_a_leases_limits_but_never_widen_them(slots):
+    """An env's `sandbox_limits` lower the server's for its lease only; the next holder gets the server's."""
+    lease = await slots.take()
+    allocate = "python3 -c 'x = bytearray(160 << 20); x[::4096] = b\"y\" * len(x[::4096]); print(\"GOT\", 6 * 7)'"
+    assert "GOT 42" in (await slots.run(lease, allocate)).output  # 160 MiB fits the server's 256
+    narrowed = await slots.client.narrow(lease.slot, lease.lease_id, SlotLimitsRequest(memory_limit_mb=64))
+    assert narrowed.memory_limit_mb == 64 and narrowed.max_processes == 64
+    assert "GOT 42" not in (await slots.run(lease, allocate)).output
+    widened = await slots.client.narrow(
+        lease.slot, lease.lease_id, SlotLimitsRequest(memory_limit_mb=100_000, disk_limit_mb=0, tmp_limit_mb=4)
+    )
+    assert widened.memory_limit_mb == 64 and widened.disk_limit_mb == 100 and widened.tmp_limit_mb == 4
+    tmp = await slots.run(lease, "head -c 8M /dev/zero > /tmp/x; echo rc=$?")
+    assert "rc=1" in tmp.output
+    await slots.release_all()
+    again = await slots.take()
+    assert "GOT 42" in (await slots.run(again, allocate)).output
+    await slots.after_break()
+
+
+def test_an_envs_limits_are_read_on_the_worker(monkeypatch):
+    from activities.slots import AcquireSlotInput, slot_terms
+    from envs.terminal_tasks import TerminalTasksEnv
+
+    monkeypatch.setattr(TerminalTasksEnv, "sandbox_limits", {"memory_limit_mb": 512})
+    allow_network, limits = slot_terms(AcquireSlotInput(env="terminal_tasks"))
+    assert allow_network is False and limits == SlotLimitsRequest(memory_limit_mb=512)
