@@ -46,6 +46,7 @@ from temporal_rollouts.sandbox.upkeep import HealthReport
 from temporal_rollouts.sandbox_server import placement, upkeep
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
+    DEFAULT_MAX_ARCHIVE_BYTES,
     Holder,
     Operation,
     ReleaseResult,
@@ -177,7 +178,7 @@ class SandboxPool:
         """Lower the leased slot's limits for this lease (an env's own limits)."""
         return await self._on(lease.container_id, lambda c: c.narrow(lease.slot, lease.lease_id, limits))
 
-    async def archive(self, lease: SlotRef, max_bytes: int = 256 * 1024 * 1024) -> bytes:
+    async def archive(self, lease: SlotRef, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
         """The leased slot's workspace as a gzipped tar."""
         return await self.call(lease.container_id, lambda c: c.archive(lease.slot, lease.lease_id, max_bytes))
 
