@@ -206,7 +206,7 @@ class AtroposSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="temporal_rollouts.toml"
+        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="rollouts.toml"
     )
 
     data_dir: Path = Path(".rollouts")
@@ -231,7 +231,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = os.environ.get("ROLLOUTS_CONFIG", "temporal_rollouts.toml")
+        toml_path = os.environ.get("ROLLOUTS_CONFIG", "rollouts.toml")
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
 
     @property

@@ -13,8 +13,12 @@ from temporal_rollouts.core.settings import Settings
 
 PAYLOAD_PREFIX = "payloads"
 
+PAYLOAD_DRIVER_NAME = "rollouts.payloads"
+
 
 def data_converter(settings: Settings, objects: S3StorageDriverClient) -> DataConverter:
-    driver = S3StorageDriver(objects, bucket=settings.storage.bucket, driver_name="temporal_rollouts.payloads")
+    # The driver name is written into every stored payload reference: renaming it would
+    # orphan the payloads of histories that already exist.
+    driver = S3StorageDriver(objects, bucket=settings.storage.bucket, driver_name=PAYLOAD_DRIVER_NAME)
     storage = ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage.payload_size_threshold)
     return dataclasses.replace(pydantic_data_converter, external_storage=storage)
