@@ -75,7 +75,7 @@ def build_activities(client: Client, parts: Parts) -> list:
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
     return [
-        EnvActivities().load_items,
+        EnvActivities(settings).load_items,
         slots.acquire_slot,
         slots.release_slot,
         WorkspaceActivities(pool, transcripts).setup_workspace,

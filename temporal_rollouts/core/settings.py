@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.inputs import describe_problem
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
@@ -23,6 +25,45 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 
 DEMO_POLICY = "demo"
+DEFAULT_SETTINGS_FILE = "temporal_rollouts.toml"
+
+
+def settings_file() -> Path:
+    """The TOML settings file: `ROLLOUTS_CONFIG`, else `temporal_rollouts.toml` in the working directory."""
+    return Path(os.environ.get("ROLLOUTS_CONFIG", DEFAULT_SETTINGS_FILE))
+
+
+def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
+    """Each problem of a settings ValidationError with its key and its source (argument, variable or file)."""
+    import tomllib
+
+    path = settings_file()
+    try:
+        in_file = tomllib.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, tomllib.TOMLDecodeError):
+        in_file = {}
+    lines = []
+    for error in err.errors(include_url=False):
+        loc = tuple(str(part) for part in error.get("loc", ()))
+        top = loc[0] if loc else ""
+        if top in values:
+            source = "settings arguments"
+        elif f"ROLLOUTS_{top.upper()}" in os.environ or any(k.startswith(f"ROLLOUTS_{top.upper()}__") for k in os.environ):
+            source = f"environment variable ROLLOUTS_{top.upper()}"
+        elif _has_key(in_file, loc):
+            source = f"settings file {path.resolve()}"
+        else:
+            source = "settings"
+        lines.append(f"{source}: {describe_problem(error)}")
+    return "bad settings:\n" + "\n".join(lines)
+
+
+def _has_key(table: Any, loc: tuple[str, ...]) -> bool:
+    for part in loc:
+        if not isinstance(table, dict) or part not in table:
+            return False
+        table = table[part]
+    return bool(loc)
 
 
 class TemporalSettings(BaseModel):
@@ -183,6 +224,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path(".rollouts")
     """Where the embedded server's database, sandbox workspaces, results and logs live."""
+    max_batch_rollouts: int = Field(default=1_000_000, ge=1)
+    """A batch of more rollouts (items x group size) than this is refused before it starts."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
@@ -194,6 +237,13 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     atropos: AtroposSettings = Field(default_factory=AtroposSettings)
 
+    def __init__(self, **values: Any) -> None:
+        """As BaseSettings, but a bad value or unknown key is a ConfigError naming the key and where it came from."""
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise ConfigError(_settings_problems(err, values)) from None
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -203,7 +253,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = os.environ.get("ROLLOUTS_CONFIG", "temporal_rollouts.toml")
+        toml_path = settings_file()
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
 
     @property
@@ -234,8 +284,6 @@ class Settings(BaseSettings):
 
     def policy_endpoint(self, policy: str | None) -> ChatPolicy | GeneratePolicy:
         """Resolve a policy name or URL to an endpoint, in the worker (never in a workflow)."""
-        from temporal_rollouts.core.errors import ConfigError
-
         name = policy or self.default_policy
         if name in self.policies:
             return self.policies[name]
