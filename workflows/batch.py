@@ -115,6 +115,10 @@ class BatchWorkflow:
         (temporal_rollouts.core.inputs says why the converter does not parse it)."""
         input = _parse(BatchInput, input, "BatchWorkflow")
         info = workflow.info()
+        if input.cursor is not None and info.continued_run_id is None:
+            raise as_application_error(InvalidInput(
+                "invalid BatchWorkflow input:\ncursor: set only by the batch itself when it continues as new; leave it out"
+            ))
         batch_id = info.workflow_id
         page: list[Item] = []
         if input.cursor is None:
@@ -143,17 +147,25 @@ class BatchWorkflow:
 
         room = max(input.max_concurrency, input.group_size)
         groups: set[asyncio.Task] = set()
-        while cursor.next_item < input.num_items:
-            if workflow.info().is_continue_as_new_suggested():
-                break
-            await workflow.wait_condition(lambda: self._active + input.group_size <= room)
-            _reap(groups)
-            index = cursor.next_item
-            if index >= page_start + len(page):
-                page_start, page = index, await self._page(input, index)
-            groups.add(asyncio.ensure_future(self._run_group(input, cursor, index, page[index - page_start])))
-            cursor.next_item += 1
-        await asyncio.gather(*groups)
+        try:
+            while cursor.next_item < input.num_items:
+                if workflow.info().is_continue_as_new_suggested():
+                    break
+                await workflow.wait_condition(lambda: self._active + input.group_size <= room)
+                _reap(groups)
+                index = cursor.next_item
+                if index >= page_start + len(page):
+                    page_start, page = index, await self._page(input, index)
+                groups.add(asyncio.ensure_future(self._run_group(input, cursor, index, page[index - page_start])))
+                cursor.next_item += 1
+            await asyncio.gather(*groups)
+        except asyncio.CancelledError:
+            # Cancel the running rollouts and wait for them: each releases its slot and records
+            # `cancelled`. Closing first would terminate them (parent close policy), slots held.
+            for group in groups:
+                group.cancel()
+            await asyncio.gather(*groups, return_exceptions=True)
+            raise
 
         if cursor.next_item < input.num_items:
             workflow.continue_as_new(input.model_copy(update={"cursor": cursor}))
