@@ -107,3 +107,15 @@ def test_the_batch_limit_is_a_setting_with_a_default() -> None:
     assert Settings(data_dir="/tmp/unused").max_batch_rollouts == 1_000_000
     with pytest.raises(ConfigError, match="max_batch_rollouts: must be at least 1"):
         Settings(max_batch_rollouts=0)
+
+
+def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(capsys, monkeypatch, tmp_path) -> None:
+    from temporal_rollouts import cli
+
+    async def no_server(*args, **kwargs):
+        raise AssertionError("a bad batch must be refused before connecting")
+
+    monkeypatch.setattr(cli, "connect", no_server)
+    monkeypatch.setenv("ROLLOUTS_CONFIG", str(tmp_path / "none.toml"))
+    assert cli.main(["batch", "--env", "terminal_tasks", "--group-size", "-3"]) == 1
+    assert "error: invalid BatchWorkflow input:\ngroup_size: must be at least 1 (got -3)" in capsys.readouterr().err
