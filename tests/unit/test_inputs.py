@@ -119,3 +119,25 @@ def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(
     monkeypatch.setenv("ROLLOUTS_CONFIG", str(tmp_path / "none.toml"))
     assert cli.main(["batch", "--env", "terminal_tasks", "--group-size", "-3"]) == 1
     assert "error: invalid BatchWorkflow input:\ngroup_size: must be at least 1 (got -3)" in capsys.readouterr().err
+
+
+def test_every_activity_with_an_input_takes_plain_json_and_keeps_its_name() -> None:
+    import importlib
+    import inspect as inspect_module
+
+    names = set()
+    for module_name in ("envs", "llm", "resume", "sinks", "slots", "snapshots", "tools", "verify", "workspace"):
+        module = importlib.import_module(f"activities.{module_name}")
+        for _, cls in inspect_module.getmembers(module, inspect_module.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            for _, method in inspect_module.getmembers(cls, inspect_module.isfunction):
+                definition = getattr(method, "__temporal_activity_definition", None)
+                if definition is None:
+                    continue
+                names.add(definition.name)
+                args, _ = _type_hints_from_func(method)
+                assert not args or args == [Any], f"{definition.name} would be decoded as {args} by the SDK"
+    assert {"load_items", "acquire_slot", "release_slot", "setup_workspace", "llm_turn", "tool_call", "verify",
+            "snapshot_workspace", "restore_workspace", "load_resume_point", "rollout_outcome", "await_rollout",
+            "open_sink", "write_group"} <= names
