@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error, stop_reason_of
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         BatchCursor,
@@ -93,6 +93,8 @@ def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: I
         reason = StopReason.CANCELLED
     elif isinstance(cause, TimeoutError):
         reason = StopReason.TIMED_OUT
+    elif isinstance(cause, ApplicationError) and (declared := stop_reason_of(cause.type or "")):
+        reason = StopReason(declared)  # e.g. a rollout refused its input: config_error
     else:
         reason = StopReason.ENV_ERROR
     return TrajectoryResult(rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,

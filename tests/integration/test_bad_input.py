@@ -100,6 +100,15 @@ def temporal_cli_status(settings: Settings, workflow_id: str) -> str:
     return json.loads(described.stdout)["workflowExecutionInfo"]["status"]
 
 
+def temporal_cli_result(settings: Settings, workflow_id: str) -> str:
+    """What `temporal workflow result` shows for a workflow (it exits non-zero for a failed one)."""
+    shown = subprocess.run(
+        [temporal_binary(), "workflow", "result", "--address", settings.temporal_address, "--workflow-id", workflow_id],
+        capture_output=True, text=True, timeout=60,
+    )
+    return shown.stdout + shown.stderr
+
+
 def files_under(folder: Path) -> set[Path]:
     return set(folder.rglob("*")) if folder.exists() else set()
 
@@ -125,6 +134,8 @@ async def test_bad_input_fails_at_once_naming_the_field(
     assert "Traceback" not in failure.message and "errors.pydantic.dev" not in failure.message
     assert elapsed < ENDS_WITHIN_S
     assert temporal_cli_status(settings, workflow_id) == "WORKFLOW_EXECUTION_STATUS_FAILED"
+    shown = temporal_cli_result(settings, workflow_id)
+    assert all(words in shown for words in expected), shown
     described = await handle.describe()
     assert described.status == WorkflowExecutionStatus.FAILED
     history = await handle.fetch_history()
