@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from temporal_rollouts.core import search_attributes as sa
@@ -275,3 +276,36 @@ async def test_items_are_read_page_by_page_each_once_in_order(
                if e.HasField("start_child_workflow_execution_initiated_event_attributes")]
     item_ids = [json.loads(s.input.payloads[0].data)["item"]["id"] for s in started]
     assert item_ids == [f"echo-{n}" for n in range(7, 12)]
+
+
+@workflow.defn(name="SendsABadActivityInput")
+class SendsABadActivityInput:
+    """Calls the real load_items activity with an input it cannot take, as skewed workflow code would."""
+
+    @workflow.run
+    async def run(self, raw: dict) -> str:
+        try:
+            await workflow.execute_activity("load_items", raw, start_to_close_timeout=timedelta(seconds=10),
+                                            retry_policy=RetryPolicy(maximum_attempts=5))
+        except ActivityError as err:
+            cause = err.cause
+            assert isinstance(cause, ApplicationError)
+            return json.dumps({"type": cause.type, "non_retryable": cause.non_retryable, "message": cause.message,
+                               "retry_state": err.retry_state.name if err.retry_state else None})
+        return "accepted"
+
+
+async def test_an_activity_input_that_does_not_fit_fails_once_naming_the_field(
+    project_client: Client, parts: Parts
+) -> None:
+    queue = f"bad-activity-{uuid.uuid4().hex[:6]}"
+    async with Worker(project_client, task_queue=queue, workflows=[SendsABadActivityInput],
+                      activities=build_activities(project_client, parts), workflow_runner=UnsandboxedWorkflowRunner()):
+        answer = json.loads(await project_client.execute_workflow(
+            SendsABadActivityInput.run, {"env": "echo_chain", "count": "ten", "offest": 3}, id=batch_id("bad-activity"),
+            task_queue=queue,
+        ))
+    assert answer["type"] == "InvalidInput" and answer["non_retryable"] is True
+    assert answer["retry_state"] == "NON_RETRYABLE_FAILURE"
+    assert "count: must be a whole number (got 'ten')" in answer["message"]
+    assert "offest: unknown field" in answer["message"]
