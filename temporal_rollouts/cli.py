@@ -35,11 +35,12 @@ DEMO_ENV = "terminal_tasks"
 
 def _batch_input(args: argparse.Namespace) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
-    return parse_input(BatchInput, dict(  # the same checks and words as the workflow's own
-        env=args.env, num_items=args.items, group_size=args.group_size, item_offset=args.offset,
-        policy=args.policy, limits=limits, max_concurrency=args.max_concurrency, output=args.output,
-        env_config=json.loads(args.env_config) if args.env_config else {},
-    ), "BatchWorkflow")
+    fields = {
+        "env": args.env, "num_items": args.items, "group_size": args.group_size, "item_offset": args.offset,
+        "policy": args.policy, "limits": limits, "max_concurrency": args.max_concurrency, "output": args.output,
+        "env_config": json.loads(args.env_config) if args.env_config else {},
+    }
+    return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
 
 
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:

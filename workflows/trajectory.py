@@ -256,7 +256,7 @@ class TrajectoryWorkflow:
             raise _stop_for(err, phase_default) from err
         except (asyncio.CancelledError, StepFailed, workflow.NondeterminismError):
             raise
-        except Exception as err:  # noqa: BLE001  e.g. a result that does not decode: still this step's failure
+        except Exception as err:  # anything else this step raised is still this step's failure
             raise StepFailed(phase_default, f"{timing} step failed: {type(err).__name__}: {err}") from err
         finally:
             assert self._result is not None
