@@ -24,7 +24,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.service import RPCError
 
 from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError, RolloutError
+from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, TrajectoryInput
 from temporal_rollouts.core.settings import Settings
@@ -38,9 +38,16 @@ def _batch_input(args: argparse.Namespace) -> BatchInput:
     fields = {
         "env": args.env, "num_items": args.items, "group_size": args.group_size, "item_offset": args.offset,
         "policy": args.policy, "limits": limits, "max_concurrency": args.max_concurrency, "output": args.output,
-        "env_config": json.loads(args.env_config) if args.env_config else {},
+        "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+
+
+def _json_option(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
