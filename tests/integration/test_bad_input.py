@@ -313,3 +313,13 @@ async def test_an_activity_input_that_does_not_fit_fails_once_naming_the_field(
     assert answer["retry_state"] == "NON_RETRYABLE_FAILURE"
     assert "count: must be a whole number (got 'ten')" in answer["message"]
     assert "offest: unknown field" in answer["message"]
+
+
+async def test_a_batch_id_that_climbs_out_of_the_results_folder_is_refused(client: Client, settings: Settings) -> None:
+    """With no `output`, the file is named after the workflow id, which the starter chooses."""
+    workflow_id = f"../../{OUTSIDE.name}/{uuid.uuid4().hex[:6]}"
+    start_with_temporal_cli(settings, "BatchWorkflow", workflow_id, '{"env": "echo_chain", "num_items": 1}')
+    with pytest.raises(WorkflowFailureError) as caught:
+        await asyncio.wait_for(client.get_workflow_handle(workflow_id).result(), ENDS_WITHIN_S)
+    assert "batch id:" in caught.value.cause.message and "outside the results folder" in caught.value.cause.message
+    assert not OUTSIDE.exists()
