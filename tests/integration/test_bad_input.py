@@ -42,6 +42,9 @@ pytestmark = pytest.mark.slow
 
 OUTSIDE = Path("/tmp") / f"rollouts-bad-input-{uuid.uuid4().hex[:8]}"
 ENDS_WITHIN_S = 15.0
+BAD_INPUT_RSS_GROWTH_MB = 50.0
+"""The worker (this process) grows by less than this per refused input; a billion items built
+as a list (the issue's case) would take tens of GB."""
 
 # (case name, workflow type, --input JSON text or None for no input, words the error must contain)
 CASES: list[tuple[str, str, str | None, list[str]]] = [
@@ -123,6 +126,7 @@ async def test_bad_input_fails_at_once_naming_the_field(
     client: Client, settings: Settings, workflow_type: str, raw: str | None, expected: list[str]
 ) -> None:
     results_before = files_under(settings.results_dir)
+    rss_before = rss_mb()
     workflow_id = batch_id("bad")
     started = time.monotonic()
     start_with_temporal_cli(settings, workflow_type, workflow_id, raw)
@@ -148,6 +152,7 @@ async def test_bad_input_fails_at_once_naming_the_field(
     assert tasks_failed == [], "an invalid input must fail the workflow, never a workflow task"
     assert not OUTSIDE.exists(), "nothing may be written outside the results folder"
     assert files_under(settings.results_dir) == results_before, "a refused batch writes nothing"
+    assert rss_mb() - rss_before < BAD_INPUT_RSS_GROWTH_MB, "a refused batch builds nothing in the worker"
 
 
 def rss_mb() -> float:
