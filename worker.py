@@ -32,6 +32,7 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
 from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -75,7 +76,7 @@ def build_activities(client: Client, parts: Parts) -> list:
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
     return [
-        EnvActivities().load_items,
+        EnvActivities(settings).load_items,
         slots.acquire_slot,
         slots.release_slot,
         WorkspaceActivities(pool, transcripts).setup_workspace,
@@ -146,7 +147,12 @@ async def main_async(settings: Settings) -> None:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
-    asyncio.run(main_async(Settings()))
+    try:
+        settings = Settings()
+    except ConfigError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 2
+    asyncio.run(main_async(settings))
     return 0
 
 

@@ -1,22 +1,41 @@
-"""Env hooks that need no slot: loading a batch's items."""
+"""Env hooks that need no slot: checking a batch against the worker's limits, and reading
+its items one page at a time (a batch never holds more than a page of items)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from envs import get_env
-from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
+from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
+
+MAX_PAGE_ITEMS = 10_000
+"""One page of items travels in one activity result; larger requests are refused."""
+
+
+class BatchShape(BaseModel):
+    """What the first page checks against the worker's settings before the batch does any work."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_items: int
+    group_size: int
+    policy: str | None = None
 
 
 class LoadItemsInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     env: str
     env_config: dict[str, Any] = Field(default_factory=dict)
-    count: int
-    offset: int = 0
+    count: int = Field(ge=0, le=MAX_PAGE_ITEMS)
+    offset: int = Field(default=0, ge=0)
+    check: BatchShape | None = Field(default=None, description="Sent with a batch's first page only.")
 
 
 class LoadedItems(BaseModel):
@@ -25,8 +44,31 @@ class LoadedItems(BaseModel):
 
 
 class EnvActivities:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
     @activity.defn(name="load_items")
+    @checked_input
     async def load_items(self, input: LoadItemsInput) -> LoadedItems:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
+            if input.check is not None:
+                self._check_batch(input, env.item_count())
             return LoadedItems(items=env.load_items(input.count, input.offset), allow_network=env.allow_network)
+
+    def _check_batch(self, input: LoadItemsInput, item_count: int | None) -> None:
+        shape = input.check
+        assert shape is not None
+        rollouts = shape.num_items * shape.group_size
+        limit = self._settings.max_batch_rollouts
+        if rollouts > limit:
+            raise ConfigError(
+                f"num_items: {shape.num_items} items x group_size {shape.group_size} = {rollouts} rollouts, "
+                f"over this worker's limit of {limit} (settings max_batch_rollouts)"
+            )
+        if item_count is not None and input.offset >= item_count:
+            raise ConfigError(
+                f"item_offset: {input.offset} is past the end of env {input.env!r}, which has {item_count} items "
+                f"(offsets 0..{item_count - 1})"
+            )
+        self._settings.policy_endpoint(shape.policy)

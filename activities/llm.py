@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.records import Sampling
 from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
@@ -88,6 +89,7 @@ class LlmActivities:
         self._token_clients.clear()
 
     @activity.defn(name="llm_turn")
+    @checked_input
     async def llm_turn(self, input: LlmTurnInput) -> LlmTurnResult:
         with activity_boundary():
             endpoint = self._settings.policy_endpoint(input.policy)

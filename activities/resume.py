@@ -16,6 +16,7 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult, failed_rollout_result
 from temporal_rollouts.core.settings import StorageSettings
 from temporal_rollouts.storage.snapshots import snapshot_key
@@ -60,6 +61,7 @@ class ResumeActivities:
         self._storage = storage
 
     @activity.defn(name="load_resume_point")
+    @checked_input
     async def load_resume_point(self, input: RunRef) -> ResumePoint:
         with activity_boundary():
             assert input.run_id
@@ -80,6 +82,7 @@ class ResumeActivities:
             return ResumePoint(result=result, snapshot=key if exists else None)
 
     @activity.defn(name="rollout_outcome")
+    @checked_input
     async def rollout_outcome(self, input: RunRef) -> RolloutOutcome:
         """How the latest run of a rollout stands: not started, running, or closed with its result."""
         with activity_boundary():
@@ -97,6 +100,7 @@ class ResumeActivities:
             return RolloutOutcome(status=status, run_id=described.run_id, result=result)
 
     @activity.defn(name="await_rollout")
+    @checked_input
     async def await_rollout(self, input: RunRef) -> RolloutOutcome:
         """Wait, heartbeating, for a rollout that something else started to close."""
         with activity_boundary():

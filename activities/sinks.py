@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
@@ -47,9 +48,11 @@ class SinkActivities:
         self._groups = groups
 
     @activity.defn(name="open_sink")
+    @checked_input
     async def open_sink(self, input: OpenSinkInput) -> str:
         with activity_boundary():
-            path = Path(input.output) if input.output else self._settings.results_dir / f"{input.batch_id}.jsonl"
+            path = results_path(self._settings.results_dir, input.output or f"{input.batch_id}.jsonl",
+                                "output" if input.output else "batch id")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
@@ -58,11 +61,13 @@ class SinkActivities:
             return str(path.resolve())
 
     @activity.defn(name="write_group")
+    @checked_input
     async def write_group(self, input: WriteGroupInput) -> WriteGroupResult:
         """Write the group if every rollout in it was scored; else leave it pending for a resume."""
         if not input.results or any(r.failed for r in input.results):
             return WriteGroupResult(status="pending")
         with activity_boundary():
+            results_path(self._settings.results_dir, input.path, "output")
             api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
@@ -76,6 +81,16 @@ class SinkActivities:
                 if api is not None:
                     await api.aclose()
             return WriteGroupResult(status="written" if written else "already_written")
+
+
+def results_path(results_dir: Path, name: str, field: str) -> Path:
+    """`name` resolved inside the results folder (relative names are relative to it); a path that
+    leads anywhere else (absolute elsewhere, `..`, a symlink out) is refused, naming the field."""
+    root = results_dir.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise ConfigError(f"{field}: {name!r} is outside the results folder {root}; give a file name inside it")
+    return path
 
 
 async def _trainer_max_tokens(api: TrajectoryApi) -> int:

@@ -11,6 +11,7 @@ from temporalio import activity
 
 from envs import get_env
 from temporal_rollouts.core.errors import SlotUnavailable, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -33,6 +34,7 @@ class SlotActivities:
         self._settings = settings
 
     @activity.defn(name="acquire_slot")
+    @checked_input
     async def acquire_slot(self, input: AcquireSlotInput) -> SlotLease:
         """Wait, first come first served, for a slot; give up after the acquire timeout,
         counted from the first attempt so that retries do not extend it. A retried
@@ -58,6 +60,7 @@ class SlotActivities:
             return lease
 
     @activity.defn(name="release_slot")
+    @checked_input
     async def release_slot(self, lease: SlotLease) -> ReleaseResult:
         with activity_boundary():
             return await self._pool.release(lease, reset=True)

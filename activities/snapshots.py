@@ -7,6 +7,7 @@ from temporalio import activity
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 from temporal_rollouts.core.errors import SnapshotTooLarge, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.settings import StorageSettings
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -35,12 +36,14 @@ class SnapshotActivities:
         return len(archive)
 
     @activity.defn(name="snapshot_workspace")
+    @checked_input
     async def snapshot_workspace(self, input: SnapshotInput) -> str:
         with activity_boundary():
             await heartbeating(self.save(input.lease, input.key))
             return input.key
 
     @activity.defn(name="restore_workspace")
+    @checked_input
     async def restore_workspace(self, input: SnapshotInput) -> None:
         with activity_boundary():
             archive = await self._objects.get_object(bucket=self._settings.bucket, key=input.key)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from temporal_rollouts.core.errors import BadToolRequest, activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -48,6 +49,7 @@ class ToolActivities:
         self._transcripts = transcripts
 
     @activity.defn(name="tool_call")
+    @checked_input
     async def tool_call(self, input: ToolCallInput) -> ToolCallResult:
         with activity_boundary():
             assistant = await self._transcripts.message(input.assistant)

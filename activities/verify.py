@@ -9,6 +9,7 @@ from temporalio import activity
 
 from envs import get_env
 from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import ensure_small, heartbeating
 from temporal_rollouts.core.tasks import Item, Verdict
@@ -34,6 +35,7 @@ class VerifyActivities:
         self._transcripts = transcripts
 
     @activity.defn(name="verify")
+    @checked_input
     async def verify(self, input: VerifyInput) -> Verdict:
         with activity_boundary():
             env = get_env(input.env, input.env_config)

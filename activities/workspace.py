@@ -9,6 +9,7 @@ from temporalio import activity
 
 from envs import get_env
 from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import ensure_small, heartbeating
 from temporal_rollouts.core.tasks import Item
@@ -37,6 +38,7 @@ class WorkspaceActivities:
         self._transcripts = transcripts
 
     @activity.defn(name="setup_workspace")
+    @checked_input
     async def setup_workspace(self, input: SetupWorkspaceInput) -> WorkspaceReady:
         with activity_boundary():
             env = get_env(input.env, input.env_config)

@@ -51,7 +51,15 @@ class Env(ABC):
 
     @abstractmethod
     def load_items(self, count: int, offset: int = 0) -> list[Item]:
-        """Items `offset .. offset+count`, cycling through the task set when it is shorter."""
+        """Items `offset .. offset+count`, cycling through the task set when it is shorter.
+
+        Called one page at a time (a batch never asks for all of its items at once), so
+        `count` is small; an env must not build more than `count` items to answer."""
+
+    def item_count(self) -> int | None:
+        """How many distinct items the env has; None when there is no end (generated items).
+        A batch's `item_offset` must be below it."""
+        return None
 
     def system_prompt(self) -> str | None:
         return None

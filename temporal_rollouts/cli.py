@@ -24,8 +24,9 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.service import RPCError
 
 from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError, RolloutError
-from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, RolloutLimits, TrajectoryInput
+from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
+from temporal_rollouts.core.inputs import parse_input
+from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, TrajectoryInput
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import connect
 
@@ -33,12 +34,20 @@ DEMO_ENV = "terminal_tasks"
 
 
 def _batch_input(args: argparse.Namespace) -> BatchInput:
-    limits = RolloutLimits(max_turns=args.max_turns) if args.max_turns else RolloutLimits()
-    return BatchInput(
-        env=args.env, num_items=args.items, group_size=args.group_size, item_offset=args.offset,
-        policy=args.policy, limits=limits, max_concurrency=args.max_concurrency, output=args.output,
-        env_config=json.loads(args.env_config) if args.env_config else {},
-    )
+    limits = {"max_turns": args.max_turns} if args.max_turns else {}
+    fields = {
+        "env": args.env, "num_items": args.items, "group_size": args.group_size, "item_offset": args.offset,
+        "policy": args.policy, "limits": limits, "max_concurrency": args.max_concurrency, "output": args.output,
+        "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
+    }
+    return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+
+
+def _json_option(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
@@ -123,8 +132,9 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     console = Console(stderr=args.json)
+    batch = _batch_input(args)  # a bad input is refused before anything is started or connected
     client = await connect(settings)
-    handle = await start_batch(client, settings, _batch_input(args), args.id)
+    handle = await start_batch(client, settings, batch, args.id)
     if not args.wait:
         if args.json:
             print(json.dumps({"batch_id": handle.id, "status": "running"}))

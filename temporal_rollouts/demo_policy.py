@@ -9,7 +9,9 @@ tools, verify) without a GPU or an API key.
 
 It also injects faults on demand, so tests and demos can show what the rollout
 machinery does with a flaky or broken model server. Faults are set with CLI
-flags at start and at runtime with POST /control (a test-only admin endpoint):
+flags at start, and at runtime with POST /control: a test-only admin endpoint that exists
+only when the server is started with `--enable-control` (`enable_control=True` in process),
+and then answers only callers on the loopback interface:
 
     fail_next          n requests answered with `fail_status` (default 503),
                        with a Retry-After header when `retry_after` is set
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import ipaddress
 import json
 import logging
 import random
@@ -275,6 +278,8 @@ class DemoPolicy:
         return JSONResponse({"object": "list", "data": [{**entry, "description": MODEL_DESCRIPTION}]})
 
     async def control(self, request: Request) -> Response:
+        if not _from_loopback(request):
+            return _error(403, "the control endpoint answers loopback callers only", "permission_error")
         if request.method == "POST":
             try:
                 update = await request.json()
@@ -289,6 +294,8 @@ class DemoPolicy:
         return JSONResponse(self.stats.snapshot())
 
     async def reset_stats(self, request: Request) -> Response:
+        if not _from_loopback(request):
+            return _error(403, "the control endpoint answers loopback callers only", "permission_error")
         self.stats.reset()
         return JSONResponse(self.stats.snapshot())
 
@@ -296,21 +303,41 @@ class DemoPolicy:
         return JSONResponse({"status": "ok", "model": MODEL_ID})
 
 
-def build_app(faults: Faults | dict[str, Any] | None = None) -> Starlette:
-    """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it."""
+def _from_loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_app(faults: Faults | dict[str, Any] | None = None, *, enable_control: bool = False) -> Starlette:
+    """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
+    (/control, /stats/reset) exist only with `enable_control`."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
     policy = DemoPolicy(faults)
-    app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", policy.chat_completions, methods=["POST"]),
-            Route("/v1/models", policy.models, methods=["GET"]),
+    routes = [
+        Route("/v1/chat/completions", policy.chat_completions, methods=["POST"]),
+        Route("/v1/models", policy.models, methods=["GET"]),
+        Route("/stats", policy.get_stats, methods=["GET"]),
+        Route("/health", policy.health, methods=["GET"]),
+    ]
+    if enable_control:
+        routes += [
             Route("/control", policy.control, methods=["GET", "POST"]),
-            Route("/stats", policy.get_stats, methods=["GET"]),
             Route("/stats/reset", policy.reset_stats, methods=["POST"]),
-            Route("/health", policy.health, methods=["GET"]),
         ]
-    )
+    app = Starlette(routes=routes)
     app.state.policy = policy
     return app
 
@@ -327,16 +354,19 @@ async def serve(
     *,
     faults: Faults | dict[str, Any] | None = None,
     log_level: str = "warning",
+    enable_control: bool = False,
 ) -> None:
     """Serve until cancelled, in the running event loop."""
-    await uvicorn.Server(_config(build_app(faults), log_level, host=host, port=port)).serve()
+    app = build_app(faults, enable_control=enable_control)
+    await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
 
 
 class BackgroundServer:
     """The demo policy served from a daemon thread, for synchronous callers and tests."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None) -> None:
-        self.app = build_app(faults)
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None,
+                 *, enable_control: bool = False) -> None:
+        self.app = build_app(faults, enable_control=enable_control)
         self.policy: DemoPolicy = self.app.state.policy
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -380,10 +410,11 @@ class BackgroundServer:
 
 
 def start_in_thread(
-    host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None
+    host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None,
+    *, enable_control: bool = False,
 ) -> BackgroundServer:
     """Start the server in a daemon thread (port 0 picks a free port) and return once it accepts requests."""
-    return BackgroundServer(host, port, faults).start()
+    return BackgroundServer(host, port, faults, enable_control=enable_control).start()
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -394,6 +425,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--enable-control", action="store_true",
+                        help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).")
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"
@@ -407,10 +440,13 @@ def main(argv: list[str] | None = None) -> None:
         faults = Faults.model_validate({name: getattr(args, name) for name in Faults.model_fields})
     except ValidationError as err:
         raise SystemExit(f"bad fault flags: {err}") from None
+    if args.enable_control and not is_loopback_host(args.host):
+        raise SystemExit(f"--enable-control needs a loopback --host (127.0.0.1, ::1, localhost), not {args.host!r}")
     logging.basicConfig(level=args.log_level.upper())
     print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        asyncio.run(serve(args.host, args.port, faults=faults, log_level=args.log_level))
+        asyncio.run(serve(args.host, args.port, faults=faults, log_level=args.log_level,
+                          enable_control=args.enable_control))
     except KeyboardInterrupt:
         pass
 

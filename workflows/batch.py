@@ -5,21 +5,35 @@ is held back (`groups_pending`) until `rollouts resume` completes it, because a 
 normalises advantages over the whole group. Progress is kept in the workflow (query
 `progress`) and mirrored to search attributes. A long batch continues as new when
 Temporal suggests it, so 10,000 rollouts never reach the history or pending-child limits.
+Items are read a page at a time as the batch goes, and the continue-as-new cursor carries
+only where it is, so a batch of a million items costs a page of items in the worker and
+in history. A batch is checked before it starts: its input here, the worker's limits,
+the env's size and the output path by its first two steps, whose refusal fails it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import CancelledError, ChildWorkflowError, TerminatedError, TimeoutError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    TerminatedError,
+    TimeoutError,
+)
 
 with workflow.unsafe.imports_passed_through():
-    from activities.envs import EnvActivities, LoadItemsInput
+    from activities.envs import BatchShape, EnvActivities, LoadItemsInput
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error, stop_reason_of
+    from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         BatchCursor,
         BatchInput,
@@ -33,6 +47,35 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.core.tasks import Item
     from workflows import params
     from workflows.trajectory import TrajectoryWorkflow
+
+
+ITEM_PAGE = 100
+"""Items read per load_items call: a batch holds one page of items, never its whole list."""
+
+
+def _parse(model, raw, what):
+    try:
+        return parse_input(model, raw, what)
+    except InvalidInput as err:
+        raise as_application_error(err) from None
+
+
+async def _setup_step(method, arg, step: params.StepParams):
+    """A step that checks the batch before it starts: its refusal is the batch's own error, not a wrapped one."""
+    try:
+        return await workflow.execute_activity_method(method, arg, **step.options())
+    except ActivityError as err:
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.non_retryable:
+            raise ApplicationError(cause.message, type=cause.type or "InvalidInput", non_retryable=True) from None
+        raise
+
+
+def _reap(groups: set[asyncio.Task]) -> None:
+    """Drop finished groups (raising a group's error), so a long batch holds only its running groups."""
+    for task in [task for task in groups if task.done()]:
+        groups.discard(task)
+        task.result()
 
 
 def rollout_id(batch_id: str, item_index: int, group_index: int) -> str:
@@ -50,6 +93,8 @@ def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: I
         reason = StopReason.CANCELLED
     elif isinstance(cause, TimeoutError):
         reason = StopReason.TIMED_OUT
+    elif isinstance(cause, ApplicationError) and (declared := stop_reason_of(cause.type or "")):
+        reason = StopReason(declared)  # e.g. a rollout refused its input: config_error
     else:
         reason = StopReason.ENV_ERROR
     return TrajectoryResult(rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,
@@ -67,41 +112,64 @@ class BatchWorkflow:
         return self._progress
 
     @workflow.run
-    async def run(self, input: BatchInput) -> BatchResult:
+    async def run(self, input: Any = None) -> BatchResult:
+        """`input` is a BatchInput as plain JSON, parsed here so a bad one fails the batch at once
+        (temporal_rollouts.core.inputs says why the converter does not parse it)."""
+        input = _parse(BatchInput, input, "BatchWorkflow")
         info = workflow.info()
+        if input.cursor is not None and info.continued_run_id is None:
+            raise as_application_error(InvalidInput(
+                "invalid BatchWorkflow input:\ncursor: set only by the batch itself when it continues as new; leave it out"
+            ))
         batch_id = info.workflow_id
+        page: list[Item] = []
         if input.cursor is None:
-            loaded = await workflow.execute_activity_method(
+            loaded = await _setup_step(
                 EnvActivities.load_items,
-                LoadItemsInput(env=input.env, env_config=input.env_config, count=input.num_items, offset=input.item_offset),
-                **params.LOAD_ITEMS.options(),
+                LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
+                               offset=input.item_offset,
+                               check=BatchShape(num_items=input.num_items, group_size=input.group_size,
+                                                policy=input.policy)),
+                params.LOAD_ITEMS,
             )
-            output = await workflow.execute_activity_method(
-                SinkActivities.open_sink, OpenSinkInput(batch_id=batch_id, output=input.output),
-                **params.WRITE_GROUP.options(),
+            output = await _setup_step(
+                SinkActivities.open_sink, OpenSinkInput(batch_id=batch_id, output=input.output), params.WRITE_GROUP,
             )
+            page = loaded.items
             cursor = BatchCursor(
-                next_item=0, items=loaded.items, allow_network=loaded.allow_network,
-                progress=BatchProgress(batch_id=batch_id, env=input.env, total=len(loaded.items) * input.group_size,
+                next_item=0, allow_network=loaded.allow_network,
+                progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * input.group_size,
                                        output=output),
             )
         else:
             cursor = input.cursor
+        page_start = cursor.next_item
         progress = self._progress = cursor.progress
         workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(batch_id)])
 
         room = max(input.max_concurrency, input.group_size)
-        groups: list[asyncio.Task] = []
-        while cursor.next_item < len(cursor.items):
-            if workflow.info().is_continue_as_new_suggested():
-                break
-            await workflow.wait_condition(lambda: self._active + input.group_size <= room)
-            index = cursor.next_item
-            groups.append(asyncio.ensure_future(self._run_group(input, cursor, index, cursor.items[index])))
-            cursor.next_item += 1
-        await asyncio.gather(*groups)
+        groups: set[asyncio.Task] = set()
+        try:
+            while cursor.next_item < input.num_items:
+                if workflow.info().is_continue_as_new_suggested():
+                    break
+                await workflow.wait_condition(lambda: self._active + input.group_size <= room)
+                _reap(groups)
+                index = cursor.next_item
+                if index >= page_start + len(page):
+                    page_start, page = index, await self._page(input, index)
+                groups.add(asyncio.ensure_future(self._run_group(input, cursor, index, page[index - page_start])))
+                cursor.next_item += 1
+            await asyncio.gather(*groups)
+        except asyncio.CancelledError:
+            # Cancel the running rollouts and wait for them: each releases its slot and records
+            # `cancelled`. Closing first would terminate them (parent close policy), slots held.
+            for group in groups:
+                group.cancel()
+            await asyncio.gather(*groups, return_exceptions=True)
+            raise
 
-        if cursor.next_item < len(cursor.items):
+        if cursor.next_item < input.num_items:
             workflow.continue_as_new(input.model_copy(update={"cursor": cursor}))
         progress.done = True
         return BatchResult(
@@ -110,6 +178,19 @@ class BatchWorkflow:
             output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
+
+    async def _page(self, input: BatchInput, index: int) -> list[Item]:
+        """The page of items that starts at batch item `index`."""
+        loaded = await workflow.execute_activity_method(
+            EnvActivities.load_items,
+            LoadItemsInput(env=input.env, env_config=input.env_config,
+                           count=min(ITEM_PAGE, input.num_items - index), offset=input.item_offset + index),
+            **params.LOAD_ITEMS.options(),
+        )
+        if not loaded.items:
+            raise ApplicationError(f"env {input.env!r} returned no items at offset {input.item_offset + index}",
+                                   type="TaskError", non_retryable=True)
+        return loaded.items
 
     async def _run_group(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item) -> None:
         progress = cursor.progress

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
@@ -26,7 +27,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import stop_reason_of
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error, stop_reason_of
+    from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         ROLLOUT_FAILED,
         PendingCalls,
@@ -82,7 +84,13 @@ class TrajectoryWorkflow:
         return self._result
 
     @workflow.run
-    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
+    async def run(self, input: Any = None) -> TrajectoryResult:
+        """`input` is a TrajectoryInput as plain JSON, parsed here so a bad one fails at once
+        (temporal_rollouts.core.inputs says why the converter does not parse it)."""
+        try:
+            input = parse_input(TrajectoryInput, input, "TrajectoryWorkflow")
+        except InvalidInput as err:
+            raise as_application_error(err) from None
         info = workflow.info()
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
@@ -125,13 +133,16 @@ class TrajectoryWorkflow:
                     params.VERIFY, StopReason.ENV_ERROR, "verify",
                 )
                 result.score, result.verify_details = verdict.score, verdict.details
-        except StepFailed as failed:
-            result.stop_reason, result.stop_detail, result.score = failed.reason, failed.detail, 0.0
-            if lease is not None:
-                await self._save_workspace(lease.ref(), rollout_key)
         except asyncio.CancelledError:
             result.stop_reason, result.stop_detail = StopReason.CANCELLED, "the rollout was cancelled"
             raise
+        except workflow.NondeterminismError:
+            raise  # a code change that breaks replay: the task must fail and wait for a fix, not end the rollout
+        except Exception as err:  # noqa: BLE001  every failure, expected or not, is recorded the same way
+            failed = err if isinstance(err, StepFailed) else _unexpected(err, self._phase)
+            result.stop_reason, result.stop_detail, result.score = failed.reason, failed.detail, 0.0
+            if lease is not None:
+                await self._save_workspace(lease.ref(), rollout_key)
         finally:
             if lease is not None:
                 self._phase = "release"
@@ -243,6 +254,10 @@ class TrajectoryWorkflow:
             if isinstance(err.cause, CancelledError):
                 raise asyncio.CancelledError() from err
             raise _stop_for(err, phase_default) from err
+        except (asyncio.CancelledError, StepFailed, workflow.NondeterminismError):
+            raise
+        except Exception as err:  # anything else this step raised is still this step's failure
+            raise StepFailed(phase_default, f"{timing} step failed: {type(err).__name__}: {err}") from err
         finally:
             assert self._result is not None
             timings = self._result.timings
@@ -276,6 +291,12 @@ class TrajectoryWorkflow:
             except ActivityError as err:
                 workflow.logger.warning("releasing slot %s failed: %s; the reaper will free it", lease.slot, err)
                 return
+
+
+def _unexpected(err: Exception, phase: str) -> StepFailed:
+    """A failure outside any step's own handling (a bug in workflow code, a bad value): the rollout
+    still stops with a reason, saves its workspace and releases its slot."""
+    return StepFailed(StopReason.ENV_ERROR, f"unexpected {type(err).__name__} during {phase}: {err}")
 
 
 def _seconds_since(start: datetime) -> float:

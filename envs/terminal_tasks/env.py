@@ -57,6 +57,9 @@ class TerminalTasksEnv(Env):
             return []
         return [Item(id=ids[(offset + i) % len(ids)]) for i in range(count)]
 
+    def item_count(self) -> int | None:
+        return len(self.tasks())
+
     def system_prompt(self) -> str | None:
         return SYSTEM_PROMPT
 

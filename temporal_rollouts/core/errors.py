@@ -3,6 +3,7 @@
     RolloutError                    root; `retryable` says whether trying again can help,
     │                               `stop_reason` why a rollout stops when it gives up
     ├── ConfigError                 settings, unknown env / policy / sink; never retryable
+    │   └── InvalidInput            a workflow or activity input that does not fit its model
     ├── TaskError                   an env or one of its items is wrong
     │   ├── UnknownEnv
     │   ├── BadItem
@@ -51,7 +52,7 @@ from temporal_rollouts.sandbox_server.errors import (
 __all__ = [
     "BadItem", "BadToolRequest", "ConfigError", "ContextOverflow", "LeaseLost", "MalformedModelReply",
     "ModelError", "ModelRequestRejected", "ModelUnavailable", "PayloadTooLarge", "RolloutError",
-    "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable", "SlotUnavailable",
+    "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable", "SlotUnavailable",
     "SnapshotTooLarge", "TaskError", "UnknownEnv", "activity_boundary", "as_application_error",
     "raise_from_payload", "stop_reason_of",
 ]
@@ -62,6 +63,10 @@ MAX_RETRY_AFTER_S = 300.0
 
 class ConfigError(RolloutError):
     stop_reason = "config_error"
+
+
+class InvalidInput(ConfigError):
+    """A workflow or activity input that does not fit its model; the message names each bad field."""
 
 
 class TaskError(RolloutError):

@@ -74,20 +74,33 @@ class Sampling(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, description="Per-turn generation cap.")
 
 
+MAX_GROUP_SIZE = 1024
+"""Rollouts of one item run side by side (a group is scored together), so a group is bounded."""
+MAX_ITEM_OFFSET = 10**12
+"""No task set is this large; an offset past it is a typo, never a silent wrap."""
+
+
 class BatchInput(BaseModel):
+    """A batch as a user types it. Bounds that need the worker's settings (`max_batch_rollouts`,
+    the env's size, the results folder) are checked by the batch's first steps."""
+
     model_config = ConfigDict(extra="forbid")
 
     env: str = Field(description="Registered env name, e.g. terminal_tasks.")
-    num_items: int = Field(default=4, ge=1)
-    group_size: int = Field(default=2, ge=1)
-    item_offset: int = Field(default=0, ge=0, description="Index of the first item in the env's task set.")
+    num_items: int = Field(default=4, ge=1, description="Items in the batch; items x group size is capped by settings max_batch_rollouts.")
+    group_size: int = Field(default=2, ge=1, le=MAX_GROUP_SIZE)
+    item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET,
+                             description="Index of the first item in the env's task set; must lie inside it.")
     policy: str | None = Field(default=None, description="Policy name or base URL; the worker's default when unset.")
     tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's tool-call parser.")
     env_config: dict[str, Any] = Field(default_factory=dict)
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
     max_concurrency: int = Field(default=32, ge=1, le=1000, description="Trajectories running at once.")
-    output: str | None = Field(default=None, description="JSONL path for scored groups; results/<batch id>.jsonl when unset.")
+    output: str | None = Field(
+        default=None, description="JSONL file for scored groups, inside the results folder (a relative name is taken "
+                                  "relative to it); results/<batch id>.jsonl when unset."
+    )
     sink: Literal["jsonl", "atropos"] = Field(
         default="jsonl", description="Also post each group to the Atropos trajectory API (settings atropos.api_url)."
     )
@@ -207,11 +220,13 @@ class BatchResult(BaseModel):
 
 
 class BatchCursor(BaseModel):
-    """A batch's state carried across continue-as-new."""
+    """A batch's state carried across continue-as-new: where it is, never the items themselves
+    (they are read again by page). A cursor from before paging also held `items`; it is ignored."""
 
-    next_item: int
+    model_config = ConfigDict(extra="ignore")
+
+    next_item: int = Field(ge=0)
     progress: BatchProgress
-    items: list[Item]
     allow_network: bool
 
 

@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.inputs import describe_problem
 from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
 from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.schema import (
@@ -25,6 +27,45 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 
 DEMO_POLICY = "demo"
+DEFAULT_SETTINGS_FILE = "rollouts.toml"
+
+
+def settings_file() -> Path:
+    """The TOML settings file: `ROLLOUTS_CONFIG`, else `rollouts.toml` in the working directory."""
+    return Path(os.environ.get("ROLLOUTS_CONFIG", DEFAULT_SETTINGS_FILE))
+
+
+def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
+    """Each problem of a settings ValidationError with its key and its source (argument, variable or file)."""
+    import tomllib
+
+    path = settings_file()
+    try:
+        in_file = tomllib.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, tomllib.TOMLDecodeError):
+        in_file = {}
+    lines = []
+    for error in err.errors(include_url=False):
+        loc = tuple(str(part) for part in error.get("loc", ()))
+        top = loc[0] if loc else ""
+        if top in values:
+            source = "settings arguments"
+        elif f"ROLLOUTS_{top.upper()}" in os.environ or any(k.startswith(f"ROLLOUTS_{top.upper()}__") for k in os.environ):
+            source = f"environment variable ROLLOUTS_{top.upper()}"
+        elif _has_key(in_file, loc):
+            source = f"settings file {path.resolve()}"
+        else:
+            source = "settings"
+        lines.append(f"{source}: {describe_problem(error)}")
+    return "bad settings:\n" + "\n".join(lines)
+
+
+def _has_key(table: Any, loc: tuple[str, ...]) -> bool:
+    for part in loc:
+        if not isinstance(table, dict) or part not in table:
+            return False
+        table = table[part]
+    return bool(loc)
 
 _SLOT_LIMITS = SlotLimits()
 """The sandbox server's own defaults, stated once there."""
@@ -211,6 +252,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path(".rollouts")
     """Where the embedded server's database, sandbox workspaces, results and logs live."""
+    max_batch_rollouts: int = Field(default=1_000_000, ge=1)
+    """A batch of more rollouts (items x group size) than this is refused before it starts."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
@@ -222,6 +265,13 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     atropos: AtroposSettings = Field(default_factory=AtroposSettings)
 
+    def __init__(self, **values: Any) -> None:
+        """As BaseSettings, but a bad value or unknown key is a ConfigError naming the key and where it came from."""
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise ConfigError(_settings_problems(err, values)) from None
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -231,7 +281,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = os.environ.get("ROLLOUTS_CONFIG", "rollouts.toml")
+        toml_path = settings_file()
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
 
     @property
@@ -262,8 +312,6 @@ class Settings(BaseSettings):
 
     def policy_endpoint(self, policy: str | None) -> ChatPolicy | GeneratePolicy:
         """Resolve a policy name or URL to an endpoint, in the worker (never in a workflow)."""
-        from temporal_rollouts.core.errors import ConfigError
-
         name = policy or self.default_policy
         if name in self.policies:
             return self.policies[name]

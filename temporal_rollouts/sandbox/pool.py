@@ -40,10 +40,10 @@ from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sandbox import placement, upkeep
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.upkeep import HealthReport
-from temporal_rollouts.sandbox import placement, upkeep
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,

@@ -76,10 +76,11 @@ async def test_a_retried_write_posts_a_group_once(
     for rollout_id in first["metadata"]["rollout_ids"]:
         results.append(await client.get_workflow_handle(rollout_id).result())
     sinks = SinkActivities(atropos_settings, GroupBuilder(parts.transcripts, parts.traces))
-    write = WriteGroupInput(path=str(tmp_path / "groups.jsonl"), group_id="g-once", results=results, sink="atropos")
+    groups_file = atropos_settings.results_dir / f"{batch_id('once-file')}.jsonl"  # sinks write inside the results folder
+    write = WriteGroupInput(path=str(groups_file), group_id="g-once", results=results, sink="atropos")
     async with TrajectoryApi(run_api.url) as api:
         queued = (await api.status())["queue_size"]
         assert (await sinks.write_group(write)).status == "written"
         assert (await sinks.write_group(write)).status == "already_written"
         assert (await api.status())["queue_size"] == queued + 1
-    assert len(read_groups(tmp_path / "groups.jsonl")) == 1
+    assert len(read_groups(groups_file)) == 1

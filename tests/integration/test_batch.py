@@ -70,5 +70,5 @@ async def test_batch_started_with_the_temporal_cli(client: Client, settings: Set
 async def test_unknown_env_fails_the_batch_with_the_known_names(client: Client, settings: Settings) -> None:
     with pytest.raises(WorkflowFailureError) as caught:
         await run_batch(client, settings, BatchInput(env="no_such_env", num_items=1, group_size=1))
-    message = str(caught.value.cause.cause)
+    message = str(caught.value.cause)  # the batch's own error, not a wrapped activity failure
     assert "no_such_env" in message and "terminal_tasks" in message

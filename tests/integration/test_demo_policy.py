@@ -25,8 +25,21 @@ EXTRAS = {"tools": [{"type": "function", "function": {"name": "terminal", "param
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BackgroundServer]:
-    with start_in_thread() as running:
+    with start_in_thread(enable_control=True) as running:
         yield running
+
+
+def test_the_control_endpoint_is_off_unless_asked_for_and_loopback_only() -> None:
+    with start_in_thread() as plain, httpx.Client(base_url=plain.url, timeout=10.0) as http:
+        assert http.post("/control", json={"fail_next": 5}).status_code == 404
+        assert http.get("/control").status_code == 404
+        assert http.post("/stats/reset").status_code in (404, 405)
+        assert http.get("/health").status_code == 200
+    refused = subprocess.run(
+        [sys.executable, "-m", "temporal_rollouts.demo_policy", "--host", "0.0.0.0", "--port", "0", "--enable-control"],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert refused.returncode != 0 and "loopback" in refused.stderr
 
 
 @pytest.fixture
