@@ -200,6 +200,10 @@ class SlotManager:
         slot = self._leased(request.slot, request.lease_id)
         return await self._runner.execute(slot, request, self._ran)
 
+    def leased_slot(self, index: int, lease_id: str) -> Slot:
+        """The slot leased under `lease_id` (renewing the lease), for work beside `execute`: transfers."""
+        return self._leased(index, lease_id)
+
     async def archive(self, slot: int, lease_id: str, max_bytes: int) -> WorkspaceArchive:
         """The leased slot's workspace as a tarball, for a rollout that will be resumed elsewhere."""
         target = self._leased(slot, lease_id)
