@@ -18,7 +18,14 @@ from temporal_rollouts.core.errors import BadToolRequest, activity_boundary
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S, ExecOp, Operation, SlotRef, ToolOutput
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    ExecOp,
+    Operation,
+    SessionOp,
+    SlotRef,
+    ToolOutput,
+)
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.tools.catalogue import ToolCallProblem, parse_tool_call, tool_result_message
 
@@ -79,6 +86,8 @@ def _tool_error(operation: Operation, output: ToolOutput) -> str | None:
     """A failed tool, not a command that merely exited non-zero (a failing test run is information)."""
     if output.ok:
         return None
+    if isinstance(operation, SessionOp) and output.exit_code is not None:
+        return None  # a command in the session that exited non-zero, as for `terminal`
     if isinstance(operation, ExecOp) and not output.timed_out and (output.exit_code or 0) >= 0:
         return None
     return output.output[-PREVIEW_CHARS:] or "tool failed"

@@ -114,6 +114,21 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
     return "none"
 
 
+def command_launch(
+    command: str, workspace: Path, *, allow_network: bool, require_isolation: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start `command` in the slot's sandbox: the one launch path shared by
+    one-shot commands (`run_command`) and the stateful terminal's shell (`sessions`), so both get the
+    same isolation and limits. Start it with `start_new_session=True` and `cwd=workspace`."""
+    if isolation_mode(require_isolation) == "bubblewrap":
+        bwrap = bubblewrap_path()
+        assert bwrap is not None
+        return bubblewrap_argv(bwrap, workspace, command, allow_network=allow_network), sandbox_environment(
+            WORKSPACE_MOUNT
+        )
+    return ["bash", "-c", command], sandbox_environment(str(workspace))
+
+
 async def run_command(
     command: str,
     workspace: Path,
@@ -124,15 +139,7 @@ async def run_command(
     require_isolation: bool = False,
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends."""
-    mode = isolation_mode(require_isolation)
-    if mode == "bubblewrap":
-        bwrap = bubblewrap_path()
-        assert bwrap is not None
-        argv = bubblewrap_argv(bwrap, workspace, command, allow_network=allow_network)
-        env = sandbox_environment(WORKSPACE_MOUNT)
-    else:
-        argv = ["bash", "-c", command]
-        env = sandbox_environment(str(workspace))
+    argv, env = command_launch(command, workspace, allow_network=allow_network, require_isolation=require_isolation)
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()
     read_fd, write_fd = os.pipe()

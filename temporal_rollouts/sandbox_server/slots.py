@@ -101,6 +101,7 @@ class SlotManager:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
+        await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
 
     async def __aenter__(self) -> SlotManager:
         await self.start()
@@ -294,6 +295,7 @@ class SlotManager:
             for task in list(slot.running):
                 task.cancel()
             await asyncio.gather(*slot.running, return_exceptions=True)
+            await self._runner.sessions.stop(slot.index, slot.workspace)  # the lease ended: so does its terminal
             if reset:
                 async with slot.lock:
                     await asyncio.to_thread(clear_directory, slot.workspace)
