@@ -54,4 +54,4 @@ def test_env_config_narrows_tools_and_replaces_the_system_prompt() -> None:
     item = env.load_items(1)[0]
     assert env.prompt_messages(item)[0].content == "Be brief."
     default = get_env("terminal_tasks")
-    assert len(default.tool_specs()) == 4 and default.prompt_messages(item)[0].content != "Be brief."
+    assert len(default.tool_specs()) == 5 and default.prompt_messages(item)[0].content != "Be brief."
