@@ -9,7 +9,6 @@ hung server surfaces as `SandboxUnreachable` instead of a hung rollout.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,11 +17,15 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable, TransferTooLarge, raise_from_payload
+from temporal_rollouts.core.errors import (
+    SandboxError,
+    SandboxUnreachable,
+    TransferTooLarge,
+    raise_from_payload,
+)
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     AcquireRequest,
-    ArchiveRequest,
     DrainRequest,
     DrainResult,
     ExecOp,
@@ -35,8 +38,6 @@ from temporal_rollouts.sandbox_server.schema import (
     ReleaseRequest,
     ReleaseResult,
     RenewRequest,
-    RestoreRequest,
-    RestoreResult,
     SlotLease,
     SlotState,
     ToolOutput,
@@ -44,7 +45,6 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferResult,
     WithdrawRequest,
     WithdrawResult,
-    WorkspaceArchive,
 )
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -122,15 +122,6 @@ class SandboxClient:
         body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
         timeout = self.timeout + OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp) else 0.0)
         return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
-
-    async def archive(self, slot: int, lease_id: str, max_bytes: int) -> bytes:
-        body = ArchiveRequest(slot=slot, lease_id=lease_id, max_bytes=max_bytes)
-        reply = _parse(WorkspaceArchive, await self._request("POST", "/workspace/archive", body, timeout=self.timeout + 300))
-        return base64.b64decode(reply.data)
-
-    async def restore(self, slot: int, lease_id: str, data: bytes) -> RestoreResult:
-        body = RestoreRequest(slot=slot, lease_id=lease_id, data=base64.b64encode(data).decode())
-        return _parse(RestoreResult, await self._request("POST", "/workspace/restore", body, timeout=self.timeout + 300))
 
     async def upload(self, query: TransferQuery, source: Path) -> TransferResult:
         """Stream a local file (a file's bytes, or a folder packed as a tar) into the slot; a retry re-reads it."""

@@ -27,7 +27,11 @@ from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.execution import Slot
-from temporal_rollouts.sandbox_server.files import clear_directory, resolve_in_workspace, sandbox_view
+from temporal_rollouts.sandbox_server.files import (
+    clear_directory,
+    resolve_in_workspace,
+    sandbox_view,
+)
 from temporal_rollouts.sandbox_server.schema import (
     FileEntry,
     FileListing,

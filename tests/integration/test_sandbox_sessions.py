@@ -10,7 +10,14 @@ import pytest
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, SessionOp
-from tests.support.sandbox import needs_bubblewrap, processes_running, root_of, runs_of, unique_sleep, wait_until
+from tests.support.sandbox import (
+    needs_bubblewrap,
+    processes_running,
+    root_of,
+    runs_of,
+    unique_sleep,
+    wait_until,
+)
 
 pytestmark = needs_bubblewrap
 
