@@ -105,6 +105,11 @@ async def test_paths_stay_inside_the_workspace_and_sizes_within_their_limits(lea
         await pool.download(lease, "planted/hostname", tmp_path / "hostname")
     with pytest.raises(TransferTooLarge):
         await pool.upload(lease, small, "small.txt", max_bytes=1000)
+    large = tmp_path / "large.bin"
+    large.write_bytes(b"\0" * (8 << 20))
+    with pytest.raises(TransferTooLarge):  # refused as it streams in: the early 413 reaches the client
+        await pool.upload(lease, large, "large.bin", max_bytes=1 << 20)
+    assert "large.bin" not in {entry.path for entry in (await pool.list_files(lease)).entries}
     await pool.upload(lease, small, "small.txt")
     with pytest.raises(TransferTooLarge):
         await pool.download(lease, "small.txt", tmp_path / "small-back.txt", max_bytes=1000)
