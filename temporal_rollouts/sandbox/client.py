@@ -38,6 +38,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ReleaseRequest,
     ReleaseResult,
     RenewRequest,
+    SessionOp,
     SlotLease,
     SlotState,
     ToolOutput,
@@ -120,7 +121,8 @@ class SandboxClient:
 
     async def execute(self, slot: int, lease_id: str, call_id: str, operation: Operation) -> ToolOutput:
         body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
-        timeout = self.timeout + OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp) else 0.0)
+        runs_for = operation.timeout_s if isinstance(operation, ExecOp | SessionOp) else 0.0
+        timeout = self.timeout + OPERATION_MARGIN_S + runs_for
         return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
 
     async def upload(self, query: TransferQuery, source: Path) -> TransferResult:
