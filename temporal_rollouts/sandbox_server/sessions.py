@@ -142,7 +142,8 @@ class SlotSessions:
                                         "Its directory, variables and background processes are gone; "
                                         "call again to start a new session.")  # fmt: skip
             session = None
-        if session is None and (lost := _lost_session(record, lease_id)):
+        lost = _lost_session(record, lease_id) if session is None else None
+        if lost:
             record.unlink(missing_ok=True)
             if op.action not in ("start", "stop"):
                 return _failed(call_id, lost)
@@ -154,7 +155,8 @@ class SlotSessions:
         if session is None:
             session = await self._start(index, workspace, lease_id, allow_network)
             if op.action == "start":
-                return ToolOutput(call_id=call_id, ok=True, output="started a terminal session in /workspace")
+                note = f"{lost}\n" if lost else ""
+                return ToolOutput(call_id=call_id, ok=True, output=f"{note}started a terminal session in /workspace")
         elif op.action == "start":
             return ToolOutput(call_id=call_id, ok=True, output="the terminal session is already running")
         if op.timeout_s <= 0:
@@ -167,6 +169,13 @@ class SlotSessions:
             output = self._read(session, call_id)
         else:
             output = ToolOutput(call_id=call_id, ok=True, output=_screen(session))
+        if not session.alive:  # the command ended the shell (`exit`): say so now, start afresh next time
+            code = session.process.returncode
+            await self.stop(index, workspace)
+            note = f"[the shell exited with status {code}: the session is over; the next call starts a new one]"
+            output.output = f"{output.output.rstrip()}\n{note}".lstrip()
+            if op.action == "run":
+                output.ok, output.exit_code, output.timed_out = code == 0, code, False
         output.duration_s = time.monotonic() - started
         return output
 
@@ -218,6 +227,9 @@ class SlotSessions:
         begin = session.end
         session.write(op.text.rstrip("\n") + "\n" + f"printf '\\036%s:%d\\036' {nonce} \"$?\"\n")
         found = await _wait_for_marker(session, begin, nonce, op.timeout_s)
+        if found is None and not session.alive:
+            text, truncated = self._capped(session.take(begin))
+            return ToolOutput(call_id=call_id, ok=False, output=text, truncated=truncated)
         if found is None:
             session.write(b"\x03")  # as at a keyboard: interrupt the foreground command, drop typed-ahead input
             await asyncio.sleep(INTERRUPT_GRACE_S)

@@ -73,6 +73,16 @@ async def test_keys_screen_read_and_a_timeout_that_interrupts_the_command(leased
     assert (await pool.execute(lease, "c7", SessionOp(action="read"))).output == "(no new output)"
 
 
+async def test_exit_ends_the_session_and_the_answer_says_so(leased):
+    pool, lease, _ = leased
+    await pool.execute(lease, "c1", run("cd /tmp && export GONE=1"))
+    ended = await pool.execute(lease, "c2", run("exit 4"))
+    assert (ended.ok, ended.exit_code, ended.timed_out) == (False, 4, False)
+    assert "the shell exited with status 4" in ended.output
+    fresh = await pool.execute(lease, "c3", run('pwd; echo "[$GONE]"'))
+    assert fresh.ok and fresh.output == "/workspace\n[]\n"
+
+
 async def test_a_retried_call_is_answered_from_its_stored_result_not_typed_again(leased):
     pool, lease, info = leased
     first = await pool.execute(lease, "once", run("echo x >> tally.txt; wc -l < tally.txt"))
