@@ -43,12 +43,18 @@ from temporal_rollouts.sandbox_server.schema import (
 
 CHUNK_BYTES = 1024 * 1024
 SPOOL_DIR = ".transfers"
+_swept: set[Path] = set()
+"""Spool folders this process has emptied of what an earlier (crashed) process left behind."""
 
 
 def spool_dir(slot: Slot) -> Path:
     """Beside the workspace, never inside it: the slot's commands cannot see or race a spool."""
     directory = slot.workspace.parent / SPOOL_DIR
     directory.mkdir(parents=True, exist_ok=True)
+    if directory not in _swept:  # before this process's first spool there, so only leftovers go
+        _swept.add(directory)
+        for leftover in directory.iterdir():
+            leftover.unlink(missing_ok=True)
     return directory
 
 
