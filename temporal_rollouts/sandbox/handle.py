@@ -1,7 +1,8 @@
 """The slot as env hooks see it: the verifier handle, like the original's ToolContext.
 
 Setup and verify get one `LeasedSlot`: a one-shot `terminal`, the stateful terminal
-(`terminal_stateful`, `send_keys`, `screen`), `read_file`, `write_file`, `search`,
+(`terminal_stateful`, `send_keys`, `screen`, `terminal_output`,
+`stop_terminal`), `read_file`, `write_file`, `search`,
 `upload`, `download` and `list_files`, all in the rollout's own slot, plus `meta`,
 what setup returned (empty during setup). Env authors write
 `await slot.terminal("pytest -q")`, never HTTP.
@@ -105,6 +106,10 @@ class LeasedSlot:
     async def screen(self, *, key: str | None = None) -> ToolOutput:
         """The stateful terminal's last lines, as a person would see them."""
         return await self._run(key, SessionOp(action="screen"))
+
+    async def terminal_output(self, *, key: str | None = None) -> ToolOutput:
+        """What the stateful terminal printed since the last read (a `terminal_stateful` reads its own)."""
+        return await self._run(key, SessionOp(action="read"))
 
     async def stop_terminal(self, *, key: str | None = None) -> ToolOutput:
         """End the stateful terminal and everything it started."""
