@@ -219,7 +219,9 @@ class SandboxPool:
         size, _ = await self.call(lease.container_id, lambda c: c.download(query, destination))
         return size
 
-    async def restore_from(self, lease: SlotRef, archive: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> TransferResult:
+    async def restore_from(
+        self, lease: SlotRef, archive: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES
+    ) -> TransferResult:
         """Replace the leased slot's workspace with a gzipped tar written by `archive_to`, streamed."""
         return await self._upload_archive(lease, archive, ".", "tar.gz", max_bytes, replace=True)
 

@@ -21,7 +21,10 @@ from tests.support.sandbox import (
 
 pytestmark = needs_bubblewrap
 
-PROBE = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/hello.txt').read().decode().strip())\""
+PROBE = (
+    "python3 -c \"import urllib.request; "
+    "print(urllib.request.urlopen('http://127.0.0.1:{port}/hello.txt').read().decode().strip())\""
+)
 
 
 def run(text: str, timeout_s: float = 30.0) -> SessionOp:
