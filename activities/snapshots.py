@@ -1,4 +1,8 @@
-"""Save a failing rollout's workspace to the object store, and restore it into a new slot."""
+"""Save a failing rollout's workspace to the object store, and restore it into a new slot.
+
+Both directions stream through a temporary file on the worker: the workspace tar.gz
+never sits whole in memory, however large `storage.max_snapshot_bytes` allows it to be.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
-from temporal_rollouts.core.errors import SnapshotTooLarge, activity_boundary
+from temporal_rollouts.core.errors import SnapshotTooLarge, TransferTooLarge, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.settings import StorageSettings
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox.transfer import temp_path
 from temporal_rollouts.sandbox_server.schema import SlotRef
+from temporal_rollouts.storage.objects import object_from_file, object_to_file
 
 
 class SnapshotInput(BaseModel):
@@ -26,14 +32,20 @@ class SnapshotActivities:
         self._settings = settings
 
     async def save(self, lease: SlotRef, key: str) -> int:
-        try:
-            archive = await self._pool.archive(lease, self._settings.max_snapshot_bytes)
-        except SnapshotTooLarge as err:
-            raise SnapshotTooLarge(
-                f"{err.message}: over storage.max_snapshot_bytes, so a resume of this rollout starts over"
-            ) from err
-        await self._objects.put_object(bucket=self._settings.bucket, key=key, data=archive)
-        return len(archive)
+        with temp_path(suffix=".tar.gz") as archive:
+            try:
+                size = await self._pool.archive_to(lease, archive, self._settings.max_snapshot_bytes)
+            except (SnapshotTooLarge, TransferTooLarge) as err:
+                raise SnapshotTooLarge(
+                    f"{err.message}: over storage.max_snapshot_bytes, so a resume of this rollout starts over"
+                ) from err
+            await object_from_file(self._objects, bucket=self._settings.bucket, key=key, path=archive)
+        return size
+
+    async def load(self, lease: SlotRef, key: str) -> None:
+        with temp_path(suffix=".tar.gz") as archive:
+            await object_to_file(self._objects, bucket=self._settings.bucket, key=key, path=archive)
+            await self._pool.restore_from(lease, archive, self._settings.max_snapshot_bytes)
 
     @activity.defn(name="snapshot_workspace")
     @checked_input
@@ -46,5 +58,4 @@ class SnapshotActivities:
     @checked_input
     async def restore_workspace(self, input: SnapshotInput) -> None:
         with activity_boundary():
-            archive = await self._objects.get_object(bucket=self._settings.bucket, key=input.key)
-            await heartbeating(self._pool.restore(input.lease, archive))
+            await heartbeating(self.load(input.lease, input.key))

@@ -16,10 +16,18 @@ from temporalio import activity
 
 from temporal_rollouts.core.errors import BadToolRequest, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
+from temporal_rollouts.core.records import ToolCallOutcome
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S, ExecOp, Operation, SlotRef, ToolOutput
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    ExecOp,
+    Operation,
+    SessionOp,
+    SlotRef,
+    ToolOutput,
+)
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.tools.catalogue import ToolCallProblem, parse_tool_call, tool_result_message
 
@@ -41,6 +49,10 @@ class ToolCallResult(BaseModel):
     name: str | None = Field(default=None, description="Set with `error`, for the rollout's tool-error record.")
     arguments_preview: str | None = Field(default=None, description="Set with `error`.")
     replayed: bool = False
+    outcome: ToolCallOutcome | None = Field(default=None, description="None in results recorded before it existed.")
+
+    def counted_as(self) -> ToolCallOutcome:
+        return self.outcome or ("ok" if self.error is None else "error")
 
 
 class ToolActivities:
@@ -57,6 +69,7 @@ class ToolActivities:
             allowed = [t.name for t in await self._transcripts.offered_tools(input.transcript)]
             parsed = parse_tool_call(call, allowed, default_timeout_s=input.default_timeout_s)
             replayed = False
+            outcome: ToolCallOutcome = "invalid"
             if isinstance(parsed, ToolCallProblem):
                 message, error = tool_result_message(call.id, parsed), f"{parsed.kind}: {parsed.message}"
             else:
@@ -68,12 +81,13 @@ class ToolActivities:
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
                     output = ToolOutput(call_id=call_id, ok=False, output=err.message)
                 message, error, replayed = tool_result_message(call.id, output), _tool_error(parsed, output), output.replayed
+                outcome = "ok" if error is None else "error"
             transcript = await self._transcripts.append(input.transcript, [message])
             if error is None:
-                return ToolCallResult(transcript=transcript, replayed=replayed)
+                return ToolCallResult(transcript=transcript, replayed=replayed, outcome=outcome)
             return ToolCallResult(
                 transcript=transcript, error=error[:PREVIEW_CHARS], name=call.function.name,
-                arguments_preview=call.function.arguments[:PREVIEW_CHARS], replayed=replayed,
+                arguments_preview=call.function.arguments[:PREVIEW_CHARS], replayed=replayed, outcome=outcome,
             )
 
 
@@ -81,6 +95,8 @@ def _tool_error(operation: Operation, output: ToolOutput) -> str | None:
     """A failed tool, not a command that merely exited non-zero (a failing test run is information)."""
     if output.ok:
         return None
+    if isinstance(operation, SessionOp) and output.exit_code is not None:
+        return None  # a command in the session that exited non-zero, as for `terminal`
     if isinstance(operation, ExecOp) and not output.timed_out and (output.exit_code or 0) >= 0:
         return None
     return output.output[-PREVIEW_CHARS:] or "tool failed"

@@ -172,7 +172,7 @@ class TrajectoryWorkflow:
             workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
             return None
         earlier = point.result
-        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "pending", "agent_stop", "agent_stop_detail"):
+        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "tool_stats", "pending", "agent_stop", "agent_stop_detail"):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
@@ -231,6 +231,7 @@ class TrajectoryWorkflow:
                 outcome = await self._step(ToolActivities.tool_call, call, params.TOOL_CALL,
                                            StopReason.SANDBOX_ERROR, "tools")
             result.tool_calls += 1
+            result.tool_stats.record(outcome.counted_as())
             result.transcript = outcome.transcript
             pending.next_index += 1
             if outcome.error:

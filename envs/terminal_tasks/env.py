@@ -19,7 +19,9 @@ You are an agent working in a Linux sandbox. Your working directory is /workspac
 it holds every file of the task, and relative paths are resolved against it.
 
 Tools:
-- terminal(command, timeout?): run a bash command in /workspace and see its output.
+- terminal(command, timeout?): run a bash command in a fresh shell in /workspace and see its output.
+- terminal_stateful(command, timeout?): run a command in your persistent shell, where the \
+directory, variables and background processes carry over between calls.
 - read_file(path): read a text file.
 - write_file(path, content): create or overwrite a text file.
 - search(pattern, path?): find lines matching a regular expression under a path.
@@ -41,6 +43,7 @@ class TerminalTasksEnv(Env):
     """Bundled shell tasks; the task is looked up by id at every hook, so a fixed check applies at once."""
 
     name = "terminal_tasks"
+    tool_names = ("terminal", "terminal_stateful", "read_file", "write_file", "search")
 
     def tasks(self) -> dict[str, TerminalTask]:
         return bundled_tasks()
@@ -76,7 +79,11 @@ class TerminalTasksEnv(Env):
 
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
         task = self.task(item)
-        result = await slot.exec("check", CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
+        if task.check_in_session:
+            command = _in_session(CHECK_PRELUDE + task.check)
+            result = await slot.terminal_stateful(command, timeout=CHECK_TIMEOUT_S, key="check")
+        else:
+            result = await slot.exec("check", CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
         solved = result.exit_code == 0 and not result.timed_out
         return Verdict(
             score=1.0 if solved else 0.0,
@@ -90,6 +97,17 @@ class TerminalTasksEnv(Env):
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
         return self.task(item).turns()
+
+
+def _in_session(check: str) -> str:
+    """The check as one command typed into the agent's session: a clean bash in /workspace, so the
+    session's directory, variables, aliases and (unexported) functions do not steer it. The agent
+    owns that shell, so this is no security boundary; it keeps honest mistakes from passing or failing."""
+    return (
+        "unalias -a; unset -f command env bash 2>/dev/null; "
+        f"command /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/workspace LANG=C.UTF-8 "
+        f"/bin/bash --noprofile --norc -c {shlex.quote('cd /workspace || exit 2' + chr(10) + check)}"
+    )
 
 
 def _quoted(paths: Any) -> str:

@@ -29,6 +29,11 @@ class TerminalTask(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="Workspace-relative path -> content, written at setup.")
     executable: tuple[str, ...] = Field(default=(), description="Paths from `files` to mark executable at setup.")
     check: str = Field(description="Bash script run in /workspace; exits 0 iff the task is solved.")
+    check_in_session: bool = Field(
+        default=False,
+        description="Run the check inside the agent's stateful terminal (same processes and network), for "
+        "tasks whose result is a running server or job rather than files.",
+    )
     solution: tuple[tuple[ScriptedCall, ...], ...] = Field(description="Turns of tool calls that solve the task.")
 
     @field_validator("check", mode="before")

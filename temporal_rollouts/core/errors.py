@@ -15,7 +15,8 @@
     │   ├── LeaseLost               the slot is no longer leased to the caller
     │   ├── SandboxRequired         isolation is required but bubblewrap is missing
     │   ├── BadToolRequest          a path outside the workspace, a bad op, ...
-    │   └── SnapshotTooLarge        a workspace too big to save for resume
+    │   ├── SnapshotTooLarge        a workspace too big to save for resume
+    │   └── TransferTooLarge        an upload or download over its size limit
     ├── ModelError                  the model server; carries `status_code`
     │   ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
     │   ├── ModelRequestRejected    any other 4xx
@@ -45,6 +46,7 @@ from temporal_rollouts.sandbox_server.errors import (
     SandboxUnreachable,
     SlotUnavailable,
     SnapshotTooLarge,
+    TransferTooLarge,
     error_class,
     raise_from_payload,
 )
@@ -53,7 +55,7 @@ __all__ = [
     "BadItem", "BadToolRequest", "ConfigError", "ContextOverflow", "LeaseLost", "MalformedModelReply",
     "ModelError", "ModelRequestRejected", "ModelUnavailable", "PayloadTooLarge", "RolloutError",
     "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable", "SlotUnavailable",
-    "SnapshotTooLarge", "TaskError", "UnknownEnv", "activity_boundary", "as_application_error",
+    "SnapshotTooLarge", "TaskError", "TransferTooLarge", "UnknownEnv", "activity_boundary", "as_application_error",
     "raise_from_payload", "stop_reason_of",
 ]
 

@@ -145,6 +145,34 @@ class ToolErrorRecord(BaseModel):
     error: str
 
 
+ToolCallOutcome = Literal["invalid", "ok", "error"]
+"""One tool call: not schema-valid (unknown tool, bad arguments), run fine, or run and failed."""
+
+
+class ToolStats(BaseModel):
+    """A rollout's tool calls, counted as the original counted them. A command that ran and exited
+    non-zero is `executed_ok` (a failing test run is information); `execution_errors` are calls the
+    tool itself failed (a timeout, a missing file, a lost terminal session)."""
+
+    attempted: int = 0
+    schema_valid: int = 0
+    executed_ok: int = 0
+    execution_errors: int = 0
+
+    def record(self, outcome: ToolCallOutcome) -> None:
+        self.attempted += 1
+        if outcome != "invalid":
+            self.schema_valid += 1
+            if outcome == "ok":
+                self.executed_ok += 1
+            else:
+                self.execution_errors += 1
+
+    @classmethod
+    def total(cls, stats: list[ToolStats]) -> ToolStats:
+        return cls(**{name: sum(getattr(s, name) for s in stats) for name in cls.model_fields})
+
+
 class TrajectoryResult(BaseModel):
     rollout_id: str
     env: str
@@ -156,6 +184,7 @@ class TrajectoryResult(BaseModel):
     turns: int = 0
     tool_calls: int = 0
     tool_errors: list[ToolErrorRecord] = Field(default_factory=list)
+    tool_stats: ToolStats = Field(default_factory=ToolStats, description="Calls attempted, schema-valid, run ok, failed.")
     timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total.")
     verify_details: dict[str, Any] = Field(default_factory=dict)
     transcript: TranscriptRef | None = Field(default=None, description="The conversation, stored once per message.")

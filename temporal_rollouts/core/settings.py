@@ -24,6 +24,7 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_MAX_TRANSFER_BYTES,
 )
 
 DEMO_POLICY = "demo"
@@ -189,6 +190,9 @@ class SandboxSettings(BaseModel):
     """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     """Tool output longer than this is cut, keeping head and tail."""
+    max_transfer_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0)
+    """Largest file or packed folder an env hook uploads to or downloads from a slot (1 GiB; each sandbox
+    server also has its own cap, `--max-transfer-bytes`, with the same default)."""
 
 
 class DemoPolicySettings(BaseModel):

@@ -8,42 +8,54 @@ hung server surfaces as `SandboxUnreachable` instead of a hung rollout.
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable, raise_from_payload
+from temporal_rollouts.core.errors import (
+    SandboxError,
+    SandboxUnreachable,
+    TransferTooLarge,
+    raise_from_payload,
+)
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     AcquireRequest,
-    ArchiveRequest,
     DrainRequest,
     DrainResult,
     ExecOp,
     ExecuteRequest,
+    FileListing,
     HealthStatus,
     Holder,
+    ListQuery,
     NarrowRequest,
     Operation,
     ReleaseRequest,
     ReleaseResult,
     RenewRequest,
-    RestoreRequest,
-    RestoreResult,
+    SessionOp,
     SlotLease,
     SlotLimitsRequest,
     SlotState,
     ToolOutput,
+    TransferQuery,
+    TransferResult,
     WithdrawRequest,
     WithdrawResult,
-    WorkspaceArchive,
 )
 
 Model = TypeVar("Model", bound=BaseModel)
 
 OPERATION_MARGIN_S = 30.0
+TRANSFER_CHUNK_BYTES = 1024 * 1024
+TRANSFER_TIMEOUT_S = 600.0
+"""A transfer's read and write timeouts apply per chunk; this bounds the wait for its answer."""
 SLOT_STATES = TypeAdapter(list[SlotState])
 
 
@@ -111,7 +123,8 @@ class SandboxClient:
 
     async def execute(self, slot: int, lease_id: str, call_id: str, operation: Operation) -> ToolOutput:
         body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
-        timeout = self.timeout + OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp) else 0.0)
+        runs_for = operation.timeout_s if isinstance(operation, ExecOp | SessionOp) else 0.0
+        timeout = self.timeout + OPERATION_MARGIN_S + runs_for
         return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
 
     async def narrow(self, slot: int, lease_id: str, limits: SlotLimitsRequest) -> SlotLimitsRequest:
@@ -119,14 +132,50 @@ class SandboxClient:
         body = NarrowRequest(slot=slot, lease_id=lease_id, limits=limits)
         return _parse(SlotLimitsRequest, await self._request("POST", "/slots/limits", body))
 
-    async def archive(self, slot: int, lease_id: str, max_bytes: int) -> bytes:
-        body = ArchiveRequest(slot=slot, lease_id=lease_id, max_bytes=max_bytes)
-        reply = _parse(WorkspaceArchive, await self._request("POST", "/workspace/archive", body, timeout=self.timeout + 300))
-        return base64.b64decode(reply.data)
+    async def upload(self, query: TransferQuery, source: Path) -> TransferResult:
+        """Stream a local file (a file's bytes, or a folder packed as a tar) into the slot; a retry re-reads it."""
+        params = query.model_dump(mode="json")
+        try:
+            response = await self._http.put(
+                "/files", params=params, content=_file_chunks(source), timeout=self._transfer_timeout()
+            )
+        except httpx.TimeoutException as err:
+            raise SandboxUnreachable(f"sandbox {self.base_url} did not take the upload in time: {err!r}") from err
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"upload to sandbox {self.base_url} failed: {err!r}") from err
+        return _parse(TransferResult, _payload_or_raise(response, "PUT /files", self.base_url))
 
-    async def restore(self, slot: int, lease_id: str, data: bytes) -> RestoreResult:
-        body = RestoreRequest(slot=slot, lease_id=lease_id, data=base64.b64encode(data).decode())
-        return _parse(RestoreResult, await self._request("POST", "/workspace/restore", body, timeout=self.timeout + 300))
+    async def download(self, query: TransferQuery, destination: Path) -> tuple[int, str]:
+        """Stream a slot's file (or a folder as a tar) into a local file; (bytes, "file" or "dir")."""
+        params = query.model_dump(mode="json", include={"slot", "lease_id", "path", "format", "max_bytes"})
+        try:
+            async with self._http.stream("GET", "/files", params=params, timeout=self._transfer_timeout()) as response:
+                if not response.is_success:
+                    await response.aread()
+                    _payload_or_raise(response, "GET /files", self.base_url)
+                written = 0
+                with open(destination, "wb") as out:
+                    async for chunk in response.aiter_raw(TRANSFER_CHUNK_BYTES):
+                        written += len(chunk)
+                        if written > query.max_bytes:
+                            raise TransferTooLarge(f"the download of {query.path!r} passed {query.max_bytes} bytes")
+                        await asyncio.to_thread(out.write, chunk)
+                return written, response.headers.get("x-transfer-kind", "file")
+        except httpx.TimeoutException as err:
+            raise SandboxUnreachable(f"sandbox {self.base_url} did not send the download in time: {err!r}") from err
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"download from sandbox {self.base_url} failed: {err!r}") from err
+
+    async def list_files(self, query: ListQuery) -> FileListing:
+        params = query.model_dump(mode="json")
+        try:
+            response = await self._http.get("/files/list", params=params)
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
+        return _parse(FileListing, _payload_or_raise(response, "GET /files/list", self.base_url))
+
+    def _transfer_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout + TRANSFER_TIMEOUT_S, connect=self.timeout)
 
     async def _request(
         self, method: str, path: str, body: BaseModel | None = None, timeout: float | None = None
@@ -143,17 +192,30 @@ class SandboxClient:
             ) from err
         except httpx.TransportError as err:
             raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = None
-        if response.is_success and payload is not None:
-            return payload
-        raise_from_payload(payload, fallback=SandboxError)
-        message = f"sandbox {self.base_url} answered {method} {path} with HTTP {response.status_code}"
-        if response.status_code >= 500:
-            raise SandboxUnreachable(message)
-        raise SandboxError(message)
+        return _payload_or_raise(response, f"{method} {path}", self.base_url)
+
+
+def _payload_or_raise(response: httpx.Response, what: str, base_url: str) -> Any:
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if response.is_success and payload is not None:
+        return payload
+    raise_from_payload(payload, fallback=SandboxError)
+    message = f"sandbox {base_url} answered {what} with HTTP {response.status_code}"
+    if response.status_code >= 500:
+        raise SandboxUnreachable(message)
+    raise SandboxError(message)
+
+
+async def _file_chunks(source: Path) -> AsyncIterator[bytes]:
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        while chunk := await asyncio.to_thread(os.read, fd, TRANSFER_CHUNK_BYTES):
+            yield chunk
+    finally:
+        os.close(fd)
 
 
 def _parse(model: type[Model] | TypeAdapter[Any], payload: Any) -> Any:

@@ -1,38 +1,148 @@
-"""The slot as env hooks see it: each operation keyed, so a retried hook replays stored results.
+"""The slot as env hooks see it: the verifier handle, like the original's ToolContext.
 
-Verify also finds here what the env's setup returned (`meta`).
+Setup and verify get one `LeasedSlot`: a one-shot `terminal`, the stateful terminal
+(`terminal_stateful`, `send_keys`, `screen`, `terminal_output`,
+`stop_terminal`), `read_file`, `write_file`, `search`,
+`upload`, `download` and `list_files`, all in the rollout's own slot, plus `meta`,
+what setup returned (empty during setup). Env authors write
+`await slot.terminal("pytest -q")`, never HTTP.
+
+Keys. Every operation that changes or runs something has a call id, and the sandbox
+answers a repeated id from its stored result, so a retried hook does not run its
+commands twice. A caller may name the key (`key="check"`, or the older positional
+form `exec(key, command)`); otherwise it is `auto-<n>-<op>-<digest>`: `n` counts the
+calls of this hook in the order they are made, and the digest covers the operation
+itself. A retried hook is a fresh handle whose counter starts again at 0, and a hook is
+code that makes the same calls in the same order when it gets the same answers, which a
+retry does (the answers are the stored ones). Calls started together with
+`asyncio.gather` are numbered in the order gather starts them, which is fixed. If a
+retry does make a different call at some position (the hook's code changed between
+attempts, or it branches on the clock), the digest differs, so that call runs anew
+instead of being answered with another call's result. Transfers and listings carry no
+key: an upload writes the same bytes again and a download only reads.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_COMMAND_TIMEOUT_S,
+    DEFAULT_MAX_TRANSFER_BYTES,
+    DEFAULT_SESSION_TIMEOUT_S,
     ExecOp,
+    FileListing,
+    Operation,
     ReadFileOp,
+    SearchOp,
+    SessionOp,
     SlotRef,
     ToolOutput,
+    TransferResult,
     WriteFileOp,
 )
 
+VERIFY_TIMEOUT_S = 180.0
+"""The one-shot terminal's default timeout here, as in the original's ToolContext."""
+
 
 class LeasedSlot:
-    def __init__(self, pool: SandboxPool, lease: SlotRef, key_prefix: str, *, meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        pool: SandboxPool,
+        lease: SlotRef,
+        key_prefix: str,
+        *,
+        meta: dict[str, Any] | None = None,
+        max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
+    ) -> None:
         self._pool = pool
         self.meta = dict(meta or {})
         self._lease = lease
         self._prefix = key_prefix
+        self._max_transfer_bytes = max_transfer_bytes
+        self._calls = 0
 
-    def _call_id(self, key: str) -> str:
-        return f"{self._prefix}/{key}"
+    # one-shot commands and files ------------------------------------------------------------
+
+    async def terminal(self, command: str, timeout: float = VERIFY_TIMEOUT_S, *, key: str | None = None) -> ToolOutput:
+        """Run `command` with bash in a fresh sandboxed shell in /workspace; output and exit code."""
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout))
 
     async def exec(self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> ToolOutput:
-        return await self._pool.execute(self._lease, self._call_id(key), ExecOp(command=command, timeout_s=timeout_s))
+        """`terminal` with its key first (the older form)."""
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout_s))
 
-    async def write_file(self, key: str, path: str, content: str) -> ToolOutput:
-        return await self._pool.execute(self._lease, self._call_id(key), WriteFileOp(path=path, content=content))
+    async def read_file(self, *args: str, key: str | None = None) -> ToolOutput:
+        """`read_file(path)`, or the older `read_file(key, path)`."""
+        key, (path,) = _split_key(args, 1, key, "read_file(path)")
+        return await self._run(key, ReadFileOp(path=path))
 
-    async def read_file(self, key: str, path: str) -> ToolOutput:
-        return await self._pool.execute(self._lease, self._call_id(key), ReadFileOp(path=path))
+    async def write_file(self, *args: str, key: str | None = None) -> ToolOutput:
+        """`write_file(path, content)`, or the older `write_file(key, path, content)`."""
+        key, (path, content) = _split_key(args, 2, key, "write_file(path, content)")
+        return await self._run(key, WriteFileOp(path=path, content=content))
+
+    async def search(self, pattern: str, path: str = ".", *, max_matches: int = 200, key: str | None = None) -> ToolOutput:
+        """Lines matching a Perl regular expression under `path`, with file and line number."""
+        return await self._run(key, SearchOp(pattern=pattern, path=path, max_matches=max_matches))
+
+    # the stateful terminal ------------------------------------------------------------------
+
+    async def terminal_stateful(
+        self, command: str, timeout: float = DEFAULT_SESSION_TIMEOUT_S, *, key: str | None = None
+    ) -> ToolOutput:
+        """Run `command` in the slot's long-lived shell (the agent's, if it used one): directory,
+        variables and background processes carry over. Starts the shell if none runs."""
+        return await self._run(key, SessionOp(action="run", text=command, timeout_s=timeout))
+
+    async def send_keys(self, keys: str, wait: float = 1.0, *, key: str | None = None) -> ToolOutput:
+        """Type `keys` into the stateful terminal; answers what it printed within `wait` seconds."""
+        return await self._run(key, SessionOp(action="send_keys", text=keys, timeout_s=wait))
+
+    async def screen(self, *, key: str | None = None) -> ToolOutput:
+        """The stateful terminal's last lines, as a person would see them."""
+        return await self._run(key, SessionOp(action="screen"))
+
+    async def terminal_output(self, *, key: str | None = None) -> ToolOutput:
+        """What the stateful terminal printed since the last read (a `terminal_stateful` reads its own)."""
+        return await self._run(key, SessionOp(action="read"))
+
+    async def stop_terminal(self, *, key: str | None = None) -> ToolOutput:
+        """End the stateful terminal and everything it started."""
+        return await self._run(key, SessionOp(action="stop"))
+
+    # transfer -------------------------------------------------------------------------------
+
+    async def upload(self, local: str | Path, remote: str) -> TransferResult:
+        """Copy a local file or folder into the slot at `remote` (a folder is merged into it)."""
+        return await self._pool.upload(self._lease, Path(local), remote, self._max_transfer_bytes)
+
+    async def download(self, remote: str, local: str | Path) -> TransferResult:
+        """Copy a file or folder of the slot to `local` on the worker (a folder is merged into it)."""
+        return await self._pool.download(self._lease, remote, Path(local), self._max_transfer_bytes)
+
+    async def list_files(self, path: str = ".", max_entries: int = 1000) -> FileListing:
+        """The files under a folder of the slot: its artifacts."""
+        return await self._pool.list_files(self._lease, path, max_entries)
+
+    # keys -----------------------------------------------------------------------------------
+
+    async def _run(self, key: str | None, operation: Operation) -> ToolOutput:
+        position = self._calls
+        self._calls += 1
+        if key is None:
+            digest = hashlib.sha256(operation.model_dump_json().encode()).hexdigest()[:12]
+            key = f"auto-{position}-{operation.op}-{digest}"
+        return await self._pool.execute(self._lease, f"{self._prefix}/{key}", operation)
+
+
+def _split_key(args: tuple[str, ...], arity: int, key: str | None, usage: str) -> tuple[str | None, tuple[str, ...]]:
+    if len(args) == arity + 1 and key is None:
+        return args[0], args[1:]
+    if len(args) == arity:
+        return key, args
+    raise TypeError(f"call {usage}, optionally with key=...; got {len(args)} positional arguments")

@@ -34,20 +34,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox import placement, upkeep
+from temporal_rollouts.sandbox import placement, transfer, upkeep
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.upkeep import HealthReport
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
+    DEFAULT_MAX_TRANSFER_BYTES,
+    FileListing,
     Holder,
+    ListQuery,
     Operation,
     ReleaseResult,
     SlotLease,
@@ -55,6 +59,8 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotRef,
     SlotState,
     ToolOutput,
+    TransferQuery,
+    TransferResult,
 )
 
 log = logging.getLogger(__name__)
@@ -176,15 +182,62 @@ class SandboxPool:
 
     async def narrow(self, lease: SlotRef, limits: SlotLimitsRequest) -> SlotLimitsRequest:
         """Lower the leased slot's limits for this lease (an env's own limits)."""
-        return await self._on(lease.container_id, lambda c: c.narrow(lease.slot, lease.lease_id, limits))
+        return await self.call(lease.container_id, lambda c: c.narrow(lease.slot, lease.lease_id, limits))
 
-    async def archive(self, lease: SlotRef, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> bytes:
-        """The leased slot's workspace as a gzipped tar."""
-        return await self.call(lease.container_id, lambda c: c.archive(lease.slot, lease.lease_id, max_bytes))
+    async def upload(
+        self, lease: SlotRef, local: Path, remote: str, max_bytes: int = DEFAULT_MAX_TRANSFER_BYTES
+    ) -> TransferResult:
+        """Copy a local file or folder to `remote` in the slot, streamed; a folder is merged into `remote`."""
+        local = Path(local)
+        if not local.exists():
+            raise FileNotFoundError(f"nothing to upload at {local}")
+        if not local.is_dir():
+            query = TransferQuery(slot=lease.slot, lease_id=lease.lease_id, path=remote, max_bytes=max_bytes)
+            return await self.call(lease.container_id, lambda c: c.upload(query, local))
+        with transfer.temp_path(suffix=".tar") as packed:
+            await asyncio.to_thread(transfer.pack_folder, local, packed)
+            return await self._upload_archive(lease, packed, remote, "tar", max_bytes, replace=False)
 
-    async def restore(self, lease: SlotRef, data: bytes) -> None:
-        """Replace the leased slot's workspace with an archive from `archive`."""
-        await self.call(lease.container_id, lambda c: c.restore(lease.slot, lease.lease_id, data))
+    async def download(
+        self, lease: SlotRef, remote: str, local: Path, max_bytes: int = DEFAULT_MAX_TRANSFER_BYTES
+    ) -> TransferResult:
+        """Copy a slot's file or folder to `local`, streamed; a folder is merged into `local`."""
+        local = Path(local)
+        query = TransferQuery(slot=lease.slot, lease_id=lease.lease_id, path=remote, format="tar", max_bytes=max_bytes)
+        with transfer.temp_path(near=local) as spool:
+            size, kind = await self.call(lease.container_id, lambda c: c.download(query, spool))
+            if kind == "dir":
+                entries = await asyncio.to_thread(transfer.unpack_folder, spool, local)
+            else:
+                await asyncio.to_thread(transfer.move_into_place, spool, local)
+                entries = 1
+        return TransferResult(path=str(local), bytes=size, entries=entries)
+
+    async def list_files(self, lease: SlotRef, path: str = ".", max_entries: int = 1000) -> FileListing:
+        """The files under a folder of the slot (its artifacts), links not followed."""
+        query = ListQuery(slot=lease.slot, lease_id=lease.lease_id, path=path, max_entries=max_entries)
+        return await self.call(lease.container_id, lambda c: c.list_files(query))
+
+    async def archive_to(self, lease: SlotRef, destination: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> int:
+        """Stream the leased slot's whole workspace, as a gzipped tar, into a local file; its size."""
+        query = TransferQuery(slot=lease.slot, lease_id=lease.lease_id, path=".", format="tar.gz", max_bytes=max_bytes)
+        size, _ = await self.call(lease.container_id, lambda c: c.download(query, destination))
+        return size
+
+    async def restore_from(
+        self, lease: SlotRef, archive: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES
+    ) -> TransferResult:
+        """Replace the leased slot's workspace with a gzipped tar written by `archive_to`, streamed."""
+        return await self._upload_archive(lease, archive, ".", "tar.gz", max_bytes, replace=True)
+
+    async def _upload_archive(
+        self, lease: SlotRef, archive: Path, remote: str, format: str, max_bytes: int, *, replace: bool
+    ) -> TransferResult:
+        query = TransferQuery.model_validate(
+            {"slot": lease.slot, "lease_id": lease.lease_id, "path": remote, "format": format,
+             "max_bytes": max_bytes, "replace": replace}
+        )  # fmt: skip
+        return await self.call(lease.container_id, lambda c: c.upload(query, archive))
 
     async def slots(self) -> dict[str, list[SlotState]]:
         """Slot states per live container that answers (containers that do not are left out)."""

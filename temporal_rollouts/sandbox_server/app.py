@@ -32,9 +32,10 @@ import uvicorn
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from temporal_rollouts.sandbox_server import transfer
 from temporal_rollouts.sandbox_server.errors import (
     BadToolRequest,
     LeaseLost,
@@ -45,21 +46,23 @@ from temporal_rollouts.sandbox_server.errors import (
     SandboxUnreachable,
     SlotUnavailable,
     SnapshotTooLarge,
+    TransferTooLarge,
 )
 from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
 from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
-    ArchiveRequest,
     DrainRequest,
     ExecuteRequest,
+    ListQuery,
     NarrowRequest,
     ReleaseRequest,
     RenewRequest,
-    RestoreRequest,
     SlotLease,
+    TransferQuery,
     WithdrawRequest,
     WithdrawResult,
 )
@@ -75,15 +78,16 @@ STATUS_BY_ERROR: dict[type[RolloutError], int] = {
     SandboxRequired: 503,
     SandboxUnreachable: 503,
     SnapshotTooLarge: 413,
+    TransferTooLarge: 413,
 }
 GRACEFUL_SHUTDOWN_S = 5.0
 KEEP_ALIVE_S = 30.0
 
 Model = TypeVar("Model", bound=BaseModel)
-Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel]]]
+Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel] | Response]]
 
 
-def create_app(manager: SlotManager, token: str) -> Starlette:
+def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES) -> Starlette:
     expected = token.encode()
 
     def authorize(request: Request) -> None:
@@ -96,7 +100,8 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
             try:
                 if not public:
                     authorize(request)
-                return _json_response(await handler(request))
+                result = await handler(request)
+                return result if isinstance(result, Response) else _json_response(result)
             except RolloutError as err:
                 return _error_response(err)
             except ClientDisconnect:  # the caller went away (cancelled or died): nobody to answer
@@ -139,13 +144,20 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
     async def execute(request: Request) -> BaseModel:
         return await manager.execute(await _parse(request, ExecuteRequest))
 
-    async def archive(request: Request) -> BaseModel:
-        body = await _parse(request, ArchiveRequest)
-        return await manager.archive(body.slot, body.lease_id, body.max_bytes)
+    async def upload(request: Request) -> BaseModel:
+        query = _parse_query(request, TransferQuery)
+        slot = manager.leased_slot(query.slot, query.lease_id)
+        return await transfer.receive(slot, query, request.stream(), max_transfer_bytes, manager.owner(query.slot))
 
-    async def restore(request: Request) -> BaseModel:
-        body = await _parse(request, RestoreRequest)
-        return await manager.restore(body.slot, body.lease_id, body.data)
+    async def download(request: Request) -> Response:
+        query = _parse_query(request, TransferQuery)
+        chunks, size, kind = await transfer.send(manager.leased_slot(query.slot, query.lease_id), query, max_transfer_bytes)
+        headers = {"content-length": str(size), "x-transfer-kind": kind}
+        return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
+
+    async def list_files(request: Request) -> BaseModel:
+        query = _parse_query(request, ListQuery)
+        return await asyncio.to_thread(transfer.list_entries, manager.leased_slot(query.slot, query.lease_id), query)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -162,8 +174,9 @@ def create_app(manager: SlotManager, token: str) -> Starlette:
         Route("/slots/limits", endpoint(narrow), methods=["POST"]),
         Route("/drain", endpoint(drain), methods=["POST"]),
         Route("/execute", endpoint(execute), methods=["POST"]),
-        Route("/workspace/archive", endpoint(archive), methods=["POST"]),
-        Route("/workspace/restore", endpoint(restore), methods=["POST"]),
+        Route("/files", endpoint(upload), methods=["PUT"]),
+        Route("/files", endpoint(download), methods=["GET"]),
+        Route("/files/list", endpoint(list_files), methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
@@ -211,6 +224,14 @@ async def _parse(request: Request, model: type[Model]) -> Model:
         raise BadToolRequest(f"invalid {model.__name__}: {problems}") from None
 
 
+def _parse_query(request: Request, model: type[Model]) -> Model:
+    try:
+        return model.model_validate(dict(request.query_params))
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'query'}: {e['msg']}" for e in err.errors())
+        raise BadToolRequest(f"invalid {model.__name__}: {problems}") from None
+
+
 def _json_response(result: BaseModel | list[BaseModel]) -> Response:
     if isinstance(result, list):
         body = json.dumps([item.model_dump(mode="json") for item in result])
@@ -244,7 +265,7 @@ async def serve(args: argparse.Namespace) -> None:
         allow_network_unprotected=args.allow_network_unprotected,
         use_cgroups=args.cgroups,
     )
-    app = create_app(manager, read_token(args.token_file))
+    app = create_app(manager, read_token(args.token_file), args.max_transfer_bytes)
     listener = _tcp_listener(args.host, args.port)
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -324,6 +345,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allow-network-unprotected", action="store_true",
                         help="lease network-on slots although they share the host network (control plane included)")
     parser.add_argument("--max-output-chars", type=int, default=DEFAULT_MAX_OUTPUT_CHARS)
+    parser.add_argument(
+        "--max-transfer-bytes", type=int, default=DEFAULT_MAX_TRANSFER_BYTES, help="largest upload or download"
+    )
     parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between lease expiry sweeps")
     parser.add_argument("--ready-file", type=Path, help="written as JSON {url, pid} once listening")
     return parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""A slot's workspace as a gzipped tar, and back: what a failed rollout saves for its resume.
+"""Folders as tar streams, and back: what file transfer moves and a failed rollout saves for its resume.
 
 Saving and restoring keep exactly the same kinds of entry: folders, regular files and
 symbolic links (kept as links, whatever they point at: an absolute link such as a
@@ -9,38 +9,35 @@ and refused when restoring, and a file with several names is saved once per name
 The host never follows a link of the workspace: saving reads links with readlink and
 opens files with O_NOFOLLOW; restoring creates every entry itself (never through
 tarfile's extraction), refuses names that are absolute, hold `..`, or pass through a
-link, and makes files with O_EXCL|O_NOFOLLOW, so a snapshot can never write outside
-the workspace. Permission bits are kept without setuid, setgid or sticky bits, and a
+link, and replaces an existing file or link instead of writing through it, so an archive
+can never write outside its folder. Permission bits are kept without setuid, setgid or sticky bits, and a
 root-run server gives every restored entry to the slot's uid. Both walks are
 iterative, so no depth of tree can make them fail.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import stat
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
-from temporal_rollouts.sandbox_server.errors import BadToolRequest, SnapshotTooLarge
+from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.files import remove_tree
 
 PERMISSION_BITS = 0o777
 COPY_CHUNK = 1024 * 1024
 
 
-def archive_workspace(workspace: Path, max_bytes: int) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for relative, info in _walk(workspace):
-            _add(tar, workspace, relative, info)
-            if buffer.tell() > max_bytes:
-                raise SnapshotTooLarge(f"the workspace archive passed {max_bytes} bytes")
-    data = buffer.getvalue()
-    if len(data) > max_bytes:
-        raise SnapshotTooLarge(f"the workspace archive is {len(data)} bytes, over {max_bytes}")
-    return data
+def pack_folder(folder: Path, out: BinaryIO, mode: str, max_bytes: int, too_large: type[Exception]) -> None:
+    """Write `folder` as a tar (`mode` w: or w:gz) to `out`: files, folders and links as links, walked
+    without recursion and without following a link; `too_large` once the archive passes `max_bytes`."""
+    with tarfile.open(fileobj=out, mode=mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for relative, info in _walk(folder):
+            _add(tar, folder, relative, info)
+            if out.tell() > max_bytes:
+                raise too_large(f"the archive of the folder passed {max_bytes} bytes")
 
 
 def _walk(workspace: Path) -> list[tuple[str, os.stat_result]]:
@@ -87,18 +84,27 @@ def _add(tar: tarfile.TarFile, workspace: Path, relative: str, info: os.stat_res
             tar.addfile(member, file)
 
 
-def restore_workspace(workspace: Path, data: bytes, owner: tuple[int, int] | None = None) -> int:
-    """Replace the workspace's contents with the archive's; returns the number of entries."""
+def unpack_archive(
+    tar: tarfile.TarFile, target: Path, owner: tuple[int, int] | None, *, replace: bool, limit: int = 0
+) -> int:
+    """Write the archive's files, folders and links under `target` (emptied first with `replace`):
+    every entry is checked before anything is written, links are kept as links and never written
+    through, and with `owner` everything made belongs to the slot's uid. `limit` bounds the bytes
+    unpacked (0: none). Returns the number of entries."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                _check(member)
-            _empty(workspace)
-            for member in members:
-                _restore(tar, workspace, member, owner)
+        members = tar.getmembers()
+        unpacked = 0
+        for member in members:
+            _check(member)
+            unpacked += max(member.size, 0)
+            if limit and unpacked > limit:
+                raise TransferTooLarge(f"the archive unpacks to more than the limit of {limit} bytes")
+        if replace:
+            _empty(target)
+        for member in members:
+            _restore(tar, target, member, owner)
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise BadToolRequest(f"the workspace snapshot cannot be restored: {err}") from err
+        raise BadToolRequest(f"the archive cannot be unpacked: {err}") from err
     return len(members)
 
 
@@ -115,11 +121,11 @@ def _empty(workspace: Path) -> None:
 def _check(member: tarfile.TarInfo) -> None:
     name = Path(member.name)
     if not member.name or name.is_absolute() or ".." in name.parts:
-        raise BadToolRequest(f"snapshot entry {member.name!r} points outside the workspace")
+        raise BadToolRequest(f"archive entry {member.name!r} points outside its folder")
     if not (member.isfile() or member.isdir() or member.issym()):
-        raise BadToolRequest(f"snapshot entry {member.name!r} is not a file, folder or link")
+        raise BadToolRequest(f"archive entry {member.name!r} is not a file, folder or link")
     if "\0" in member.name or (member.issym() and "\0" in member.linkname):
-        raise BadToolRequest(f"snapshot entry {member.name!r} holds a NUL character")
+        raise BadToolRequest(f"archive entry {member.name!r} holds a NUL character")
 
 
 def _restore(tar: tarfile.TarFile, workspace: Path, member: tarfile.TarInfo, owner: tuple[int, int] | None) -> None:
@@ -129,9 +135,15 @@ def _restore(tar: tarfile.TarFile, workspace: Path, member: tarfile.TarInfo, own
     parent = _parent_inside(workspace, parts[:-1], owner)
     target = os.path.join(parent, parts[-1])
     mode = member.mode & PERMISSION_BITS
+    existing = _lstat(target)
+    if existing is not None and not (member.isdir() and stat.S_ISDIR(existing.st_mode)):
+        if stat.S_ISDIR(existing.st_mode):
+            remove_tree(Path(target))
+        else:
+            os.unlink(target)  # a file or a link is replaced, never written through
     if member.isdir():
         if not os.path.isdir(target) or os.path.islink(target):
-            os.mkdir(target, 0o700)
+            os.mkdir(target, 0o700)  # an existing link was removed above
         os.chmod(target, mode | 0o700)
     elif member.issym():
         os.symlink(member.linkname, target)
@@ -145,6 +157,13 @@ def _restore(tar: tarfile.TarFile, workspace: Path, member: tarfile.TarInfo, own
             os.fchmod(file.fileno(), mode)
     if owner is not None:
         os.lchown(target, *owner)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def _parent_inside(workspace: Path, parts: list[str], owner: tuple[int, int] | None) -> str:
@@ -161,6 +180,6 @@ def _parent_inside(workspace: Path, parts: list[str], owner: tuple[int, int] | N
                 os.lchown(current, *owner)
             continue
         if not stat.S_ISDIR(info.st_mode):
-            raise BadToolRequest(f"snapshot entry under {part!r} would pass through a link or a file")
+            raise BadToolRequest(f"archive entry under {part!r} would pass through a link or a file")
     return current
 

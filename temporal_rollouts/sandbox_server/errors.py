@@ -63,6 +63,10 @@ class SnapshotTooLarge(SandboxError):
     pass
 
 
+class TransferTooLarge(SandboxError):
+    pass
+
+
 def error_class(name: str) -> type[RolloutError] | None:
     """The error class of that name anywhere in the tree (subclasses defined elsewhere included)."""
     pending: list[type[RolloutError]] = [RolloutError]

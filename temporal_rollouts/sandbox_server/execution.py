@@ -19,7 +19,8 @@ from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachabl
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
-from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.sessions import SlotSessions
 
 
 @dataclass
@@ -53,6 +54,7 @@ class CallRunner:
         self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
         self._executions = ExecutionLog(root / "executions.jsonl")
         self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
+        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement)
 
     async def execute(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         """Run one operation in a slot already checked to be leased under `request.lease_id`, or answer
@@ -80,7 +82,12 @@ class CallRunner:
                 self.confinement.with_limits(slot.limits), slot.index,
             )
             started, clock = time.time(), time.monotonic()
-            output = await run_operation(request.call_id, request.operation, context)
+            if isinstance(request.operation, SessionOp):
+                output = await self.sessions.run(
+                    slot.index, slot.workspace, request.lease_id, slot.allow_network, request.call_id, request.operation
+                )
+            else:
+                output = await run_operation(request.call_id, request.operation, context)
             self._executions.record(
                 call_id=request.call_id,
                 slot=slot.index,

@@ -188,6 +188,40 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
     return "none"
 
 
+
+
+
+def command_launch(
+    script: list[str], workspace: Path, *, allow_network: bool, require_isolation: bool,
+    confinement: Confinement | None = None, slot: int = 0,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
+    within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
+    terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
+    `start_new_session=True` and `cwd=workspace`."""
+    mode = isolation_mode(require_isolation)
+    if confinement is None:
+        confinement = default_confinement()
+    if running_as_root() and not confinement.dedicated_uids:
+        if require_isolation:
+            raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
+        warn_root_once()
+    prefix = confinement.join_cgroups(slot) + confinement.rlimits()
+    drop = confinement.drop_privileges(slot)
+    if mode == "bubblewrap":
+        bwrap = bubblewrap_path()
+        assert bwrap is not None
+        as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
+        # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
+        outer, inner = ([], drop) if as_root else (drop, [])
+        argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
+            bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
+            tmp_bytes=confinement.limits.tmp_bytes,
+        )
+        return argv, sandbox_environment(WORKSPACE_MOUNT)
+    return prefix + drop + confinement.die_with_server() + script, sandbox_environment(str(workspace))
+
+
 async def run_command(
     command: str,
     workspace: Path,
@@ -204,33 +238,18 @@ async def run_command(
     The command travels in a memory file that bash reads and evaluates, never on an argv, so a
     command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
     default one, with no limits, for callers that name none)."""
-    mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()
-    if running_as_root() and not confinement.dedicated_uids:
-        if require_isolation:
-            raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
-        warn_root_once()
     script_fd = _script_file(command)
     # bash reads the command from the memory file and runs it as `bash -c` would (same $0, same messages),
     # closing the file first so that nothing the command starts holds it.
     script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
-    prefix = confinement.join_cgroups(slot) + confinement.rlimits()
-    drop = confinement.drop_privileges(slot)
-    if mode == "bubblewrap":
-        bwrap = bubblewrap_path()
-        assert bwrap is not None
-        as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
-        # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
-        outer, inner = ([], drop) if as_root else (drop, [])
-        argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
-            bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
-            tmp_bytes=confinement.limits.tmp_bytes,
-        )
-        env = sandbox_environment(WORKSPACE_MOUNT)
-    else:
-        argv = prefix + drop + confinement.die_with_server() + script
-        env = sandbox_environment(str(workspace))
+    try:
+        argv, env = command_launch(script, workspace, allow_network=allow_network, require_isolation=require_isolation,
+                                   confinement=confinement, slot=slot)
+    except BaseException:
+        os.close(script_fd)
+        raise
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()
     read_fd, write_fd = os.pipe()

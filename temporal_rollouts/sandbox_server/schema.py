@@ -18,6 +18,10 @@ DEFAULT_MAX_OUTPUT_CHARS = 50_000
 """Tool output longer than this is cut, keeping head and tail (settings: sandbox.max_output_chars)."""
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
 """A workspace snapshot larger than this is refused (settings: storage.max_snapshot_bytes)."""
+DEFAULT_MAX_TRANSFER_BYTES = 1024 * 1024 * 1024
+"""An upload or download larger than this is refused (settings: sandbox.max_transfer_bytes)."""
+DEFAULT_SESSION_TIMEOUT_S = 180.0
+"""How long a stateful terminal command may run before the call returns (the command keeps the session)."""
 
 
 class Holder(BaseModel):
@@ -121,25 +125,6 @@ class ReleaseResult(BaseModel):
     released: bool = Field(description="False when the lease was already gone (released, expired or reaped).")
 
 
-class ArchiveRequest(LeaseRequest):
-    max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0)
-
-
-class WorkspaceArchive(BaseModel):
-    """A slot's workspace as a gzipped tar, base64-encoded."""
-
-    data: str
-    size: int
-
-
-class RestoreRequest(LeaseRequest):
-    data: str = Field(description="A WorkspaceArchive's data.")
-
-
-class RestoreResult(BaseModel):
-    entries: int
-
-
 class ExecOp(BaseModel):
     op: Literal["exec"] = "exec"
     command: str
@@ -164,7 +149,23 @@ class SearchOp(BaseModel):
     max_matches: int = 200
 
 
-Operation = Annotated[ExecOp | ReadFileOp | WriteFileOp | SearchOp, Field(discriminator="op")]
+SessionAction = Literal["start", "run", "send_keys", "screen", "read", "stop"]
+
+
+class SessionOp(BaseModel):
+    """The slot's stateful terminal: one shell whose directory, variables and background processes last.
+
+    `run` types `text` as a command and waits for it to finish (up to `timeout_s`), answering its
+    output and exit code; `send_keys` types `text` as keys and answers what the screen printed
+    within `timeout_s`; `screen` shows the last lines; `read` the output since the last read."""
+
+    op: Literal["session"] = "session"
+    action: SessionAction
+    text: str = ""
+    timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
+
+
+Operation = Annotated[ExecOp | ReadFileOp | WriteFileOp | SearchOp | SessionOp, Field(discriminator="op")]
 
 
 class ExecuteRequest(LeaseRequest):
@@ -181,6 +182,43 @@ class ToolOutput(BaseModel):
     truncated: bool = False
     duration_s: float = 0.0
     replayed: bool = Field(default=False, description="True when answered from the stored result of an earlier attempt.")
+
+
+TransferFormat = Literal["file", "tar", "tar.gz"]
+
+
+class TransferQuery(LeaseRequest):
+    """Query parameters of `PUT /files` and `GET /files`: the body is the file's bytes or a tar stream."""
+
+    path: str = Field(description="Workspace path (relative, or absolute under /workspace) to write or read.")
+    format: TransferFormat = Field(
+        default="file", description="`file`: the body is the file's bytes; `tar`/`tar.gz`: a folder as a tar stream."
+    )
+    max_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0, description="Refuse payloads larger than this.")
+    replace: bool = Field(default=False, description="Upload of a folder: empty the target folder first.")
+
+
+class TransferResult(BaseModel):
+    path: str = Field(description="The path as the sandbox sees it.")
+    bytes: int = Field(description="Bytes that crossed the wire.")
+    entries: int = Field(default=1, description="Files, folders and links written (1 for a file).")
+
+
+class ListQuery(LeaseRequest):
+    path: str = "."
+    max_entries: int = Field(default=1000, gt=0)
+
+
+class FileEntry(BaseModel):
+    path: str = Field(description="Relative to the listed folder.")
+    kind: Literal["file", "dir", "link", "other"]
+    size: int
+
+
+class FileListing(BaseModel):
+    path: str
+    entries: list[FileEntry]
+    truncated: bool = False
 
 
 class SlotState(BaseModel):

@@ -18,7 +18,6 @@ for the server not to start.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import logging
 import os
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from temporal_rollouts.sandbox_server import isolation
-from temporal_rollouts.sandbox_server.archive import archive_workspace, restore_workspace
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
 from temporal_rollouts.sandbox_server.files import leftover_trash, prepare_workspace, remove_tree, reset_workspace
@@ -43,12 +41,10 @@ from temporal_rollouts.sandbox_server.schema import (
     Holder,
     LeaseEventKind,
     ReleaseResult,
-    RestoreResult,
     SlotLease,
     SlotLimitsRequest,
     SlotState,
     ToolOutput,
-    WorkspaceArchive,
 )
 from temporal_rollouts.sandbox_server.slotbook import SlotBook
 from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
@@ -190,6 +186,7 @@ class SlotManager:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
+        await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
         for slot in self._slots:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
 
@@ -316,23 +313,14 @@ class SlotManager:
         slot = self._leased(request.slot, request.lease_id)
         return await self._runner.execute(slot, request, self._ran)
 
-    async def archive(self, slot: int, lease_id: str, max_bytes: int) -> WorkspaceArchive:
-        """The leased slot's workspace as a tarball, for a rollout that will be resumed elsewhere."""
-        target = self._leased(slot, lease_id)
-        async with target.lock:
-            data = await asyncio.to_thread(archive_workspace, target.workspace, max_bytes)
-        return WorkspaceArchive(data=base64.b64encode(data).decode(), size=len(data))
+    def owner(self, index: int) -> tuple[int, int] | None:
+        """Who files placed in a slot by the server must belong to: its uid when the server runs as root."""
+        c = self.confinement
+        return (c.uid(index), c.gid(index)) if c.dedicated_uids else None
 
-    async def restore(self, slot: int, lease_id: str, data: str) -> RestoreResult:
-        """Replace the leased slot's workspace with a saved one."""
-        target = self._leased(slot, lease_id)
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except ValueError as err:
-            raise BadToolRequest(f"the workspace snapshot is not base64: {err}") from None
-        async with target.lock:
-            entries = await asyncio.to_thread(restore_workspace, target.workspace, raw, self._owner(target))
-        return RestoreResult(entries=entries)
+    def leased_slot(self, index: int, lease_id: str) -> Slot:
+        """The slot leased under `lease_id` (renewing the lease), for work beside `execute`: transfers."""
+        return self._leased(index, lease_id)
 
     def _ran(self, slot: Slot, lease_id: str) -> None:
         if slot.lease and slot.lease.lease_id == lease_id:
@@ -409,6 +397,7 @@ class SlotManager:
             for task in list(slot.running):
                 task.cancel()
             await asyncio.gather(*slot.running, return_exceptions=True)
+            await self._runner.sessions.stop(slot.index, slot.workspace)  # the lease ended: so does its terminal
             if reset:
                 async with slot.lock:
                     await self._reset(slot)

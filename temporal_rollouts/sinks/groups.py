@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from temporal_rollouts.core.messages import Message
-from temporal_rollouts.core.records import TrajectoryResult
+from temporal_rollouts.core.records import ToolStats, TrajectoryResult
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -72,6 +72,7 @@ class GroupBuilder:
             masks.append(trace.masks() if trace else [])
             logprobs.append(trace.inference_logprobs() if trace else None)
         stats = tool_error_stats(results)
+        calls = ToolStats.total([r.tool_stats for r in results])
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
@@ -80,7 +81,8 @@ class GroupBuilder:
             inference_logprobs=logprobs if all(lp is not None for lp in logprobs) else None,
             overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in results],
             # travels with the group through run-api (which keeps only ScoredDataGroup fields)
-            group_overrides={"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"]},
+            group_overrides={"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"],
+                             "tool_stats": calls.model_dump()},
             metadata={
                 "group_id": group_id,
                 "env": results[0].env,
@@ -90,6 +92,7 @@ class GroupBuilder:
                 "resumed_rollouts": [r.rollout_id for r in results if r.resumed_from_run],
                 "token_restarts": [r.tokens.restarts if r.tokens else None for r in results],
                 "tool_errors": stats,
+                "tool_stats": {"total": calls.model_dump(), "per_rollout": [r.tool_stats.model_dump() for r in results]},
             },
         )
 

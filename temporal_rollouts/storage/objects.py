@@ -2,6 +2,8 @@
 
 Both speak the Temporal SDK's `S3StorageDriverClient` interface, so the SDK's own S3
 driver stores payloads in either, and transcripts and snapshots use the same store.
+Workspace snapshots can be large, so both also move whole files (`put_file`,
+`get_file`) without holding them in memory: `object_from_file` and `object_to_file`.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
@@ -47,6 +51,28 @@ class LocalObjectClient(S3StorageDriverClient):
     def describe(self) -> Mapping[str, str]:
         return {"store": "local", "root": str(self.root)}
 
+    async def put_file(self, *, bucket: str, key: str, path: Path) -> None:
+        await asyncio.to_thread(self._copy_in, Path(path), self._path(bucket, key))
+
+    async def get_file(self, *, bucket: str, key: str, path: Path) -> None:
+        source = self._path(bucket, key)
+        if not source.exists():
+            raise KeyError(f"no object {bucket}/{key} in {self.root}")
+        await asyncio.to_thread(shutil.copyfile, source, path)
+
+    @classmethod
+    def _copy_in(cls, source: Path, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
+                shutil.copyfileobj(data, out, 1024 * 1024)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +95,7 @@ class S3ObjectClient(S3StorageDriverClient):
         self._region = region
         self._stack = contextlib.AsyncExitStack()
         self._client: S3StorageDriverClient | None = None
+        self._s3: Any = None
         self._lock = asyncio.Lock()
 
     async def _open(self) -> S3StorageDriverClient:
@@ -82,7 +109,7 @@ class S3ObjectClient(S3StorageDriverClient):
                 s3 = await self._stack.enter_async_context(
                     aioboto3.Session().client("s3", endpoint_url=self._endpoint_url, region_name=self._region)
                 )
-                self._client = new_aioboto3_client(s3)
+                self._client, self._s3 = new_aioboto3_client(s3), s3
             return self._client
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
@@ -97,9 +124,35 @@ class S3ObjectClient(S3StorageDriverClient):
     def describe(self) -> Mapping[str, str]:
         return {"store": "s3", "endpoint": self._endpoint_url or "aws"}
 
+    async def put_file(self, *, bucket: str, key: str, path: Path) -> None:
+        """A multipart upload through boto's managed transfer, a part at a time."""
+        await self._open()
+        await self._s3.upload_file(str(path), bucket, key)
+
+    async def get_file(self, *, bucket: str, key: str, path: Path) -> None:
+        await self._open()
+        await self._s3.download_file(bucket, key, str(path))
+
     async def aclose(self) -> None:
         await self._stack.aclose()
         self._client = None
+
+
+async def object_from_file(objects: S3StorageDriverClient, *, bucket: str, key: str, path: Path) -> None:
+    """Store a local file as an object, streamed where the store can (both of ours can)."""
+    if isinstance(objects, LocalObjectClient | S3ObjectClient):
+        await objects.put_file(bucket=bucket, key=key, path=path)
+    else:  # another S3StorageDriverClient knows only whole payloads
+        await objects.put_object(bucket=bucket, key=key, data=await asyncio.to_thread(Path(path).read_bytes))
+
+
+async def object_to_file(objects: S3StorageDriverClient, *, bucket: str, key: str, path: Path) -> None:
+    """Write an object into a local file, streamed where the store can."""
+    if isinstance(objects, LocalObjectClient | S3ObjectClient):
+        await objects.get_file(bucket=bucket, key=key, path=path)
+    else:
+        data = await objects.get_object(bucket=bucket, key=key)
+        await asyncio.to_thread(Path(path).write_bytes, data)
 
 
 def object_client(settings: Settings) -> S3StorageDriverClient:

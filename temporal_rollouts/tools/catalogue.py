@@ -23,10 +23,24 @@ from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message, ToolCall, ToolSpec
-from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_SESSION_TIMEOUT_S,
+    ExecOp,
+    Operation,
+    ReadFileOp,
+    SearchOp,
+    SessionAction,
+    SessionOp,
+    ToolOutput,
+    WriteFileOp,
+)
 
 WORKSPACE = "/workspace"
 MAX_DECODE_DEPTH = 3
+DEFAULT_KEYS_WAIT_S = 1.0
+TMUX_ACTIONS: dict[str, SessionAction] = {
+    "start": "start", "send_keys": "send_keys", "capture": "screen", "read": "read", "stop": "stop",
+}  # fmt: skip
 
 
 class ToolCallProblem(BaseModel):
@@ -43,6 +57,7 @@ class Param:
     description: str
     required: bool = True
     allow_empty: bool = False
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class Tool:
             description=self.description,
             parameters={
                 "type": "object",
-                "properties": {p.name: {"type": p.type, "description": p.description} for p in self.params},
+                "properties": {p.name: _property(p) for p in self.params},
                 "required": [p.name for p in self.params if p.required],
             },
         )
@@ -90,6 +105,35 @@ TOOLS: dict[str, Tool] = {
             params=(
                 Param("command", "string", "The bash command to run."),
                 Param("timeout", "integer", "Seconds before the command is killed; omit for the default.", False),
+            ),
+        ),
+        Tool(
+            name="terminal_stateful",
+            description=(
+                f"Run a bash command in your persistent shell session (it starts in {WORKSPACE} on first use). "
+                "Unlike `terminal`, the working directory, exported variables, activated environments and "
+                "background processes (`server &`) carry over to later calls. Returns the command's output "
+                "and exit code; a command still running at its timeout is interrupted with Ctrl-C."
+            ),
+            params=(
+                Param("command", "string", "The bash command to run in the session."),
+                Param("timeout", "integer", "Seconds to wait for the command; omit for the default.", False),
+            ),
+        ),
+        Tool(
+            name="tmux",
+            description=(
+                "Drive your persistent terminal session like a keyboard, for interactive programs (a REPL, a "
+                "prompt that asks questions). Actions: `start` the session; `send_keys` types `keys` "
+                "(literal text, add \\n to press Enter, or one key name: Enter, C-c, C-d, C-z, Escape, Tab, "
+                "Up, Down, Left, Right, BSpace) and returns what the terminal printed; `capture` shows the "
+                "last lines of the screen; `read` returns output printed since the last read; `stop` ends "
+                "the session and everything it started. It is the same session as `terminal_stateful`."
+            ),
+            params=(
+                Param("action", "string", "One of start, send_keys, capture, read, stop.", choices=tuple(TMUX_ACTIONS)),
+                Param("keys", "string", "For send_keys: the text or key name to type.", False, allow_empty=True),
+                Param("wait", "integer", "For send_keys: seconds to wait for output; default 1.", False),
             ),
         ),
         Tool(
@@ -156,6 +200,18 @@ def parse_tool_call(
         timeout = arguments.get("timeout")
         timeout_s = default_timeout_s if timeout is None else min(max(float(timeout), 1.0), max_timeout_s)
         return ExecOp(command=arguments["command"], timeout_s=timeout_s)
+    if tool.name == "terminal_stateful":
+        timeout = arguments.get("timeout")
+        timeout_s = DEFAULT_SESSION_TIMEOUT_S if timeout is None else min(max(float(timeout), 1.0), max_timeout_s)
+        return SessionOp(action="run", text=arguments["command"], timeout_s=timeout_s)
+    if tool.name == "tmux":
+        action = TMUX_ACTIONS[arguments["action"]]
+        if action == "send_keys" and not arguments.get("keys"):
+            message = f"Error: invalid arguments for tmux: send_keys needs \"keys\". Expected {tool.usage()}."
+            return ToolCallProblem(kind="bad_arguments", message=message)
+        wait = arguments.get("wait")
+        wait_s = DEFAULT_KEYS_WAIT_S if wait is None else min(max(float(wait), 0.1), max_timeout_s)
+        return SessionOp(action=action, text=arguments.get("keys") or "", timeout_s=wait_s)
     if tool.name == "read_file":
         return ReadFileOp(path=arguments["path"])
     if tool.name == "write_file":
@@ -235,10 +291,21 @@ def _validate(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any] | str:
                 return f"argument {param.name!r} must be a string, not {_json_type(value)}"
             if not param.allow_empty and not value.strip():
                 return f"argument {param.name!r} must not be empty"
+            if param.choices and value.strip() not in param.choices:
+                return f"argument {param.name!r} must be one of {', '.join(param.choices)}, not {value!r}"
+            if param.choices:
+                value = value.strip()
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"argument {param.name!r} must be a number, not {_json_type(value)}"
         values[param.name] = value
     return values
+
+
+def _property(param: Param) -> dict[str, Any]:
+    described: dict[str, Any] = {"type": param.type, "description": param.description}
+    if param.choices:
+        described["enum"] = list(param.choices)
+    return described
 
 
 def _json_type(value: Any) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from temporal_rollouts.core.errors import ConfigError
 
 TOOLSETS: dict[str, tuple[str, ...]] = {
-    "terminal": ("terminal",),
+    "terminal": ("terminal", "terminal_stateful", "tmux"),
     "file": ("read_file", "write_file", "search"),
 }
 TOOLSETS["default"] = TOOLSETS["terminal"] + TOOLSETS["file"]

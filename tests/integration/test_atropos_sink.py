@@ -61,7 +61,11 @@ async def test_batch_groups_reach_a_trainer_through_run_api(
         same = local[tuple(group["overrides"][0].values())]
         assert group["messages"] == same["messages"], "the trainer gets what the JSONL holds"
         assert "metadata" not in group, "run-api takes ScoredDataGroup fields only"
-        assert group["group_overrides"] == {"tool_errors": 0, "tool_errors_by_tool": {}}
+        overrides = group["group_overrides"]
+        assert (overrides["tool_errors"], overrides["tool_errors_by_tool"]) == (0, {})
+        calls = overrides["tool_stats"]
+        assert calls["attempted"] == calls["schema_valid"] == calls["executed_ok"] >= 2
+        assert calls["execution_errors"] == 0 and calls == same["metadata"]["tool_stats"]["total"]
 
 
 async def test_a_retried_write_posts_a_group_once(

@@ -81,3 +81,19 @@ async def test_large_payloads_travel_by_reference_through_the_local_folder(tmp_p
     settings = Settings(data_dir=tmp_path)
     await assert_by_reference(settings, object_client(settings))
     assert list((tmp_path / "storage").rglob("*")), "the payload was written under the data folder"
+
+
+@pytest.mark.parametrize("store", ["s3", "local"])
+async def test_snapshot_files_stream_in_and_out_of_either_store(store, s3: S3ObjectClient, tmp_path) -> None:
+    import os
+
+    from temporal_rollouts.storage.objects import LocalObjectClient, object_from_file, object_to_file
+
+    objects = s3 if store == "s3" else LocalObjectClient(tmp_path / "objects")
+    source = tmp_path / "snapshot.tar.gz"
+    source.write_bytes(os.urandom(12 * 1024 * 1024 + 17))  # more than one multipart part
+    await object_from_file(objects, bucket=BUCKET, key="snapshots/a/b.tar.gz", path=source)
+    back = tmp_path / "back.tar.gz"
+    await object_to_file(objects, bucket=BUCKET, key="snapshots/a/b.tar.gz", path=back)
+    assert back.read_bytes() == source.read_bytes()
+    assert await objects.get_object(bucket=BUCKET, key="snapshots/a/b.tar.gz") == source.read_bytes()

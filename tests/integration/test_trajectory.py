@@ -56,6 +56,7 @@ async def test_rollout_records_turns_tools_and_timings(client: Client, settings:
     result = await run(client, settings, rollout())
     assert result.score == 1.0 and result.stop_reason is StopReason.COMPLETED
     assert result.turns >= 2 and result.tool_calls >= 2 and result.tool_errors == []
+    assert result.tool_stats.attempted == result.tool_stats.executed_ok == result.tool_calls
     assert {"acquire", "setup", "llm", "tools", "verify", "total"} <= set(result.timings)
     assert result.verify_details["exit_code"] == 0
     assert await leased_slots(pool) == []
@@ -107,6 +108,9 @@ async def test_unknown_tool_is_answered_with_the_tool_list_and_recorded(
     result = await run(client, settings, rollout())
     assert [e.tool_name for e in result.tool_errors] == ["teleport"]
     assert "unknown_tool" in result.tool_errors[0].error
+    stats = result.tool_stats
+    assert (stats.attempted, stats.schema_valid) == (result.tool_calls, result.tool_calls - 1)
+    assert (stats.executed_ok, stats.execution_errors) == (result.tool_calls - 1, 0)
     messages = await transcripts.load(result.transcript)
     reply = next(m for m in messages if m.role == "tool")
     assert "terminal" in reply.content and "write_file" in reply.content
@@ -119,6 +123,7 @@ async def test_broken_tool_call_json_is_answered_and_recorded(
     demo_policy.control(malformed_next=1)
     result = await run(client, settings, rollout())
     assert len(result.tool_errors) == 1 and "bad_arguments" in result.tool_errors[0].error
+    assert result.tool_stats.attempted - result.tool_stats.schema_valid == 1
     assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import FunctionCall, ToolCall
-from temporal_rollouts.sandbox_server.schema import ExecOp, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
+from temporal_rollouts.sandbox_server.schema import ExecOp, ReadFileOp, SearchOp, SessionOp, ToolOutput, WriteFileOp
 from temporal_rollouts.tools.catalogue import (
     TOOL_NAMES,
     ToolCallProblem,
@@ -36,7 +36,7 @@ def problem(name: str, arguments: str | dict, allowed: tuple[str, ...] = ALL) ->
 
 
 def test_catalogue_is_the_env_default_and_in_openai_shape() -> None:
-    assert TOOL_NAMES == ALL
+    assert TOOL_NAMES == ("terminal", "terminal_stateful", "tmux", "read_file", "write_file", "search")
     specs = tool_specs(["search", "terminal"])
     assert [s.name for s in specs] == ["search", "terminal"]
     terminal = specs[1].to_openai()
@@ -223,3 +223,24 @@ def test_problems_are_rendered_verbatim() -> None:
     found = problem("nope", "{}")
     message = tool_result_message("call_2", found)
     assert message.to_openai() == {"role": "tool", "tool_call_id": "call_2", "content": found.message}
+
+
+STATEFUL = ("terminal_stateful", "tmux")
+
+
+def test_stateful_terminal_calls_become_session_operations() -> None:
+    assert parse("terminal_stateful", {"command": "cd src"}, STATEFUL) == SessionOp(action="run", text="cd src")
+    assert parse("terminal_stateful", {"command": "make", "timeout": 5000}, STATEFUL).timeout_s == 600.0
+    assert parse("terminal_stateful", "ls -la", STATEFUL) == SessionOp(action="run", text="ls -la")
+    assert parse("tmux", {"action": "capture"}, STATEFUL) == SessionOp(action="screen", timeout_s=1.0)
+    assert parse("tmux", "read", STATEFUL).action == "read"
+    keys = parse("tmux", {"action": "send_keys", "keys": "C-c", "wait": 3}, STATEFUL)
+    assert keys == SessionOp(action="send_keys", text="C-c", timeout_s=3.0)
+    spec = {s.name: s for s in tool_specs(STATEFUL)}["tmux"].parameters
+    assert spec["properties"]["action"]["enum"] == ["start", "send_keys", "capture", "read", "stop"]
+
+
+def test_bad_stateful_terminal_calls_are_problems_the_model_reads() -> None:
+    assert "must be one of start, send_keys" in problem("tmux", {"action": "attach"}, STATEFUL).message
+    assert "send_keys needs" in problem("tmux", {"action": "send_keys"}, STATEFUL).message
+    assert "missing required argument 'command'" in problem("terminal_stateful", {}, STATEFUL).message

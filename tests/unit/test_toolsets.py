@@ -12,8 +12,9 @@ from temporal_rollouts.tools.toolsets import DISTRIBUTIONS, resolve_tools
 
 
 def test_enabled_minus_disabled() -> None:
-    assert resolve_tools() == ["terminal", "read_file", "write_file", "search"]
-    assert resolve_tools(["terminal", "file"], ["file"]) == ["terminal"]
+    stateful = ["terminal_stateful", "tmux"]
+    assert resolve_tools() == ["terminal", *stateful, "read_file", "write_file", "search"]
+    assert resolve_tools(["terminal", "file"], ["file"]) == ["terminal", *stateful]
     assert resolve_tools(["file"]) == ["read_file", "write_file", "search"]
 
 
@@ -23,7 +24,7 @@ def test_a_distribution_draws_each_toolset_on_its_own_odds() -> None:
     with_terminal = sum("terminal" in d for d in draws) / len(draws)
     assert all("read_file" in d for d in draws), "file is drawn at 100%"
     assert 0.25 < with_terminal < 0.35, with_terminal
-    assert resolve_tools(distribution="terminal_only", rng=rng) == ["terminal"]
+    assert resolve_tools(distribution="terminal_only", rng=rng) == ["terminal", "terminal_stateful", "tmux"]
 
 
 def test_nothing_drawn_falls_back_to_the_most_likely_toolset() -> None:
@@ -53,4 +54,4 @@ def test_env_config_narrows_tools_and_replaces_the_system_prompt() -> None:
     item = env.load_items(1)[0]
     assert env.prompt_messages(item)[0].content == "Be brief."
     default = get_env("terminal_tasks")
-    assert len(default.tool_specs()) == 4 and default.prompt_messages(item)[0].content != "Be brief."
+    assert len(default.tool_specs()) == 5 and default.prompt_messages(item)[0].content != "Be brief."
