@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from temporal_rollouts.core.sandbox_backends import LocalBackendConfig, SandboxBackendConfig
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
@@ -40,6 +41,29 @@ class TemporalSettings(BaseModel):
     """Web UI port of the embedded dev server."""
     ui_url: str | None = None
     """Web UI address to print when connecting to a non-embedded server."""
+    tls: bool = False
+    """Connect with TLS (implied by any of the tls_* files, or by `api_key_env`)."""
+    tls_ca_file: Path | None = None
+    """PEM file of the CA that signed the server's certificate; None trusts the system roots."""
+    tls_client_cert_file: Path | None = None
+    """PEM client certificate for mTLS (with `tls_client_key_file`)."""
+    tls_client_key_file: Path | None = None
+    """PEM private key of the mTLS client certificate."""
+    tls_server_name: str | None = None
+    """Server name to verify the certificate against, when it differs from the address's host."""
+    api_key_env: str | None = None
+    """Environment variable holding an API key (Temporal Cloud); the key never enters a workflow."""
+
+    @model_validator(mode="after")
+    def _client_cert_pair(self) -> TemporalSettings:
+        if (self.tls_client_cert_file is None) != (self.tls_client_key_file is None):
+            raise ValueError("temporal.tls_client_cert_file and temporal.tls_client_key_file go together (mTLS)")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        files = (self.tls_ca_file, self.tls_client_cert_file, self.tls_server_name)
+        return self.tls or self.api_key_env is not None or any(value is not None for value in files)
 
 
 class ChatPolicy(BaseModel):
@@ -96,10 +120,8 @@ PolicyEndpoint = Annotated[
 class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["local"] = "local"
-    """Where sandbox containers run."""
-    start_local: bool = True
-    """Whether `python worker.py` starts the local sandbox container when none is running."""
+    backend: SandboxBackendConfig = Field(default_factory=LocalBackendConfig)
+    """Where sandbox containers run: `local`, `static`, `nomad` or `modal`, with that backend's own fields."""
     slots_per_container: int = 8
     """Isolated workspaces served by one sandbox server."""
     min_containers: int = 1
@@ -110,8 +132,6 @@ class SandboxSettings(BaseModel):
     """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
     """Period of the reaper schedule that frees leases whose holder workflow has closed."""
-    host: str = "127.0.0.1"
-    """Address the local sandbox server binds."""
     require_isolation: bool = False
     """Refuse to run commands when bubblewrap is missing, instead of warning and running unisolated."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
@@ -120,6 +140,39 @@ class SandboxSettings(BaseModel):
     """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     """Tool output longer than this is cut, keeping head and tail."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_local_fields(cls, data: Any) -> Any:
+        """Older flat settings: `backend = "local"`, and `host`/`start_local` beside it, still work."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        backend = data.get("backend", {"type": "local"})
+        if isinstance(backend, str):
+            backend = {"type": backend}
+        moved = {"host": "host", "start_local": "start_containers"}
+        if any(old in data for old in moved):
+            if not isinstance(backend, dict) or backend.get("type", "local") != "local":
+                raise ValueError("sandbox.host and sandbox.start_local belong to the local backend: set sandbox.backend.*")
+            backend = {**backend, **{new: data.pop(old) for old, new in moved.items() if old in data}}
+        data["backend"] = backend
+        return data
+
+    @model_validator(mode="after")
+    def _modal_outlives_leases(self) -> SandboxSettings:
+        backend = self.backend
+        if backend.type == "modal" and backend.idle_timeout_s <= self.lease_ttl_s:
+            raise ValueError(
+                f"sandbox.backend.idle_timeout_s ({backend.idle_timeout_s}) must exceed sandbox.lease_ttl_s "
+                f"({self.lease_ttl_s:g}): Modal would end sandboxes whose leases are still held"
+            )
+        return self
+
+    @property
+    def start_containers(self) -> bool:
+        """Whether this process may start and restart containers (never for `static`)."""
+        return bool(getattr(self.backend, "start_containers", False))
 
 
 class DemoPolicySettings(BaseModel):

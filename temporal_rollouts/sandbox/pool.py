@@ -98,14 +98,13 @@ class SandboxPool:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SandboxPool:
-        from temporal_rollouts.sandbox.backends.local import LocalBackend
+        """The pool over the backend `sandbox.backend` names."""
+        from temporal_rollouts.sandbox.backends.select import build_backend
 
         sandbox = settings.sandbox
-        if sandbox.backend != "local":
-            raise ConfigError(f"unknown sandbox backend {sandbox.backend!r}")
         return cls(
-            LocalBackend.from_settings(settings),
-            start_containers=sandbox.start_local,
+            build_backend(settings),
+            start_containers=sandbox.start_containers,
             slots_per_container=sandbox.slots_per_container,
             min_containers=sandbox.min_containers,
             max_containers=sandbox.max_containers,
@@ -154,7 +153,7 @@ class SandboxPool:
             return cached
         if cached is not None:
             self.in_background(cached.aclose())
-        fresh = SandboxClient(info.url, info.read_token(), timeout=self.client_timeout_s)
+        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.client_timeout_s)
         self._clients[container_id] = fresh
         return fresh
 
