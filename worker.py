@@ -123,6 +123,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     if settings.embedded:
         await asyncio.to_thread(ensure_demo_policy, settings)
     try:
+        await parts.pool.backend.prepare()
         await parts.pool.ensure_running(settings.sandbox.min_containers)
         await ensure_reaper_schedule(client, settings)
         async with build_worker(client, parts):

@@ -60,6 +60,9 @@ class SandboxBackend(ABC):
         """The bearer token of a container: by default the one in its token file."""
         return info.read_token()
 
+    async def prepare(self) -> None:
+        """Called once when a worker starts, before it uses the pool: check access, clean up leftovers."""
+
     async def shutdown(self, purge: bool | None = None) -> list[str]:
         """Stop every container of this pool (`rollouts server stop`); the ids stopped."""
         stopped = []
