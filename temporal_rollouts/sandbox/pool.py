@@ -97,13 +97,13 @@ class SandboxPool:
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SandboxPool:
-        """The pool over the backend `sandbox.backend` names."""
+    def from_settings(cls, settings: Settings, backend: SandboxBackend | None = None) -> SandboxPool:
+        """The pool over the backend `sandbox.backend` names (or over `backend`, built elsewhere)."""
         from temporal_rollouts.sandbox.backends.select import build_backend
 
         sandbox = settings.sandbox
         return cls(
-            build_backend(settings),
+            backend or build_backend(settings),
             start_containers=sandbox.start_containers,
             slots_per_container=sandbox.slots_per_container,
             min_containers=sandbox.min_containers,
@@ -138,8 +138,17 @@ class SandboxPool:
 
     async def refresh(self) -> list[ContainerInfo]:
         live = await self.backend.list_containers()
-        self._containers = {info.container_id: info for info in live}
+        self.remember(live)
         return live
+
+    def remember(self, live: list[ContainerInfo]) -> None:
+        """Take a fresh listing as the pool's view of which containers exist and where."""
+        self._containers = {info.container_id: info for info in live}
+
+    def accepting(self, container_id: str) -> bool:
+        """Whether new leases may go to this container (as last listed); see ContainerInfo.accepting."""
+        info = self._containers.get(container_id)
+        return info is None or info.accepting
 
     async def client(self, container_id: str) -> SandboxClient:
         info = self._containers.get(container_id)

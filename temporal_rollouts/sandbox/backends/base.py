@@ -34,6 +34,9 @@ class ContainerInfo(BaseModel):
     token_file: Path | None = None
     """Local backend only: the 0600 file holding the token; remote backends derive tokens instead."""
     started_at: float
+    accepting: bool = True
+    """False while it drains before its backend ends it (Modal's lifetime): holders keep their leases,
+    new leases go elsewhere, and upkeep stops it once idle."""
 
     def read_token(self) -> str:
         if self.token_file is None:
