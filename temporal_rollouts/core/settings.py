@@ -218,6 +218,8 @@ class WorkerSettings(BaseModel):
     """Run workflow code in Temporal's workflow sandbox: it catches non-determinism but costs CPU on every workflow task."""
     graceful_shutdown_s: float = 30.0
     """On SIGTERM, how long running activities get to finish before they are handed back."""
+    host_name: str | None = None
+    """This host's name in worker identities (`pid@host`); the machine's hostname when unset."""
 
 
 class AtroposSettings(BaseModel):
