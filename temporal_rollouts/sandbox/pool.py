@@ -241,6 +241,7 @@ class SandboxPool:
             await asyncio.wait(set(self._background), timeout=self.client_timeout_s)
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(client.aclose() for client in clients))
+        await self.backend.aclose()
 
     async def __aenter__(self) -> SandboxPool:
         return self

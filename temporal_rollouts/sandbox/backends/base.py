@@ -63,6 +63,9 @@ class SandboxBackend(ABC):
         """The bearer token of a container: by default the one in its token file."""
         return info.read_token()
 
+    async def aclose(self) -> None:
+        """Close what the backend keeps open (HTTP clients); the containers keep running."""
+
     async def prepare(self) -> None:
         """Called once when a worker starts, before it uses the pool: check access, clean up leftovers."""
 

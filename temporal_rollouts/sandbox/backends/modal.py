@@ -37,7 +37,7 @@ from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnre
 from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
-from temporal_rollouts.sandbox.backends.static import probe_health
+from temporal_rollouts.sandbox.backends.static import HealthProbe
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class ModalBackend(SandboxBackend):
         self.max_containers = max_containers
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
+        self.probe = HealthProbe()
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
@@ -102,6 +103,9 @@ class ModalBackend(SandboxBackend):
 
     def token_for(self, info: ContainerInfo) -> str:
         return self.secret.token(info.container_id)
+
+    async def aclose(self) -> None:
+        await self.probe.aclose()
 
     # What a sandbox is made of -------------------------------------------------------------------
 
@@ -195,7 +199,7 @@ class ModalBackend(SandboxBackend):
 
     async def list_containers(self) -> list[ContainerInfo]:
         described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
-        states = await asyncio.gather(*(probe_health(seen.url, seen.container_id) for seen in described))
+        states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
         return [self._info(seen) for seen, state in zip(described, states, strict=True) if state == "healthy"]
 
     async def container_state(self, container_id: str) -> ContainerState:
@@ -203,7 +207,7 @@ class ModalBackend(SandboxBackend):
         if sandbox is None:
             return "unknown"
         seen = await self._describe(sandbox)
-        return "unresponsive" if seen is None else await probe_health(seen.url, container_id)
+        return "unresponsive" if seen is None else await self.probe(seen.url, container_id)
 
     async def start_container(self, container_id: str | None = None) -> ContainerInfo:
         """Create the lowest free name (or `container_id`); a name another worker took first is waited for."""
@@ -255,7 +259,7 @@ class ModalBackend(SandboxBackend):
         deadline = time.monotonic() + self.config.start_timeout_s
         while True:
             seen = await self._describe(sandbox)
-            if seen is not None and await probe_health(seen.url, container_id) == "healthy":
+            if seen is not None and await self.probe(seen.url, container_id) == "healthy":
                 return self._info(seen)
             if await self._modal_call("poll a sandbox", sandbox.poll.aio()) is not None:
                 self._seen.pop(sandbox.object_id, None)

@@ -33,7 +33,7 @@ from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnre
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
-from temporal_rollouts.sandbox.backends.static import probe_health
+from temporal_rollouts.sandbox.backends.static import HealthProbe
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class NomadBackend(SandboxBackend):
         self.max_containers = max_containers
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
+        self.probe = HealthProbe()
         self._nomad = nomad
         self._client = nomad.Nomad(
             address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
@@ -143,6 +144,9 @@ class NomadBackend(SandboxBackend):
 
     def token_for(self, info: ContainerInfo) -> str:
         return self.secret.token(info.container_id)
+
+    async def aclose(self) -> None:
+        await self.probe.aclose()
 
     async def _nomad_call(self, call: Callable[[], Result]) -> Result:
         """One python-nomad call in a thread; a refused token is a configuration error, anything else
@@ -197,7 +201,7 @@ class NomadBackend(SandboxBackend):
         if job.get("Stop"):
             return "unknown", None
         url, alive = await self._running_alloc(job["ID"])
-        if url is not None and await probe_health(url, job["ID"]) == "healthy":
+        if url is not None and await self.probe(url, job["ID"]) == "healthy":
             return "healthy", url
         if alive:
             return "unresponsive", url
