@@ -213,7 +213,14 @@ class ModalBackend(SandboxBackend):
         """Create the lowest free name (or `container_id`); a name another worker took first is waited for."""
         app = await self.app()
         if container_id is None:
-            taken = {seen.container_id for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen}
+            described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
+            taken = {seen.container_id for seen in described}
+            states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
+            if starting := sorted(seen.container_id for seen, state in zip(described, states, strict=True) if state != "healthy"):
+                # Another worker is starting one: it is the one more we need.
+                sandbox = await self._by_name(starting[0])
+                if sandbox is not None:
+                    return await self._wait_healthy(sandbox, starting[0])
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
             free = [self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken]
             if not free:

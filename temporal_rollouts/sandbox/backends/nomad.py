@@ -238,7 +238,13 @@ class NomadBackend(SandboxBackend):
         A job another worker registered first is waited for, never started twice."""
         await self.check_access()
         if container_id is None:
-            taken = {job["ID"] for job in await self._jobs()}
+            jobs = await self._jobs()
+            taken = {job["ID"] for job in jobs}
+            dead = {job["ID"] for job in jobs if job.get("Status") == "dead" or job.get("Stop")}
+            healthy = {info.container_id for info in await self.list_containers()}
+            if starting := sorted(taken - healthy - dead):
+                # Another worker is starting one (or Nomad is restarting it): it is the one more we need.
+                return await self._wait_healthy(starting[0])
             free = [self.job_id(i) for i in range(self.max_containers) if self.job_id(i) not in taken]
             if not free:
                 raise SandboxError(f"all {self.max_containers} Nomad sandbox jobs exist already")
