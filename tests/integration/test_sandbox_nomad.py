@@ -137,3 +137,24 @@ async def test_shutdown_purges_and_purge_on_start_clears_stuck_jobs(tmp_path, fa
         assert sorted(job_id for _, job_id in fake_nomad.jobs) == ["sbx-0"]
         assert await pool.backend.shutdown() == ["sbx-0"]
     assert not fake_nomad.jobs
+
+
+async def test_a_dead_job_is_registered_again_by_one_worker(tmp_path, fake_nomad) -> None:
+    settings = nomad_settings(tmp_path, fake_nomad)
+    async with SandboxPool.from_settings(settings) as pool_a, SandboxPool.from_settings(settings) as pool_b:
+        await pool_a.ensure_running()
+        fake_nomad.break_task("sbx-0")  # every restart and reschedule fails: Nomad gives the job up
+
+        async def dead() -> bool:
+            return await pool_a.backend.container_state("sbx-0") == "dead"
+
+        deadline = time.monotonic() + 30
+        while not await dead():
+            assert time.monotonic() < deadline, "the job never died"
+            await asyncio.sleep(0.2)
+        assert [info.container_id for info in await pool_a.backend.dead_containers()] == ["sbx-0"]
+        reports = await asyncio.gather(pool_a.check_health(), pool_b.check_health())
+        assert all(report.healthy == ["sbx-0"] for report in reports)
+        assert fake_nomad.jobs[("default", "sbx-0")].version == 1  # registered again once, not twice
+        lease = await pool_b.acquire(Holder(workflow_id="after-death", run_id="r"), wait_s=10)
+        assert (await pool_a.execute(lease, "c1", ExecOp(command="echo back"))).output.strip() == "back"
