@@ -104,6 +104,19 @@ async def test_a_sandbox_near_its_lifetime_drains_and_is_replaced(tmp_path, fake
         assert held.container_id not in {s.name for s in fake_modal.running()}
 
 
+async def test_a_sandbox_whose_tunnel_is_not_open_yet_does_not_hold_up_listing(pool, fake_modal) -> None:
+    await pool.ensure_running()
+    fake_modal.tunnel_error = fake_modal.exception.SandboxTimeoutError("tunnels are not available yet")
+    try:
+        started = asyncio.ensure_future(pool.backend.start_container("rl-test-1"))
+        await asyncio.sleep(1.0)
+        assert [info.container_id for info in await pool.refresh()] == ["rl-test-0"]  # seen before, cached
+    finally:
+        fake_modal.tunnel_error = None
+    assert (await started).container_id == "rl-test-1"
+    assert sorted(info.container_id for info in await pool.refresh()) == ["rl-test-0", "rl-test-1"]
+
+
 async def test_shutdown_removes_every_sandbox_by_tag(pool, fake_modal) -> None:
     await pool.ensure_running(2)
     assert sorted(await pool.backend.shutdown()) == ["rl-test-0", "rl-test-1"]
@@ -118,6 +131,7 @@ def test_every_modal_call_the_backend_makes_binds_to_the_installed_signatures(tm
     inspect.signature(modal.Sandbox.from_name).bind("rl-test", "rl-test-0")
     inspect.signature(modal.Sandbox.list).bind(app_id="ap-1", tags={"rollouts_pool": "rl-test"})
     inspect.signature(modal.App.lookup).bind("rl-test", create_if_missing=True)
-    for method in (modal.Sandbox.tunnels, modal.Sandbox.poll, modal.Sandbox.terminate, modal.Sandbox.get_tags):
+    for method in (modal.Sandbox.poll, modal.Sandbox.terminate, modal.Sandbox.get_tags):
         inspect.signature(method).bind(None)
+    inspect.signature(modal.Sandbox.tunnels).bind(None, timeout=5)
     assert callable(modal.Sandbox.create.aio) and callable(modal.Sandbox.list.aio)

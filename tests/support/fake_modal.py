@@ -67,13 +67,14 @@ class _Method:
         return self.impl(*args, **kwargs)
 
     def aio(self, *args: Any, **kwargs: Any) -> Any:
+        """Like modal's `.aio`: a coroutine that does the work (and raises) when awaited, or an async
+        generator for the listing calls; a bad keyword fails at the call, as Python's binding does."""
         self._record(args, kwargs)
-        result = self.impl(*args, **kwargs)
-        if inspect.isasyncgen(result):
-            return result
+        if inspect.isasyncgenfunction(self.impl):
+            return self.impl(*args, **kwargs)
 
         async def answer() -> Any:
-            return result
+            return self.impl(*args, **kwargs)
 
         return answer()
 
@@ -139,6 +140,8 @@ class FakeSandbox:
         return self.process.poll() is None
 
     def _tunnels(self, timeout: int = 50) -> dict[int, FakeTunnel]:
+        if self.fake.tunnel_error is not None:
+            raise self.fake.tunnel_error  # e.g. SandboxTimeoutError: the tunnel is not open yet
         return {inner: FakeTunnel(f"http://127.0.0.1:{outer}") for inner, outer in self.port_map.items()}
 
     def _terminate(self, *, wait: bool = False) -> int | None:
@@ -162,6 +165,7 @@ class FakeModal:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.tunnel_error: Exception | None = None
         self.sandboxes: list[FakeSandbox] = []
         self.apps: dict[str, FakeApp] = {}
         self._ids = itertools.count(1)

@@ -46,6 +46,7 @@ SERVER_PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_server"
 REMOTE_ROOT = "/opt/rollouts"
 TOKEN_ENV = "SANDBOX_TOKEN"
 POOL_TAG = "rollouts_pool"
+TUNNEL_WAIT_S = 5
 SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7")
 
 
@@ -175,11 +176,17 @@ class ModalBackend(SandboxBackend):
         return await self._modal_call("list sandboxes", collect())
 
     async def _describe(self, sandbox: Any) -> _Seen | None:
-        """Container id, tunnel URL and start time of a sandbox, asked of Modal once per sandbox."""
+        """Container id, tunnel URL and start time of a sandbox, asked of Modal once per sandbox; None
+        while it cannot say yet (its tunnel is still opening), so one starting sandbox never holds up
+        a listing."""
         seen = self._seen.get(sandbox.object_id)
         if seen is None:
-            tags = await self._modal_call("read sandbox tags", sandbox.get_tags.aio())
-            tunnels = await self._modal_call("read sandbox tunnels", sandbox.tunnels.aio())
+            try:
+                tags = await self._modal_call("read sandbox tags", sandbox.get_tags.aio())
+                tunnels = await self._modal_call("read sandbox tunnels", sandbox.tunnels.aio(timeout=TUNNEL_WAIT_S))
+            except SandboxUnreachable as err:
+                log.info("Modal sandbox %s cannot be described yet: %s", sandbox.object_id, err)
+                return None
             if "container_id" not in tags or self.config.port not in tunnels:
                 return None
             seen = _Seen(tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time())))
