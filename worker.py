@@ -34,6 +34,7 @@ from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
 from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
@@ -123,7 +124,10 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     client = await connect(settings, objects=parts.objects)
     if settings.embedded:
         await asyncio.to_thread(ensure_demo_policy, settings)
+    warn_about_local_storage(settings)
     try:
+        await check_local_backend_is_alone(client, settings)
+        await parts.pool.backend.prepare()
         await parts.pool.ensure_running(settings.sandbox.min_containers)
         await ensure_reaper_schedule(client, settings)
         async with build_worker(client, parts):

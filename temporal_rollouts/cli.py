@@ -335,20 +335,18 @@ async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
-    """The embedded Temporal server; `stop` also stops the local sandbox containers and demo policy."""
+    """The embedded Temporal server; `stop` also stops the pool's sandbox containers (on whichever backend
+    is configured: local processes, Nomad jobs, Modal sandboxes; a static pool is left alone) and the demo policy."""
     from temporal_rollouts.runtime.services import stop_demo_policy
     from temporal_rollouts.runtime.temporal import ensure_dev_server, stop_dev_server
-    from temporal_rollouts.sandbox.backends.local import LocalBackend
+    from temporal_rollouts.sandbox.backends.select import build_backend
 
     if args.action == "start":
         started = ensure_dev_server(settings)
         print(f"{'started' if started else 'already running'}: {settings.temporal_address} (UI {settings.ui_url})")
         return 0
-    backend = LocalBackend.from_settings(settings)
-    containers = await backend.list_containers()
-    for container in containers:
-        await backend.stop_container(container.container_id)
-    print(f"sandbox containers stopped: {len(containers)}")
+    stopped = await build_backend(settings).shutdown()
+    print(f"sandbox containers stopped ({settings.sandbox.backend.type}): {len(stopped)}")
     print(f"demo policy: {'stopped' if stop_demo_policy(settings) else 'not running'}")
     print(f"Temporal server: {'stopped' if stop_dev_server(settings) else 'not running'}")
     return 0

@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.inputs import describe_problem
+from temporal_rollouts.core.sandbox_backends import LocalBackendConfig, SandboxBackendConfig
 from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
 from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.schema import (
@@ -87,6 +88,29 @@ class TemporalSettings(BaseModel):
     """Web UI port of the embedded dev server."""
     ui_url: str | None = None
     """Web UI address to print when connecting to a non-embedded server."""
+    tls: bool = False
+    """Connect with TLS (implied by any of the tls_* files, or by `api_key_env`)."""
+    tls_ca_file: Path | None = None
+    """PEM file of the CA that signed the server's certificate; None trusts the system roots."""
+    tls_client_cert_file: Path | None = None
+    """PEM client certificate for mTLS (with `tls_client_key_file`)."""
+    tls_client_key_file: Path | None = None
+    """PEM private key of the mTLS client certificate."""
+    tls_server_name: str | None = None
+    """Server name to verify the certificate against, when it differs from the address's host."""
+    api_key_env: str | None = None
+    """Environment variable holding an API key (Temporal Cloud); the key never enters a workflow."""
+
+    @model_validator(mode="after")
+    def _client_cert_pair(self) -> TemporalSettings:
+        if (self.tls_client_cert_file is None) != (self.tls_client_key_file is None):
+            raise ValueError("temporal.tls_client_cert_file and temporal.tls_client_key_file go together (mTLS)")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        files = (self.tls_ca_file, self.tls_client_cert_file, self.tls_server_name)
+        return self.tls or self.api_key_env is not None or any(value is not None for value in files)
 
 
 class ChatPolicy(BaseModel):
@@ -143,10 +167,8 @@ PolicyEndpoint = Annotated[
 class SandboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["local"] = "local"
-    """Where sandbox containers run."""
-    start_local: bool = True
-    """Whether `python worker.py` starts the local sandbox container when none is running."""
+    backend: SandboxBackendConfig = Field(default_factory=LocalBackendConfig)
+    """Where sandbox containers run: `local`, `static`, `nomad` or `modal`, with that backend's own fields."""
     slots_per_container: int = 8
     """Isolated workspaces served by one sandbox server."""
     min_containers: int = 1
@@ -157,8 +179,6 @@ class SandboxSettings(BaseModel):
     """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
     """Period of the reaper schedule that frees leases whose holder workflow has closed."""
-    host: str = "127.0.0.1"
-    """Address the local sandbox server binds."""
     require_isolation: bool = True
     """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
     instead (development only): the server then warns on every start."""
@@ -193,6 +213,39 @@ class SandboxSettings(BaseModel):
     max_transfer_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0)
     """Largest file or packed folder an env hook uploads to or downloads from a slot (1 GiB; each sandbox
     server also has its own cap, `--max-transfer-bytes`, with the same default)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_local_fields(cls, data: Any) -> Any:
+        """Older flat settings: `backend = "local"`, and `host`/`start_local` beside it, still work."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        backend = data.get("backend", {"type": "local"})
+        if isinstance(backend, str):
+            backend = {"type": backend}
+        moved = {"host": "host", "start_local": "start_containers"}
+        if any(old in data for old in moved):
+            if not isinstance(backend, dict) or backend.get("type", "local") != "local":
+                raise ValueError("sandbox.host and sandbox.start_local belong to the local backend: set sandbox.backend.*")
+            backend = {**backend, **{new: data.pop(old) for old, new in moved.items() if old in data}}
+        data["backend"] = backend
+        return data
+
+    @model_validator(mode="after")
+    def _modal_outlives_leases(self) -> SandboxSettings:
+        backend = self.backend
+        if backend.type == "modal" and backend.idle_timeout_s <= self.lease_ttl_s:
+            raise ValueError(
+                f"sandbox.backend.idle_timeout_s ({backend.idle_timeout_s}) must exceed sandbox.lease_ttl_s "
+                f"({self.lease_ttl_s:g}): Modal would end sandboxes whose leases are still held"
+            )
+        return self
+
+    @property
+    def start_containers(self) -> bool:
+        """Whether this process may start and restart containers (never for `static`)."""
+        return bool(getattr(self.backend, "start_containers", False))
 
 
 class DemoPolicySettings(BaseModel):
@@ -238,6 +291,8 @@ class WorkerSettings(BaseModel):
     """Run workflow code in Temporal's workflow sandbox: it catches non-determinism but costs CPU on every workflow task."""
     graceful_shutdown_s: float = 30.0
     """On SIGTERM, how long running activities get to finish before they are handed back."""
+    host_name: str | None = None
+    """This host's name in worker identities (`pid@host`); the machine's hostname when unset."""
 
 
 class AtroposSettings(BaseModel):

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+from temporalio.service import TLSConfig
 
 from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.errors import ConfigError
@@ -96,22 +100,52 @@ def stop_dev_server(settings: Settings) -> bool:
     return stop_by_pid_file(_pid_file(settings))
 
 
+def host_name(settings: Settings) -> str:
+    """This host's name in worker identities: `worker.host_name`, else the machine's hostname."""
+    return settings.worker.host_name or socket.gethostname()
+
+
+def connect_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of `Client.connect` besides the address and converter: namespace, identity,
+    TLS or mTLS, and an API key read from the variable `temporal.api_key_env` names (never stored)."""
+    temporal = settings.temporal
+    options: dict[str, Any] = {"namespace": temporal.namespace, "identity": f"{os.getpid()}@{host_name(settings)}"}
+    if temporal.api_key_env is not None:
+        api_key = os.environ.get(temporal.api_key_env, "")
+        if not api_key:
+            raise ConfigError(f"temporal.api_key_env names ${temporal.api_key_env}, which is not set")
+        options["api_key"] = api_key
+    if temporal.uses_tls:
+        def read(path: Path | None) -> bytes | None:
+            if path is None:
+                return None
+            try:
+                return path.read_bytes()
+            except OSError as err:
+                raise ConfigError(f"cannot read Temporal TLS file {path}: {err}") from err
+
+        options["tls"] = TLSConfig(
+            server_root_ca_cert=read(temporal.tls_ca_file),
+            client_cert=read(temporal.tls_client_cert_file),
+            client_private_key=read(temporal.tls_client_key_file),
+            domain=temporal.tls_server_name,
+        )
+    return options
+
+
 async def connect(
     settings: Settings, *, objects: S3StorageDriverClient | None = None, start_embedded: bool = True
 ) -> Client:
     """A client with the project's data converter (pydantic, large payloads by reference);
     starts the embedded server where configured."""
     converter = data_converter(settings, objects or object_client(settings))
+    options = connect_options(settings)
     if settings.embedded and start_embedded:
         await asyncio.to_thread(ensure_dev_server, settings)
     last_error: Exception | None = None
     for _ in range(50):
         try:
-            return await Client.connect(
-                settings.temporal_address,
-                namespace=settings.temporal.namespace,
-                data_converter=converter,
-            )
+            return await Client.connect(settings.temporal_address, data_converter=converter, **options)
         except RuntimeError as err:  # the server may still be opening its frontend
             last_error = err
             await asyncio.sleep(0.2)

@@ -69,7 +69,8 @@ async def acquire(pool: SandboxPool, holder: Holder, ttl_s: float, wait_s: float
             raise SandboxUnreachable("no sandbox container is running, and the pool may not start one")
         remaining = deadline - time.monotonic()
         if remaining > 0:
-            lease = await wait_everywhere(pool, list(states), holder, ttl_s, remaining, allow_network)
+            open_lines = [container_id for container_id in states if pool.accepting(container_id)]
+            lease = await wait_everywhere(pool, open_lines, holder, ttl_s, remaining, allow_network)
             if lease is not None:
                 return lease
         remaining = deadline - time.monotonic()
@@ -84,6 +85,7 @@ async def _take_free(
     free = {
         container_id: sum(state.lease is None and not state.quarantined for state in slots)
         for container_id, slots in states.items()
+        if pool.accepting(container_id)
     }
     for container_id in sorted(free, key=free.__getitem__, reverse=True):
         if free[container_id] == 0:
@@ -106,7 +108,7 @@ async def _grow(pool: SandboxPool, seen: set[str], looked_again: bool) -> str | 
         dead = await pool.backend.dead_containers()
         if not looked_again and {info.container_id for info in live} - seen:
             return ""
-        if len(live) + len(dead) >= pool.max_containers:
+        if sum(info.accepting for info in live) + len(dead) >= pool.max_containers:
             return None
         started = await pool.backend.start_container()
     log.info("every sandbox slot was taken: started container %s", started.container_id)

@@ -104,15 +104,14 @@ class SandboxPool:
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SandboxPool:
-        from temporal_rollouts.sandbox.backends.local import LocalBackend
+    def from_settings(cls, settings: Settings, backend: SandboxBackend | None = None) -> SandboxPool:
+        """The pool over the backend `sandbox.backend` names (or over `backend`, built elsewhere)."""
+        from temporal_rollouts.sandbox.backends.select import build_backend
 
         sandbox = settings.sandbox
-        if sandbox.backend != "local":
-            raise ConfigError(f"unknown sandbox backend {sandbox.backend!r}")
         return cls(
-            LocalBackend.from_settings(settings),
-            start_containers=sandbox.start_local,
+            backend or build_backend(settings),
+            start_containers=sandbox.start_containers,
             slots_per_container=sandbox.slots_per_container,
             min_containers=sandbox.min_containers,
             max_containers=sandbox.max_containers,
@@ -146,8 +145,17 @@ class SandboxPool:
 
     async def refresh(self) -> list[ContainerInfo]:
         live = await self.backend.list_containers()
-        self._containers = {info.container_id: info for info in live}
+        self.remember(live)
         return live
+
+    def remember(self, live: list[ContainerInfo]) -> None:
+        """Take a fresh listing as the pool's view of which containers exist and where."""
+        self._containers = {info.container_id: info for info in live}
+
+    def accepting(self, container_id: str) -> bool:
+        """Whether new leases may go to this container (as last listed); see ContainerInfo.accepting."""
+        info = self._containers.get(container_id)
+        return info is None or info.accepting
 
     async def client(self, container_id: str) -> SandboxClient:
         info = self._containers.get(container_id)
@@ -161,7 +169,7 @@ class SandboxPool:
             return cached
         if cached is not None:
             self.in_background(cached.aclose())
-        fresh = SandboxClient(info.url, info.read_token(), timeout=self.client_timeout_s)
+        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.client_timeout_s)
         self._clients[container_id] = fresh
         return fresh
 
@@ -291,6 +299,7 @@ class SandboxPool:
             await asyncio.wait(set(self._background), timeout=self.client_timeout_s)
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(client.aclose() for client in clients))
+        await self.backend.aclose()
 
     async def __aenter__(self) -> SandboxPool:
         return self

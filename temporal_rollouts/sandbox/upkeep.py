@@ -58,9 +58,15 @@ async def check_health(pool: SandboxPool) -> HealthReport:
 
 
 async def scale_down(pool: SandboxPool, min_containers: int, idle_s: float) -> list[str]:
+    """Stop idle containers above `min_containers`, and every retiring one (not `accepting`) once idle."""
     stopped: list[str] = []
     async with pool.backend.exclusive():
-        live = await pool.backend.list_containers()
+        listed = await pool.backend.list_containers()
+        pool.remember(listed)
+        for info in listed:
+            if not info.accepting and await _stop_if_idle(pool, info.container_id, 0.0):
+                stopped.append(info.container_id)
+        live = [info for info in listed if info.accepting]
         healths = await asyncio.gather(*(_health(pool, info.container_id) for info in live))
         idle = sorted(
             (health.idle_since, health.container_id)
@@ -71,16 +77,9 @@ async def scale_down(pool: SandboxPool, min_containers: int, idle_s: float) -> l
         for _, container_id in idle:
             if remaining <= min_containers:
                 break
-            try:
-                drained = await (await pool.client(container_id)).drain(idle_s)
-            except SandboxUnreachable:
-                continue
-            if not drained.draining:
-                continue
-            await pool.backend.stop_container(container_id)
-            pool.forget_client(container_id)
-            stopped.append(container_id)
-            remaining -= 1
+            if await _stop_if_idle(pool, container_id, idle_s):
+                stopped.append(container_id)
+                remaining -= 1
     if stopped:
         log.info("stopped idle sandbox containers: %s", ", ".join(stopped))
     return stopped
@@ -120,6 +119,19 @@ async def reap(
             log.info("reaped slot %d of %s from closed workflow %s", lease.slot, lease.container_id, key[0])
             freed.append(lease)
     return freed
+
+
+async def _stop_if_idle(pool: SandboxPool, container_id: str, idle_s: float) -> bool:
+    """Stop a container if its server agrees it has been idle `idle_s` (and from then on refuses leases)."""
+    try:
+        drained = await (await pool.client(container_id)).drain(idle_s)
+    except SandboxUnreachable:
+        return False
+    if not drained.draining:
+        return False
+    await pool.backend.stop_container(container_id)
+    pool.forget_client(container_id)
+    return True
 
 
 async def _health(pool: SandboxPool, container_id: str) -> HealthStatus | None:

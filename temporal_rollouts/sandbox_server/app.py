@@ -1,7 +1,8 @@
 """The sandbox server: one container's SlotManager over HTTP, started as `python -m temporal_rollouts.sandbox_server`.
 
 Backends start one such process per container. Every endpoint but /health needs
-the bearer token, which is read from a file so it never shows on a command line.
+the bearer token, which is read from a file or an environment variable (whichever
+the backend's secret mechanism provides) so it never shows on a command line.
 Errors travel as `RolloutError.to_payload()` bodies that the client raises again
 with their own type.
 
@@ -245,10 +246,19 @@ def _error_response(err: RolloutError, status: int | None = None) -> Response:
     return Response(json.dumps(err.to_payload()), status_code=status, media_type="application/json")
 
 
-def read_token(token_file: Path) -> str:
-    token = token_file.read_text(encoding="utf-8").strip()
+def read_token(token_file: Path | None = None, token_env: str | None = None) -> str:
+    """The bearer token from `--token-file` or from the variable `--token-env` names (then dropped
+    from this process's environment, so commands in the slots never inherit it)."""
+    if token_file is not None:
+        token = token_file.read_text(encoding="utf-8").strip()
+        if not token:
+            raise SystemExit(f"token file {token_file} is empty")
+        return token
+    if token_env is None:
+        raise SystemExit("give the bearer token with --token-file or --token-env")
+    token = os.environ.pop(token_env, "").strip()
     if not token:
-        raise SystemExit(f"token file {token_file} is empty")
+        raise SystemExit(f"environment variable {token_env} (--token-env) is not set or empty")
     return token
 
 
@@ -265,7 +275,7 @@ async def serve(args: argparse.Namespace) -> None:
         allow_network_unprotected=args.allow_network_unprotected,
         use_cgroups=args.cgroups,
     )
-    app = create_app(manager, read_token(args.token_file), args.max_transfer_bytes)
+    app = create_app(manager, read_token(args.token_file, args.token_env), args.max_transfer_bytes)
     listener = _tcp_listener(args.host, args.port)
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -321,7 +331,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--root", type=Path, required=True, help="slot workspaces, journals and logs live here")
-    parser.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
+    token = parser.add_mutually_exclusive_group(required=True)
+    token.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    token.add_argument("--token-env", help="environment variable holding the bearer token")
     parser.add_argument("--container-id", default="local")
     parser.add_argument(
         "--require-isolation", action=argparse.BooleanOptionalAction, default=True,

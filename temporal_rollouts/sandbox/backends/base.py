@@ -31,10 +31,16 @@ class ContainerInfo(BaseModel):
     url: str
     pid: int | None = None
     backend: str
-    token_file: Path
+    token_file: Path | None = None
+    """Local backend only: the 0600 file holding the token; remote backends derive tokens instead."""
     started_at: float
+    accepting: bool = True
+    """False while it drains before its backend ends it (Modal's lifetime): holders keep their leases,
+    new leases go elsewhere, and upkeep stops it once idle."""
 
     def read_token(self) -> str:
+        if self.token_file is None:
+            raise SandboxError(f"sandbox {self.container_id} has no token file: ask its backend (token_for)")
         return self.token_file.read_text(encoding="utf-8").strip()
 
 
@@ -52,6 +58,24 @@ class SandboxBackend(ABC):
     @abstractmethod
     async def list_containers(self) -> list[ContainerInfo]:
         """The containers that are running and healthy now."""
+
+    def token_for(self, info: ContainerInfo) -> str:
+        """The bearer token of a container: by default the one in its token file."""
+        return info.read_token()
+
+    async def aclose(self) -> None:
+        """Close what the backend keeps open (HTTP clients); the containers keep running."""
+
+    async def prepare(self) -> None:
+        """Called once when a worker starts, before it uses the pool: check access, clean up leftovers."""
+
+    async def shutdown(self, purge: bool | None = None) -> list[str]:
+        """Stop every container of this pool (`rollouts server stop`); the ids stopped."""
+        stopped = []
+        for info in [*await self.list_containers(), *await self.dead_containers()]:
+            await self.stop_container(info.container_id)
+            stopped.append(info.container_id)
+        return stopped
 
     async def container_state(self, container_id: str) -> ContainerState:
         live = {info.container_id for info in await self.list_containers()}

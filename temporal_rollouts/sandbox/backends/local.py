@@ -78,10 +78,11 @@ class LocalBackend(SandboxBackend):
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalBackend:
         sandbox = settings.sandbox
+        host = sandbox.backend.host if sandbox.backend.type == "local" else "127.0.0.1"
         return cls(
             settings.data_dir,
             slots_per_container=sandbox.slots_per_container,
-            host=sandbox.host,
+            host=host,
             require_isolation=sandbox.require_isolation,
             max_output_chars=sandbox.max_output_chars,
             limit_args=server_limit_args(settings),

@@ -1,0 +1,284 @@
+"""ModalBackend: sandbox servers as Modal Sandboxes, one named sandbox per container index.
+
+Modal is the registry. Sandboxes carry tags (`rollouts_pool`, `container_id`,
+`started_at`), so any worker lists the pool with one `Sandbox.list(tags=...)`
+call and `rollouts server stop` removes everything by tag. A sandbox is named
+`<app_name>-<index>`, and Modal refuses a second running sandbox of one name
+(`AlreadyExistsError`): that is the lock that keeps two workers from starting
+one container twice; the loser finds the winner with `Sandbox.from_name`.
+
+The server listens on an encrypted port reached through `tunnels()`; its token,
+HMAC(pool secret, container id), travels as a Modal Secret made with
+`Secret.from_dict`, never on a command line or in a workflow. The image is the
+configured registry image plus the sandbox server package alone.
+
+Modal ends a sandbox at its lifetime (`timeout`) or after `idle_timeout` without
+activity (open tunnel connections count). The idle timeout must exceed the lease
+TTL (checked in settings). Before the lifetime ends, a sandbox within
+`drain_margin_s` of it stops taking new leases (`accepting=False`), its holders
+finish, and the pool's upkeep terminates it once idle and starts a fresh one.
+
+Calls to Modal are few: per worker one `App.lookup`; per start one
+`Sandbox.create` and one `tunnels()`; per listing one `Sandbox.list` (tags and
+tunnel addresses of sandboxes already seen are cached by object id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
+from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
+from temporal_rollouts.sandbox.backends.static import HealthProbe
+from temporal_rollouts.sandbox.backends.tokens import PoolSecret
+
+log = logging.getLogger(__name__)
+
+SERVER_PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_server"
+REMOTE_ROOT = "/opt/rollouts"
+TOKEN_ENV = "SANDBOX_TOKEN"
+POOL_TAG = "rollouts_pool"
+TUNNEL_WAIT_S = 5
+SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7")
+
+
+@dataclass(frozen=True)
+class _Seen:
+    container_id: str
+    url: str
+    started_at: float
+
+
+class ModalBackend(SandboxBackend):
+    name = "modal"
+
+    def __init__(
+        self,
+        config: ModalBackendConfig,
+        secret: PoolSecret,
+        *,
+        slots_per_container: int = 8,
+        max_containers: int = 4,
+        max_output_chars: int = 50_000,
+        require_isolation: bool = False,
+        modal_api: ModuleType | Any | None = None,
+    ) -> None:
+        if modal_api is None:
+            import modal as modal_api  # the `cluster` extra
+        self.config = config
+        self.secret = secret
+        self.slots_per_container = slots_per_container
+        self.max_containers = max_containers
+        self.max_output_chars = max_output_chars
+        self.require_isolation = require_isolation
+        self.probe = HealthProbe()
+        self.modal = modal_api
+        self._app: Any = None
+        self._seen: dict[str, _Seen] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, modal_api: Any = None) -> ModalBackend:
+        config = settings.sandbox.backend
+        if config.type != "modal":
+            raise ConfigError(f"sandbox.backend is {config.type!r}, not 'modal'")
+        return cls(
+            config,
+            PoolSecret.from_env(config.secret_env),
+            slots_per_container=settings.sandbox.slots_per_container,
+            max_containers=settings.sandbox.max_containers,
+            max_output_chars=settings.sandbox.max_output_chars,
+            require_isolation=settings.sandbox.require_isolation,
+            modal_api=modal_api,
+        )
+
+    def container_name(self, index: int) -> str:
+        return f"{self.config.app_name}-{index}"
+
+    def token_for(self, info: ContainerInfo) -> str:
+        return self.secret.token(info.container_id)
+
+    async def aclose(self) -> None:
+        await self.probe.aclose()
+
+    # What a sandbox is made of -------------------------------------------------------------------
+
+    def image(self) -> Any:
+        """The configured image plus bubblewrap, the server's three requirements and its package alone."""
+        return (
+            self.modal.Image.from_registry(self.config.image)
+            .apt_install("bubblewrap")
+            .pip_install(*SERVER_REQUIREMENTS)
+            .add_local_dir(SERVER_PACKAGE, f"{REMOTE_ROOT}/temporal_rollouts/sandbox_server")
+        )
+
+    def command(self, container_id: str) -> list[str]:
+        argv = [
+            "python", "-m", "temporal_rollouts.sandbox_server", "--host", "0.0.0.0", "--port", str(self.config.port),
+            "--slots", str(self.slots_per_container), "--root", f"{self.config.workspace_base}/root",
+            "--token-env", TOKEN_ENV, "--container-id", container_id, "--max-output-chars", str(self.max_output_chars),
+        ]  # fmt: skip
+        return [*argv, "--require-isolation"] if self.require_isolation else argv
+
+    def create_options(self, container_id: str) -> dict[str, Any]:
+        """Every keyword of the one `Sandbox.create` call (tests check them against the installed modal)."""
+        config = self.config
+        secrets = [self.modal.Secret.from_name(name) for name in config.secrets]
+        secrets.append(self.modal.Secret.from_dict({TOKEN_ENV: self.secret.token(container_id)}))
+        return {
+            "name": container_id,
+            "tags": {POOL_TAG: config.app_name, "container_id": container_id, "started_at": str(int(time.time()))},
+            "image": self.image(),
+            "secrets": secrets,
+            "env": {**config.env_vars, "PYTHONPATH": REMOTE_ROOT},
+            "timeout": config.max_lifetime_s,
+            "idle_timeout": config.idle_timeout_s,
+            "gpu": config.gpu,
+            "cpu": config.cpu,
+            "memory": config.memory,
+            "encrypted_ports": [config.port],
+            "workdir": config.workspace_base,
+        }
+
+    # Modal calls -------------------------------------------------------------------------------
+
+    async def _modal_call(self, what: str, call: Any) -> Any:
+        errors = self.modal.exception
+        try:
+            return await call
+        except (errors.NotFoundError, errors.AlreadyExistsError):
+            raise
+        except errors.AuthError as err:
+            raise ConfigError(f"Modal refused our credentials ({what}): {err}") from err
+        except errors.Error as err:
+            raise SandboxUnreachable(f"Modal failed to {what}: {err}") from err
+
+    async def app(self) -> Any:
+        if self._app is None:
+            self._app = await self._modal_call(
+                "look up the app", self.modal.App.lookup.aio(self.config.app_name, create_if_missing=True)
+            )
+        return self._app
+
+    async def _sandboxes(self) -> list[Any]:
+        app = await self.app()
+
+        async def collect() -> list[Any]:
+            return [sb async for sb in self.modal.Sandbox.list.aio(app_id=app.app_id, tags={POOL_TAG: self.config.app_name})]
+
+        return await self._modal_call("list sandboxes", collect())
+
+    async def _describe(self, sandbox: Any) -> _Seen | None:
+        """Container id, tunnel URL and start time of a sandbox, asked of Modal once per sandbox; None
+        while it cannot say yet (its tunnel is still opening), so one starting sandbox never holds up
+        a listing."""
+        seen = self._seen.get(sandbox.object_id)
+        if seen is None:
+            try:
+                tags = await self._modal_call("read sandbox tags", sandbox.get_tags.aio())
+                tunnels = await self._modal_call("read sandbox tunnels", sandbox.tunnels.aio(timeout=TUNNEL_WAIT_S))
+            except SandboxUnreachable as err:
+                log.info("Modal sandbox %s cannot be described yet: %s", sandbox.object_id, err)
+                return None
+            if "container_id" not in tags or self.config.port not in tunnels:
+                return None
+            seen = _Seen(tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time())))
+            self._seen[sandbox.object_id] = seen
+        return seen
+
+    def _accepting(self, seen: _Seen) -> bool:
+        return time.time() - seen.started_at < self.config.max_lifetime_s - self.config.drain_margin_s
+
+    def _info(self, seen: _Seen) -> ContainerInfo:
+        return ContainerInfo(
+            container_id=seen.container_id, url=seen.url, backend=self.name, started_at=seen.started_at,
+            accepting=self._accepting(seen),
+        )  # fmt: skip
+
+    # The backend interface ---------------------------------------------------------------------
+
+    async def list_containers(self) -> list[ContainerInfo]:
+        described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
+        states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
+        return [self._info(seen) for seen, state in zip(described, states, strict=True) if state == "healthy"]
+
+    async def container_state(self, container_id: str) -> ContainerState:
+        sandbox = await self._by_name(container_id)
+        if sandbox is None:
+            return "unknown"
+        seen = await self._describe(sandbox)
+        return "unresponsive" if seen is None else await self.probe(seen.url, container_id)
+
+    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
+        """Create the lowest free name (or `container_id`); a name another worker took first is waited for."""
+        app = await self.app()
+        if container_id is None:
+            described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
+            taken = {seen.container_id for seen in described}
+            states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
+            if starting := sorted(seen.container_id for seen, state in zip(described, states, strict=True) if state != "healthy"):
+                # Another worker is starting one: it is the one more we need.
+                sandbox = await self._by_name(starting[0])
+                if sandbox is not None:
+                    return await self._wait_healthy(sandbox, starting[0])
+            # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
+            free = [self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken]
+            if not free:
+                raise SandboxError(f"all {2 * self.max_containers} Modal sandbox names are in use")
+            container_id = free[0]
+        try:
+            sandbox = await self._modal_call(
+                "create a sandbox", self.modal.Sandbox.create.aio(*self.command(container_id), app=app, **self.create_options(container_id))
+            )
+            log.info("created Modal sandbox %s", container_id)
+        except self.modal.exception.AlreadyExistsError:
+            log.info("Modal sandbox %s exists already (another worker created it); waiting for it", container_id)
+            sandbox = await self._by_name(container_id)
+            if sandbox is None:
+                raise SandboxUnreachable(f"Modal sandbox {container_id} existed a moment ago and is gone") from None
+        return await self._wait_healthy(sandbox, container_id)
+
+    async def stop_container(self, container_id: str) -> None:
+        sandbox = await self._by_name(container_id)
+        if sandbox is not None:
+            await self._modal_call("terminate a sandbox", sandbox.terminate.aio())
+            self._seen.pop(sandbox.object_id, None)
+
+    async def shutdown(self, purge: bool | None = None) -> list[str]:
+        """Terminate every sandbox tagged with this pool, answering or not."""
+        stopped = []
+        for sandbox in await self._sandboxes():
+            seen = await self._describe(sandbox)
+            await self._modal_call("terminate a sandbox", sandbox.terminate.aio())
+            self._seen.pop(sandbox.object_id, None)
+            stopped.append(seen.container_id if seen else sandbox.object_id)
+        return stopped
+
+    async def _by_name(self, container_id: str) -> Any:
+        try:
+            return await self._modal_call(
+                "find a sandbox", self.modal.Sandbox.from_name.aio(self.config.app_name, container_id)
+            )
+        except self.modal.exception.NotFoundError:
+            return None
+
+    async def _wait_healthy(self, sandbox: Any, container_id: str) -> ContainerInfo:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            seen = await self._describe(sandbox)
+            if seen is not None and await self.probe(seen.url, container_id) == "healthy":
+                return self._info(seen)
+            if await self._modal_call("poll a sandbox", sandbox.poll.aio()) is not None:
+                self._seen.pop(sandbox.object_id, None)
+                raise SandboxError(f"Modal sandbox {container_id} exited while starting; see its logs in Modal")
+            if time.monotonic() > deadline:
+                await self._modal_call("terminate a sandbox", sandbox.terminate.aio())  # never leave a paid one behind
+                raise SandboxUnreachable(f"Modal sandbox {container_id} did not answer within {self.config.start_timeout_s:g}s")
+            await asyncio.sleep(0.25)
