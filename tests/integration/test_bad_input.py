@@ -29,6 +29,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from envs.terminal_tasks import bundled_tasks
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import ROLLOUT_FAILED, BatchResult, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
@@ -63,7 +64,7 @@ CASES: list[tuple[str, str, str | None, list[str]]] = [
     ("huge group_size", "BatchWorkflow", '{"env": "echo_chain", "group_size": 100000000}',
      ["group_size: must be at most 1024"]),
     ("item_offset past the task set", "BatchWorkflow", '{"env": "terminal_tasks", "item_offset": 1000000000000}',
-     ["item_offset: 1000000000000 is past the end of env 'terminal_tasks', which has 16 items"]),
+     [f"item_offset: 1000000000000 is past the end of env 'terminal_tasks', which has {len(bundled_tasks())} items"]),
     ("absurd item_offset", "BatchWorkflow", '{"env": "echo_chain", "item_offset": 1000000000000000000}',
      ["item_offset: must be at most 1000000000000"]),
     ("output outside results", "BatchWorkflow",
