@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
+from temporal_rollouts import cli_inspect
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, RolloutLimits, TrajectoryInput
@@ -397,12 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.demo_policy -h")
+
+    cli_inspect.add_parsers(sub)
     return parser
 
 
 COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
-            "resume": cmd_resume,
-            "worker": cmd_worker, "server": cmd_server}
+            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, **cli_inspect.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:
