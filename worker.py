@@ -33,6 +33,7 @@ from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
@@ -102,6 +103,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     deterministic and import only pass-through modules; a test replays a rollout's
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
+    one_line_activity_failures()
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
