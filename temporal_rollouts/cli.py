@@ -15,39 +15,80 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts import cli_inspect
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, RolloutLimits, TrajectoryInput
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.rollout_records import require_workflow, retry_summary, waiting_on_retries
+from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.temporal import connect
 
 DEMO_ENV = "terminal_tasks"
 
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
+"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
+2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
+(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
 
-def _batch_input(args: argparse.Namespace) -> BatchInput:
+RETRY_CHECK_S = 3.0
+"""How often the progress display asks Temporal which rollouts are waiting on retries."""
+
+
+def batch_exit_code(completed: int, failed: int) -> int:
+    if failed == 0:
+        return EXIT_OK
+    return EXIT_PARTIAL if completed else EXIT_FAILED
+
+
+def known_env(name: str) -> str:
+    from envs.registry import env_names
+
+    names = env_names()
+    if name not in names:
+        raise ConfigError(f"unknown env {name!r}: choose one of {', '.join(sorted(names))}")
+    return name
+
+
+def resolve_policy(settings: Settings, policy: str | None) -> str:
+    """The policy a batch runs on, decided here when it starts: the CLI's own `default_policy`
+    when none is named, checked against the CLI's settings (the worker resolves the name to an
+    endpoint, so no URL secret or key enters the workflow)."""
+    name = policy or settings.default_policy
+    settings.policy_endpoint(name)  # raises ConfigError naming the known policies
+    return name
+
+
+def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = RolloutLimits(max_turns=args.max_turns) if args.max_turns else RolloutLimits()
+    try:
+        env_config = json.loads(args.env_config) if args.env_config else {}
+    except ValueError as err:
+        raise ConfigError(f"--env-config is not JSON: {err}") from None
     return BatchInput(
-        env=args.env, num_items=args.items, group_size=args.group_size, item_offset=args.offset,
-        policy=args.policy, limits=limits, max_concurrency=args.max_concurrency, output=args.output,
-        env_config=json.loads(args.env_config) if args.env_config else {},
+        env=known_env(args.env), num_items=args.items, group_size=args.group_size, item_offset=args.offset,
+        policy=resolve_policy(settings, args.policy), limits=limits, max_concurrency=args.max_concurrency,
+        output=args.output, env_config=env_config,
     )
 
 
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
     from workflows.batch import BatchWorkflow
 
+    attributes = [SearchAttributePair(sa.ENV, batch.env)]
+    if batch.policy:
+        attributes.append(SearchAttributePair(sa.POLICY, batch.policy))
     return await client.start_workflow(
         BatchWorkflow.run, batch, id=batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.temporal.task_queue,
+        task_queue=settings.temporal.task_queue, search_attributes=TypedSearchAttributes(attributes),
     )
 
 
@@ -56,22 +97,30 @@ async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
     return BatchProgress.model_validate(raw) if raw else None
 
 
-async def watch(handle: WorkflowHandle, console: Console) -> BatchResult:
-    """A progress bar until the batch finishes; returns its result."""
+async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
+    """A progress bar until the batch finishes; returns its result. Rollouts waiting on retries
+    show under the bar with the cause (`model unreachable: connection refused, retry 3`)."""
     columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     result_task = asyncio.ensure_future(handle.result())
+    retry_lines: list[str] = []
+    next_retry_check = time.monotonic() + RETRY_CHECK_S
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(handle.id, total=None, detail="loading items")
         while not result_task.done():
             try:
                 progress = await _progress(handle)
+                if time.monotonic() >= next_retry_check:
+                    retry_lines = retry_summary(await waiting_on_retries(client, handle.id))
+                    next_retry_check = time.monotonic() + RETRY_CHECK_S
             except RPCError:
                 progress = None
             if progress:
                 mean = progress.mean_score
                 detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
                     f"{mean:.2f}" if mean is not None else "-")
+                if retry_lines:
+                    detail += "\n  [yellow]" + "\n  ".join(retry_lines) + "[/yellow]"
                 bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
             await asyncio.wait({result_task}, timeout=0.5)
         result = BatchResult.model_validate(result_task.result())
@@ -88,8 +137,10 @@ def summary_json(result: BatchResult) -> dict[str, Any]:
     }
 
 
-def print_summary(result: BatchResult, console: Console, settings: Settings) -> None:
+def print_summary(result: BatchResult, console: Console, settings: Settings, policy: str | None = None) -> None:
     table = Table(title=f"batch {result.batch_id}", show_header=False)
+    if policy:
+        table.add_row("policy", policy)
     table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
@@ -124,8 +175,9 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     console = Console(stderr=args.json)
+    batch = _batch_input(args, settings)
     client = await connect(settings)
-    handle = await start_batch(client, settings, _batch_input(args), args.id)
+    handle = await start_batch(client, settings, batch, args.id)
     if not args.wait:
         if args.json:
             print(json.dumps({"batch_id": handle.id, "status": "running"}))
@@ -133,44 +185,103 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
             console.print(f"started {handle.id}; watch it with `rollouts status {handle.id}`")
         return 0
     await _warn_without_worker(client, settings, console)
-    return await _finish(handle, console, settings, as_json=args.json)
+    return await _finish(client, handle, console, settings, as_json=args.json, policy=batch.policy)
 
 
-async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
-                  extra: dict[str, Any] | None = None) -> int:
+def root_cause(err: BaseException) -> str:
+    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
+    message = str(err)
+    cause: BaseException | None = err
+    while cause is not None:
+        text = getattr(cause, "message", None) or str(cause)
+        if text:
+            message = text
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return message
+
+
+async def _finish(client: Client, handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
+                  extra: dict[str, Any] | None = None, policy: str | None = None) -> int:
     try:
-        result = await watch(handle, console)
+        result = await watch(client, handle, console)
     except WorkflowFailureError as err:
-        message = f"batch {handle.id} failed: {err.cause}"
-        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message)
-        return 1
+        message = f"batch {handle.id} failed: {root_cause(err)}"
+        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message,
+              file=sys.stdout if as_json else sys.stderr)
+        return EXIT_FAILED
     if as_json:
-        print(json.dumps({**summary_json(result), **(extra or {})}))
+        print(json.dumps({**summary_json(result), **({"policy": policy} if policy else {}), **(extra or {})}))
     else:
-        print_summary(result, console, settings)
-    return 0 if result.failed == 0 else 2
+        print_summary(result, console, settings, policy)
+    return batch_exit_code(result.completed, result.failed)
+
+
+async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
+    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
+    described = await require_workflow(client, batch_id, "BatchWorkflow")
+    handle = client.get_workflow_handle(batch_id)
+    status = described.status.name.lower() if described.status else "unknown"
+    data: dict[str, Any] = {"batch_id": batch_id, "status": status,
+                            "policy": described.typed_search_attributes.get(sa.POLICY)}
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        result = BatchResult.model_validate(await handle.result())
+        return {**data, **summary_json(result), "status": "completed"}
+    try:
+        progress = await _progress(handle)
+    except RPCError:
+        progress = None
+    if progress:
+        data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
+                 "running": progress.running, "mean_score": progress.mean_score,
+                 "stop_reasons": progress.stop_reasons, "output": progress.output}
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        data["retrying"] = [note.model_dump() | {"headline": note.headline}
+                            for note in await waiting_on_retries(client, batch_id)]
+    elif described.status == WorkflowExecutionStatus.FAILED:
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            data["error"] = root_cause(err)
+    return data
+
+
+def status_exit_code(data: dict[str, Any]) -> int:
+    if data["status"] == "running":
+        return EXIT_OK
+    if data["status"] == "completed":
+        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
+    return EXIT_FAILED
+
+
+def format_status(data: dict[str, Any]) -> str:
+    lines = [f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")]
+    if data.get("error"):
+        lines.append(f"  error: {data['error']}")
+    if data.get("total") is not None:
+        counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
+        if data.get("running"):
+            counts += f", {data['running']} running"
+        lines.append(counts)
+        mean = data.get("mean_score")
+        lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
+    if data.get("stop_reasons"):
+        lines.append("  stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(data["stop_reasons"].items())))
+    notes = data.get("retrying") or []
+    if notes:
+        lines.append(f"  waiting on retries: {len(notes)}")
+        lines += [f"    {note['rollout_id']}: {note['headline']}" for note in notes]
+    if data.get("groups_pending"):
+        lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
+    if data.get("output"):
+        lines.append(f"  results: {data['output']}")
+    return "\n".join(lines)
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings, start_embedded=False)
-    handle = client.get_workflow_handle(args.batch_id)
-    described = await handle.describe()
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        result = BatchResult.model_validate(await handle.result())
-        data = {**summary_json(result), "status": "completed"}
-    else:
-        progress = await _progress(handle)
-        data = {"batch_id": args.batch_id, "status": described.status.name.lower() if described.status else "unknown"}
-        if progress:
-            data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
-                     "running": progress.running, "mean_score": progress.mean_score,
-                     "stop_reasons": progress.stop_reasons, "output": progress.output}
-    if args.json:
-        print(json.dumps(data))
-    else:
-        for key, value in data.items():
-            print(f"{key:>14}: {value}")
-    return 0
+    data = await batch_status(client, args.batch_id)
+    print(json.dumps(data) if args.json else format_status(data))
+    return status_exit_code(data)
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -183,7 +294,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     async with running_worker(settings) as client:
         batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
         handle = await start_batch(client, settings, batch)
-        code = await _finish(handle, console, settings, as_json=False)
+        code = await _finish(client, handle, console, settings, as_json=False)
     if settings.embedded:
         console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
                       "`rollouts server stop` stops them.")
@@ -201,13 +312,19 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in containers]))
         return 0
+    console = Console()
+    console.print(f"data folder: {settings.data_dir}", soft_wrap=True)
+    if not containers:
+        console.print(f"no sandbox containers are registered under {settings.data_dir}: start a worker "
+                      "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data")
+        return 0
     table = Table("container", "slot", "state", "holder", "expires in (s)")
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
             table.add_row(container.container_id, str(slot.slot), "leased" if lease else "free",
                           lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
-    Console().print(table)
+    console.print(table)
     return 0
 
 
@@ -288,7 +405,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
         return 0
-    return await _finish(new, console, settings, as_json=args.json, extra={"resumed": failed})
+    return await _finish(client, new, console, settings, as_json=args.json, extra={"resumed": failed})
 
 
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
@@ -350,22 +467,52 @@ def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
     return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
 
 
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+def _env_names() -> str:
+    from envs.registry import env_names
+
+    return ", ".join(sorted(env_names()))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollouts", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rollouts", description=__doc__.splitlines()[0],
+        epilog=f"exit codes: {EXIT_OK} all rollouts scored, {EXIT_ERROR} the command failed, {EXIT_USAGE} usage error, "
+               f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish")
-    demo.add_argument("--items", type=int, default=12)
-    demo.add_argument("--group-size", type=int, default=2)
+    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults)
+    demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
+    demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
 
-    batch = sub.add_parser("batch", help="start a batch of rollouts")
-    batch.add_argument("--env", required=True)
-    batch.add_argument("--items", type=int, default=4)
-    batch.add_argument("--group-size", type=int, default=2)
-    batch.add_argument("--offset", type=int, default=0, help="index of the first item")
-    batch.add_argument("--policy", default=None, help="policy name or OpenAI-compatible base URL")
-    batch.add_argument("--max-turns", type=int, default=None)
-    batch.add_argument("--max-concurrency", type=int, default=32)
+    batch = sub.add_parser("batch", help="start a batch of rollouts", formatter_class=defaults,
+                           description=f"Start a batch of rollouts. Envs: {_env_names()}.")
+    batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
+    batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
+    batch.add_argument("--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)")
+    batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument("--policy", default=None,
+                       help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
+                            "default: the config's default_policy")
+    batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
+    batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
     batch.add_argument("--output", default=None, help="JSONL path for scored groups")
     batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")
@@ -407,16 +554,34 @@ COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots":
             "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, **cli_inspect.COMMANDS}
 
 
+def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
+    where = settings.temporal_address if settings else "Temporal"
+    if err.status == RPCStatusCode.NOT_FOUND:
+        return f"not found on {where}: {err.message}"
+    if err.status == RPCStatusCode.UNAVAILABLE:
+        hint = " (start it with `python worker.py` or `rollouts server start`)" if settings and settings.embedded else ""
+        return f"Temporal at {where} is not reachable{hint}: {err.message}"
+    return f"Temporal at {where} answered {err.status.name if err.status else 'an error'}: {err.message}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    settings: Settings | None = None
     try:
-        settings = Settings()
+        settings = load_settings()
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
         return asyncio.run(COMMANDS[args.command](args, settings))
     except RolloutError as err:
         print(f"error: {err.message}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
+    except RPCError as err:
+        print(f"error: {explain_rpc_error(err, settings)}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValidationError as err:  # a batch input the models refuse (the CLI checks most before)
+        first = err.errors()[0]
+        print(f"error: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -164,3 +164,57 @@ async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
         if len(summaries) >= limit:
             break
     return summaries
+
+
+class RetryNote(BaseModel):
+    """A running rollout whose current step failed at least once and waits for its next attempt."""
+
+    rollout_id: str
+    activity: str
+    attempt: int = Field(description="The attempt Temporal runs next (1 is the first try).")
+    error_type: str | None = None
+    reason: str = Field(description="The last failure's message, e.g. `model unreachable: connection refused (...)`.")
+
+    @property
+    def headline(self) -> str:
+        """`model unreachable: connection refused, retry 3`: the message without its parenthesised detail."""
+        short = self.reason.split(" (", 1)[0] or self.activity
+        return f"{short}, retry {max(self.attempt - 1, 1)}"
+
+
+async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50) -> list[RetryNote]:
+    """Rollouts of a running batch whose step is being retried, and why, from Temporal's
+    pending-activity information (describe of each running rollout, at most `limit`)."""
+    query = (f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow' "
+             "AND ExecutionStatus = 'Running'")
+    notes: list[RetryNote] = []
+    checked = 0
+    async for execution in client.list_workflows(query):
+        checked += 1
+        if checked > limit:
+            break
+        try:
+            described = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
+        except RPCError:
+            continue
+        for pending in described.raw_description.pending_activities:
+            if not pending.HasField("last_failure"):
+                continue
+            failure = pending.last_failure
+            error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
+            notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
+                                   attempt=pending.attempt, error_type=error_type or None, reason=failure.message))
+    return sorted(notes, key=lambda note: _natural_key(note.rollout_id))
+
+
+def retry_summary(notes: list[RetryNote]) -> list[str]:
+    """One line per distinct cause: `4 rollouts: model unreachable: connection refused, retry 3` (the highest retry)."""
+    by_cause: dict[str, list[RetryNote]] = {}
+    for note in notes:
+        by_cause.setdefault(note.reason.split(" (", 1)[0], []).append(note)
+    lines = []
+    for group in by_cause.values():
+        worst = max(group, key=lambda note: note.attempt)
+        count = f"{len(group)} rollout{'s' if len(group) > 1 else ''}"
+        lines.append(f"{count} waiting on {worst.activity}: {worst.headline}")
+    return lines

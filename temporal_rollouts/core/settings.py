@@ -3,8 +3,10 @@
 Values come from, highest first: keyword arguments, environment variables
 (`ROLLOUTS_` prefix, `__` between nested names, e.g. `ROLLOUTS_TEMPORAL__ADDRESS`),
 then a TOML file (`rollouts.toml` in the working directory, or the path in
-`ROLLOUTS_CONFIG`), then the defaults below. Environment variables are read
-once, when `Settings()` is built, never at import time.
+`ROLLOUTS_CONFIG`, which must exist), then the defaults below. Environment variables
+are read once, when `Settings()` is built, never at import time. A relative `data_dir`
+is taken from the config file's folder when a file is in use, else from the working
+directory, and made absolute, so every command run against one config finds the same data.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from temporal_rollouts.sandbox_server.schema import (
@@ -23,6 +25,22 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 
 DEMO_POLICY = "demo"
+CONFIG_FILE = "rollouts.toml"
+
+
+def config_file() -> Path | None:
+    """The config file in use: the one `ROLLOUTS_CONFIG` names (an error if it is missing), else
+    `rollouts.toml` in the working directory when there is one."""
+    named = os.environ.get("ROLLOUTS_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            from temporal_rollouts.core.errors import ConfigError
+
+            raise ConfigError(f"ROLLOUTS_CONFIG names {named!r}, which is not a file")
+        return path.resolve()
+    local = Path(CONFIG_FILE)
+    return local.resolve() if local.is_file() else None
 
 
 class TemporalSettings(BaseModel):
@@ -178,7 +196,7 @@ class AtroposSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="temporal_rollouts.toml"
+        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid"
     )
 
     data_dir: Path = Path(".rollouts")
@@ -203,8 +221,17 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = os.environ.get("ROLLOUTS_CONFIG", "temporal_rollouts.toml")
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        path = config_file()
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+
+    @model_validator(mode="after")
+    def _absolute_data_dir(self) -> Settings:
+        if not self.data_dir.is_absolute():
+            path = config_file()
+            self.data_dir = ((path.parent if path else Path.cwd()) / self.data_dir).resolve()
+        return self
 
     @property
     def embedded(self) -> bool:
