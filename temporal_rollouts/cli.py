@@ -86,10 +86,21 @@ async def start_batch(client: Client, settings: Settings, batch: BatchInput, bat
     attributes = [SearchAttributePair(sa.ENV, batch.env)]
     if batch.policy:
         attributes.append(SearchAttributePair(sa.POLICY, batch.policy))
-    return await client.start_workflow(
-        BatchWorkflow.run, batch, id=batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.temporal.task_queue, search_attributes=TypedSearchAttributes(attributes),
-    )
+    workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
+
+    async def start() -> WorkflowHandle:
+        return await client.start_workflow(BatchWorkflow.run, batch, id=workflow_id, task_queue=settings.temporal.task_queue,
+                                           search_attributes=TypedSearchAttributes(attributes))
+    try:
+        return await start()
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT or "search attribute" not in err.message.lower():
+            raise
+        from temporal_rollouts.runtime.registration import add_missing_search_attributes
+
+        if not await add_missing_search_attributes(client, settings.temporal.namespace):
+            raise
+        return await start()
 
 
 async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
