@@ -34,7 +34,7 @@ from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.logs import one_line_activity_failures
-from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
+from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -126,8 +126,8 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         await asyncio.to_thread(ensure_demo_policy, settings)
     try:
         await parts.pool.ensure_running(settings.sandbox.min_containers)
-        await ensure_reaper_schedule(client, settings)
         async with build_worker(client, parts):
+            await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
         await parts.aclose()

@@ -420,18 +420,17 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
-    """One pass of the reaper schedule's workflow, now: restart dead containers, free leases
+    """A pass of the slot-pool maintenance workflow, now: restart dead containers, free leases
     of closed rollouts, stop idle containers."""
     from activities.pool import MaintenanceReport
+    from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
     console = Console(stderr=args.json)
     client = await connect(settings)
     await _warn_without_worker(client, settings, console)
-    raw = await client.execute_workflow(
-        SlotPoolMaintenanceWorkflow.run, id=f"rollouts-slot-reaper-manual-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.temporal.task_queue,
-    )
+    handle = await ensure_maintenance_workflow(client, settings)
+    raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)
     report = MaintenanceReport.model_validate(raw)
     if args.json:
         print(report.model_dump_json())

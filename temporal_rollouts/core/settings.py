@@ -127,7 +127,7 @@ class SandboxSettings(BaseModel):
     idle_stop_s: float = 300.0
     """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
-    """Period of the reaper schedule that frees leases whose holder workflow has closed."""
+    """Seconds between passes of the slot-pool maintenance workflow, which frees leases whose holder workflow has closed."""
     host: str = "127.0.0.1"
     """Address the local sandbox server binds."""
     require_isolation: bool = False
