@@ -176,9 +176,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--limit", type=int, default=20, help="how many batches (default: %(default)s)")
     listing.add_argument("--json", action="store_true")
 
+    view = sub.add_parser("view", help="a local web page of batches, rollouts and trajectories",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
+    view.add_argument("--port", type=int, default=8300)
+
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
     cancel.add_argument("batch_id")
     cancel.add_argument("--json", action="store_true")
 
 
-COMMANDS = {"show": cmd_show, "export": cmd_export, "list": cmd_list, "cancel": cmd_cancel}
+async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the web page of temporal_rollouts/view until Ctrl-C."""
+    import uvicorn
+
+    from temporal_rollouts.view.app import create_app
+
+    client, transcripts = await inspection_client(settings)
+    config = uvicorn.Config(create_app(client, transcripts), host=args.host, port=args.port, log_level="warning")
+    print(f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)",
+          flush=True)
+    await uvicorn.Server(config).serve()
+    return 0
+
+
+COMMANDS = {"show": cmd_show, "export": cmd_export, "list": cmd_list, "cancel": cmd_cancel, "view": cmd_view}
