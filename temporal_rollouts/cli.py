@@ -1,7 +1,9 @@
 """`rollouts`: start batches, watch them, inspect slots, serve the demo policy.
 
 Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
-is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input.
+is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input. The parser,
+the batch and server commands live here; cli_progress.py (the progress display, status,
+exit codes), cli_resume.py and cli_inspect.py (show, export, list, cancel, view) hold the rest.
 """
 
 from __future__ import annotations
@@ -13,41 +15,39 @@ import os
 import sys
 import time
 import uuid
-from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts import cli_inspect
+from temporal_rollouts.cli_progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    batch_exit_code,
+    batch_status,
+    finish,
+    format_status,
+    status_exit_code,
+)
+from temporal_rollouts.cli_resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
-from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, RolloutLimits, TrajectoryInput
+from temporal_rollouts.core.records import (
+    BatchInput,
+    RolloutLimits,
+)
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.rollout_records import require_workflow, retry_summary, waiting_on_retries
 from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.temporal import connect
 
 DEMO_ENV = "terminal_tasks"
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
-"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
-2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
-(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
-
-RETRY_CHECK_S = 3.0
-"""How often the progress display asks Temporal which rollouts are waiting on retries."""
-
-
-def batch_exit_code(completed: int, failed: int) -> int:
-    if failed == 0:
-        return EXIT_OK
-    return EXIT_PARTIAL if completed else EXIT_FAILED
-
 
 def known_env(name: str) -> str:
     from envs.registry import env_names
@@ -103,70 +103,6 @@ async def start_batch(client: Client, settings: Settings, batch: BatchInput, bat
         return await start()
 
 
-async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
-    raw = await handle.query("progress")
-    return BatchProgress.model_validate(raw) if raw else None
-
-
-async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
-    """A progress bar until the batch finishes; returns its result. Rollouts waiting on retries
-    show under the bar with the cause (`model unreachable: connection refused, retry 3`)."""
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
-    result_task = asyncio.ensure_future(handle.result())
-    retry_lines: list[str] = []
-    next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(handle.id, total=None, detail="loading items")
-        while not result_task.done():
-            try:
-                progress = await _progress(handle)
-                if time.monotonic() >= next_retry_check:
-                    retry_lines = retry_summary(await waiting_on_retries(client, handle.id))
-                    next_retry_check = time.monotonic() + RETRY_CHECK_S
-            except RPCError:
-                progress = None
-            if progress:
-                mean = progress.mean_score
-                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
-                    f"{mean:.2f}" if mean is not None else "-")
-                if retry_lines:
-                    detail += "\n  [yellow]" + "\n  ".join(retry_lines) + "[/yellow]"
-                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
-            await asyncio.wait({result_task}, timeout=0.5)
-        result = BatchResult.model_validate(result_task.result())
-        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
-    return result
-
-
-def summary_json(result: BatchResult) -> dict[str, Any]:
-    return {
-        "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
-        "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
-        "output": result.output, "groups_written": result.groups_written,
-        "groups_pending": result.groups_pending, "resumed": result.resumed,
-    }
-
-
-def print_summary(result: BatchResult, console: Console, settings: Settings, policy: str | None = None) -> None:
-    table = Table(title=f"batch {result.batch_id}", show_header=False)
-    if policy:
-        table.add_row("policy", policy)
-    table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
-    table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
-    table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
-    table.add_row("groups written", str(result.groups_written))
-    if result.groups_pending:
-        table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
-    if result.resumed:
-        table.add_row("resumed", str(result.resumed))
-    console.print(table)
-    console.print(f"results:     {result.output}", soft_wrap=True)
-    if settings.ui_url:
-        page = f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}"
-        console.print(f"Temporal UI: {page}", soft_wrap=True)
-
-
 async def _warn_without_worker(client: Client, settings: Settings, console: Console) -> None:
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
@@ -196,96 +132,7 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
             console.print(f"started {handle.id}; watch it with `rollouts status {handle.id}`")
         return 0
     await _warn_without_worker(client, settings, console)
-    return await _finish(client, handle, console, settings, as_json=args.json, policy=batch.policy)
-
-
-def root_cause(err: BaseException) -> str:
-    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
-    message = str(err)
-    cause: BaseException | None = err
-    while cause is not None:
-        text = getattr(cause, "message", None) or str(cause)
-        if text:
-            message = text
-        cause = getattr(cause, "cause", None) or cause.__cause__
-    return message
-
-
-async def _finish(client: Client, handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
-                  extra: dict[str, Any] | None = None, policy: str | None = None) -> int:
-    try:
-        result = await watch(client, handle, console)
-    except WorkflowFailureError as err:
-        message = f"batch {handle.id} failed: {root_cause(err)}"
-        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message,
-              file=sys.stdout if as_json else sys.stderr)
-        return EXIT_FAILED
-    if as_json:
-        print(json.dumps({**summary_json(result), **({"policy": policy} if policy else {}), **(extra or {})}))
-    else:
-        print_summary(result, console, settings, policy)
-    return batch_exit_code(result.completed, result.failed)
-
-
-async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
-    described = await require_workflow(client, batch_id, "BatchWorkflow")
-    handle = client.get_workflow_handle(batch_id)
-    status = described.status.name.lower() if described.status else "unknown"
-    data: dict[str, Any] = {"batch_id": batch_id, "status": status,
-                            "policy": described.typed_search_attributes.get(sa.POLICY)}
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        result = BatchResult.model_validate(await handle.result())
-        return {**data, **summary_json(result), "status": "completed"}
-    try:
-        progress = await _progress(handle)
-    except RPCError:
-        progress = None
-    if progress:
-        data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
-                 "running": progress.running, "mean_score": progress.mean_score,
-                 "stop_reasons": progress.stop_reasons, "output": progress.output}
-    if described.status == WorkflowExecutionStatus.RUNNING:
-        data["retrying"] = [note.model_dump() | {"headline": note.headline}
-                            for note in await waiting_on_retries(client, batch_id)]
-    elif described.status == WorkflowExecutionStatus.FAILED:
-        try:
-            await handle.result()
-        except WorkflowFailureError as err:
-            data["error"] = root_cause(err)
-    return data
-
-
-def status_exit_code(data: dict[str, Any]) -> int:
-    if data["status"] == "running":
-        return EXIT_OK
-    if data["status"] == "completed":
-        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
-    return EXIT_FAILED
-
-
-def format_status(data: dict[str, Any]) -> str:
-    lines = [f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")]
-    if data.get("error"):
-        lines.append(f"  error: {data['error']}")
-    if data.get("total") is not None:
-        counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
-        if data.get("running"):
-            counts += f", {data['running']} running"
-        lines.append(counts)
-        mean = data.get("mean_score")
-        lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
-    if data.get("stop_reasons"):
-        lines.append("  stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(data["stop_reasons"].items())))
-    notes = data.get("retrying") or []
-    if notes:
-        lines.append(f"  waiting on retries: {len(notes)}")
-        lines += [f"    {note['rollout_id']}: {note['headline']}" for note in notes]
-    if data.get("groups_pending"):
-        lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
-    if data.get("output"):
-        lines.append(f"  results: {data['output']}")
-    return "\n".join(lines)
+    return await finish(client, handle, console, settings, as_json=args.json, policy=batch.policy)
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -305,7 +152,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     async with running_worker(settings) as client:
         batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
         handle = await start_batch(client, settings, batch)
-        code = await _finish(client, handle, console, settings, as_json=False)
+        code = await finish(client, handle, console, settings, as_json=False)
     if settings.embedded:
         console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
                       "`rollouts server stop` stops them.")
@@ -337,86 +184,6 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
                           lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
     console.print(table)
     return 0
-
-
-CLOSED_UNSUCCESSFULLY = ("Failed", "Terminated", "TimedOut", "Canceled")
-
-
-async def _started_input(client: Client, handle: WorkflowHandle, model: type[BaseModel]) -> BaseModel:
-    """The input a run was started with, read from its history."""
-    history = await handle.fetch_history()
-    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
-    [value] = await client.data_converter.decode(payloads, [model])
-    return value
-
-
-async def _failed_rollouts(client: Client, batch_id: str) -> list[str]:
-    """Rollouts of a batch whose latest run failed, timed out, was terminated or cancelled."""
-    statuses = " OR ".join(f"ExecutionStatus = '{status}'" for status in CLOSED_UNSUCCESSFULLY)
-    query = f"RolloutBatchId = '{batch_id}' AND WorkflowType = 'TrajectoryWorkflow' AND ({statuses})"
-    candidates = sorted({execution.id async for execution in client.list_workflows(query)})
-    failed = []
-    for rollout in candidates:
-        described = await client.get_workflow_handle(rollout).describe()
-        if described.status != WorkflowExecutionStatus.RUNNING and described.status != WorkflowExecutionStatus.COMPLETED:
-            failed.append(rollout)
-    return failed
-
-
-async def resume_rollout(client: Client, settings: Settings, rollout: str) -> dict[str, Any]:
-    """A new run of the rollout that continues where its latest run stopped."""
-    from workflows.trajectory import TrajectoryWorkflow
-
-    handle = client.get_workflow_handle(rollout)
-    described = await handle.describe()
-    original = await _started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
-    resumed = original.model_copy(update={"resume_from_run": described.run_id})
-    new = await client.start_workflow(
-        TrajectoryWorkflow.run, resumed, id=rollout, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(sa.ENV, original.env), SearchAttributePair(sa.ITEM_ID, original.item.id),
-            *([SearchAttributePair(sa.BATCH_ID, original.batch_id)] if original.batch_id else []),
-        ]),
-    )
-    return {"rollout_id": rollout, "resumed_from_run": described.run_id, "run_id": new.result_run_id}
-
-
-async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
-    from workflows.batch import BatchWorkflow
-
-    console = Console(stderr=args.json)
-    client = await connect(settings)
-    handle = client.get_workflow_handle(args.id)
-    described = await handle.describe()
-    if described.status == WorkflowExecutionStatus.RUNNING:
-        raise ConfigError(f"{args.id} is still running; resume it once it has stopped")
-    if described.workflow_type == "TrajectoryWorkflow":
-        resumed = await resume_rollout(client, settings, args.id)
-        if args.json:
-            print(json.dumps(resumed))
-        else:
-            console.print(f"resumed {resumed['rollout_id']} from run {resumed['resumed_from_run']} "
-                          f"as run {resumed['run_id']}")
-        return 0
-    if described.workflow_type != "BatchWorkflow":
-        raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
-    failed = await _failed_rollouts(client, args.id)
-    original = await _started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
-    batch = original.model_copy(update={"resume": True, "cursor": None})
-    new = await client.start_workflow(
-        BatchWorkflow.run, batch, id=args.id, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-    )
-    if not args.json:
-        console.print(f"resuming {len(failed)} rollout(s) of {args.id}: " + (", ".join(failed) or "none"))
-        console.print(f"the batch gathers its groups again as run {new.result_run_id}")
-    if not args.wait:
-        if args.json:
-            print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
-        return 0
-    return await _finish(client, new, console, settings, as_json=args.json, extra={"resumed": failed})
 
 
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,10 @@ tries again.
 from __future__ import annotations
 
 from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
 from temporalio.client import Client
 
 from temporal_rollouts.core import search_attributes as sa

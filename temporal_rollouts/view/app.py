@@ -21,7 +21,12 @@ from temporalio.client import Client
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import StopReason
-from temporal_rollouts.rollout_records import list_batches, load_rollout, quoted, status_name
+from temporal_rollouts.rollout_records import (
+    list_batches,
+    load_rollout,
+    quoted,
+    status_name,
+)
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 PAGE = Path(__file__).with_name("page.html")

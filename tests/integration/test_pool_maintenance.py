@@ -20,7 +20,10 @@ from temporalio.client import (
 import workflows.pool as pool_workflow
 from activities.pool import MaintenanceReport
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow, reaper_schedule_id
+from temporal_rollouts.runtime.schedules import (
+    ensure_maintenance_workflow,
+    reaper_schedule_id,
+)
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder
 from tests.support.waiting import leased_slots, wait_until
