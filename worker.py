@@ -32,7 +32,9 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -148,7 +150,12 @@ async def main_async(settings: Settings) -> None:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
-    asyncio.run(main_async(Settings()))
+    try:
+        settings = load_settings()
+    except ConfigError as err:
+        log.error("%s", err.message)
+        return 1
+    asyncio.run(main_async(settings))
     return 0
 
 

@@ -5,15 +5,18 @@ real closed port and a real listening socket that never answers."""
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from rich.console import Console
 from temporalio.client import Client
 
 from temporal_rollouts.cli import batch_status, format_status, status_exit_code
+from temporal_rollouts.cli_progress import watch
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.rollout_records import waiting_on_retries
@@ -89,3 +92,15 @@ async def test_a_stalled_endpoint_is_given_up_after_two_request_timeouts(
     elapsed = time.monotonic() - started
     assert result.stop_reasons == {"model_unavailable": 1}
     assert 2 * STALL_TIMEOUT_S <= elapsed < STALLED_BOUND_S, f"took {elapsed:.1f}s"
+
+
+async def test_the_progress_bar_shows_the_rollouts_waiting_on_retries(client: Client, settings: Settings) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    handle = await client.start_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=2, policy=url),
+        id=batch_id("refused-bar"), task_queue=settings.temporal.task_queue,
+    )
+    screen = io.StringIO()
+    result = await watch(client, handle, Console(file=screen, force_terminal=True, width=200))
+    assert result.failed == 2
+    assert "2 rollouts waiting on llm_turn: model unreachable: connection refused, retry" in screen.getvalue()
