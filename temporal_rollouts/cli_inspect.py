@@ -32,6 +32,8 @@ from temporal_rollouts.storage.transcripts import TranscriptStore
 
 TOOL_RESULT_CHARS = 800
 """A tool result longer than this is shown as its head and tail in `rollouts show`."""
+EXPORT_CONCURRENCY = 16
+"""Rollouts `rollouts export` reads at once (each is a describe, a result and a transcript walk)."""
 
 
 async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
@@ -104,7 +106,13 @@ async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: s
     """Every rollout of a batch, failed ones included, one JSON object a line."""
     await require_workflow(client, batch_id, "BatchWorkflow")
     ids = await batch_rollout_ids(client, batch_id)
-    records = await asyncio.gather(*(load_rollout(client, transcripts, rollout) for rollout in ids))
+    reading = asyncio.Semaphore(EXPORT_CONCURRENCY)
+
+    async def load(rollout: str) -> RolloutRecord:
+        async with reading:
+            return await load_rollout(client, transcripts, rollout)
+
+    records = await asyncio.gather(*(load(rollout) for rollout in ids))
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w", encoding="utf-8") as out:
         for record in records:
@@ -115,15 +123,41 @@ async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: s
     return {"batch_id": batch_id, "output": str(output), "rollouts": len(records), "statuses": statuses}
 
 
+def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
+    """The Atropos viewer's HTML (atroposlib's jsonl2html): one group per item, one entry per
+    rollout, failed ones included (scored 0, their stop reason in the text)."""
+    try:
+        from atroposlib.frontend.jsonl2html import generate_html
+    except ImportError as err:
+        raise ConfigError(f"--html needs atroposlib: pip install -e '.[rl]' ({err})") from None
+    groups: dict[str, dict[str, list]] = {}
+    for record in records:
+        item = record.rollout_id.rsplit("/", 1)[0]
+        group = groups.setdefault(item, {"messages": [], "scores": []})
+        text = format_rollout(record).replace("```", "` ` `")  # a fenced block: agent text is never read as HTML
+        group["messages"].append(f"```text\n{text}\n```")
+        group["scores"].append(record.result.score if record.result else 0.0)
+    groups_path = output.with_suffix(".groups.jsonl")
+    groups_path.write_text("".join(json.dumps(group) + "\n" for group in groups.values()), encoding="utf-8")
+    html_path = output.with_suffix(".html")
+    generate_html(str(groups_path), str(html_path))
+    return html_path
+
+
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     client, transcripts = await inspection_client(settings)
     output = Path(args.output) if args.output else settings.data_dir / "exports" / f"{args.batch_id}.rollouts.jsonl"
     summary = await export_batch(client, transcripts, args.batch_id, output)
+    if args.html:
+        records = [RolloutRecord.model_validate_json(line) for line in output.read_text(encoding="utf-8").splitlines()]
+        summary["html"] = str(write_atropos_html(records, output))
     if args.json:
         print(json.dumps(summary))
     else:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())) or "none found"
         print(f"wrote {summary['rollouts']} rollout(s) of {args.batch_id} ({counts}) to {output}")
+        if summary.get("html"):
+            print(f"and the Atropos viewer's page to {summary['html']}")
     return 0
 
 
@@ -170,6 +204,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("batch_id")
     export.add_argument("--output", default=None,
                         help="JSONL path (default: <data_dir>/exports/<batch id>.rollouts.jsonl)")
+    export.add_argument("--html", action="store_true",
+                        help="also write the Atropos viewer's HTML beside it (needs the rl extra)")
     export.add_argument("--json", action="store_true", help="print a JSON summary")
 
     listing = sub.add_parser("list", help="batches, newest first, with their counts")

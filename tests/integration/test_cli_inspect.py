@@ -42,7 +42,7 @@ async def test_export_writes_every_rollout_failed_ones_included(
 ) -> None:
     assert (partial_batch.completed, partial_batch.failed) == (1, 1)
     output = tmp_path / "out.jsonl"
-    assert await cli_inspect.cmd_export(_args(batch_id=partial_batch.batch_id, output=str(output)), settings) == 0
+    assert await cli_inspect.cmd_export(_args(batch_id=partial_batch.batch_id, output=str(output), html=True), settings) == 0
     assert "wrote 2 rollout(s)" in capsys.readouterr().out
     records = [json.loads(line) for line in output.read_text().splitlines()]
     by_status = {r["status"]: r for r in records}
@@ -54,6 +54,8 @@ async def test_export_writes_every_rollout_failed_ones_included(
     assert scored["result"]["score"] == 1.0
     assert any(m["role"] == "tool" for m in scored["messages"])
     assert any(m.get("tool_calls") for m in scored["messages"] if m["role"] == "assistant")
+    page = (tmp_path / "out.html").read_text()  # the Atropos viewer's page: one group, both rollouts
+    assert page.count('id="group-0-item-') == 2 and "model_rejected" in page and "stop reason  completed" in page
 
 
 async def test_show_prints_the_conversation_and_why_it_stopped(
@@ -82,7 +84,7 @@ async def test_show_of_an_unknown_rollout_names_it(settings: Settings, client: C
     with pytest.raises(ConfigError, match="no rollout with id 'nope/item-0/g0'"):
         await cli_inspect.cmd_show(_args(rollout_id="nope/item-0/g0"), settings)
     with pytest.raises(ConfigError, match="no batch with id 'no-such-batch'"):
-        await cli_inspect.cmd_export(_args(batch_id="no-such-batch", output=None), settings)
+        await cli_inspect.cmd_export(_args(batch_id="no-such-batch", output=None, html=False), settings)
 
 
 async def test_list_shows_the_batch_with_its_counts(partial_batch: BatchResult, settings: Settings, capsys) -> None:
