@@ -147,7 +147,13 @@ async def main_async(settings: Settings) -> None:
         log.info("draining: running activities get %.0fs to finish", settings.worker.graceful_shutdown_s)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python worker.py", description=__doc__.split("\n\n")[0].strip(),
+        epilog="Configured by rollouts.toml or ROLLOUTS_* environment variables (docs/settings.md).",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:

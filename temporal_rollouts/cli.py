@@ -43,7 +43,7 @@ from temporal_rollouts.core.records import (
     BatchInput,
     RolloutLimits,
 )
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import DEMO_POLICY, Settings
 from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.temporal import connect
 
@@ -124,6 +124,11 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)
     client = await connect(settings)
+    if settings.embedded and batch.policy == DEMO_POLICY:
+        # `rollouts server stop` stopped it with the server; bring both back, not only the server
+        from temporal_rollouts.runtime.services import ensure_demo_policy
+
+        await asyncio.to_thread(ensure_demo_policy, settings)
     handle = await start_batch(client, settings, batch, args.id)
     if not args.wait:
         if args.json:
@@ -342,7 +347,12 @@ def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command == "policy":  # the demo policy's own fault flags (--fail-rate 0.2, ...)
+        args.rest = [*unknown, *args.rest]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     settings: Settings | None = None
     try:
         settings = load_settings()

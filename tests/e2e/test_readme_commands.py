@@ -148,3 +148,17 @@ def test_commands_find_the_data_folder_from_the_config_file(machine: Machine, tm
     config.unlink()
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) >= 1  # the worker's container, found from another folder
+
+
+def test_worker_help_prints_usage_and_starts_nothing(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "worker.py"), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python worker.py")
+    assert not (tmp_path / ".rollouts").exists()
+
+
+def test_server_stop_then_a_batch_brings_everything_back(machine: Machine) -> None:
+    stopped = machine.run(str(ROLLOUTS), "server", "stop")
+    assert stopped.returncode == 0 and "demo policy: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait")
+    assert summary["completed"] == 1 and summary["mean_score"] == 1.0

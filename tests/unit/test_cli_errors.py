@@ -100,3 +100,15 @@ def test_exit_codes_tell_succeeded_partial_and_failed_batches(completed: int, fa
     assert cli.status_exit_code({"status": "completed", "completed": completed, "failed": failed}) == code
     assert cli.status_exit_code({"status": "failed"}) == cli.EXIT_FAILED
     assert cli.status_exit_code({"status": "running"}) == cli.EXIT_OK
+
+
+def test_policy_serve_passes_the_demo_policys_fault_flags(monkeypatch) -> None:
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_policy_serve", lambda args, settings: seen.setdefault("rest", args.rest) and 0)
+    assert cli.main(["policy", "serve", "--port", "9999", "--fail-rate", "0.5", "--delay-s", "1"]) == 0
+    assert seen["rest"] == ["--fail-rate", "0.5", "--delay-s", "1"]
+
+
+def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
+    code, err = run(capsys, "list", "--fail-rate", "0.5")
+    assert code == cli.EXIT_USAGE and err.endswith("error: unrecognized arguments: --fail-rate 0.5")
