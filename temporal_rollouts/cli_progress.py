@@ -34,6 +34,7 @@ from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.rollout_records import (
+    QUERY_TIMEOUT,
     require_workflow,
     retry_summary,
     waiting_on_retries,
@@ -55,7 +56,7 @@ def batch_exit_code(completed: int, failed: int) -> int:
 
 
 async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
-    raw = await handle.query("progress")
+    raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
     return BatchProgress.model_validate(raw) if raw else None
 
 

@@ -12,11 +12,11 @@ attributes, the same filters a person types in the Temporal UI.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
@@ -27,6 +27,8 @@ from temporal_rollouts.core.records import BatchProgress, BatchResult, Trajector
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 _SAFE_ID = re.compile(r"^[\w./:@-]+$")
+QUERY_TIMEOUT = timedelta(seconds=5)
+"""A query of a closed batch needs a worker to replay it; without one, its counts are left out."""
 
 
 class RolloutRecord(BaseModel):
@@ -136,8 +138,8 @@ async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionS
             result = BatchResult.model_validate(await handle.result(follow_runs=False))
             return {"total": result.total, "completed": result.completed, "failed": result.failed,
                     "running": 0, "mean_score": result.mean_score}
-        raw = await handle.query("progress")
-    except (RPCError, Exception):  # a batch that failed before it counted anything has no counts
+        raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
+    except (RPCError, WorkflowFailureError):  # no worker to answer, or a batch that failed before it counted
         return {}
     if not raw:
         return {}
