@@ -229,9 +229,10 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.view.app import create_app
 
     client, transcripts = await inspection_client(settings)
-    config = uvicorn.Config(create_app(client, transcripts), host=args.host, port=args.port, log_level="warning")
-    print(f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)",
-          flush=True)
+    origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
+    config = uvicorn.Config(create_app(client, transcripts, origins), host=args.host, port=args.port, log_level="warning")
+    print(f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
+          f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec", flush=True)
     await uvicorn.Server(config).serve()
     return 0
 

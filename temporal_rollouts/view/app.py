@@ -5,6 +5,7 @@ show` and `export`) plus one static page that renders it. Rollout lists come fro
 visibility store (search attributes: status, stop reason, score), so filtering a batch of
 thousands costs one query, not a result fetch per rollout; a trajectory is loaded only
 when it is opened. It binds to loopback by default: it shows conversations and has no login.
+It also serves a codec endpoint for the Temporal UI (codec.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
@@ -28,6 +31,7 @@ from temporal_rollouts.rollout_records import (
     status_name,
 )
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from temporal_rollouts.view.codec import codec_routes
 
 PAGE = Path(__file__).with_name("page.html")
 MAX_ROLLOUTS = 2000
@@ -53,7 +57,8 @@ def rollouts_query(batch_id: str, status: str | None, stop_reason: str | None) -
     return " AND ".join(clauses)
 
 
-def create_app(client: Client, transcripts: TranscriptStore) -> Starlette:
+def create_app(client: Client, transcripts: TranscriptStore, ui_origins: list[str] | None = None) -> Starlette:
+    """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser."""
     async def page(request: Request) -> FileResponse:
         return FileResponse(PAGE, media_type="text/html")
 
@@ -87,12 +92,17 @@ def create_app(client: Client, transcripts: TranscriptStore) -> Starlette:
         message = exc.message if isinstance(exc, ConfigError) else str(exc)
         return JSONResponse({"error": message}, status_code=404 if "no " in message[:3] else 400)
 
+    decode, encode = codec_routes(client.data_converter)
     return Starlette(
         routes=[
             Route("/", page),
             Route("/api/batches", batches),
             Route("/api/batches/{batch_id}/rollouts", rollouts),
             Route("/api/rollouts/{rollout_id:path}", rollout),
+            Route("/codec/decode", decode, methods=["POST"]),
+            Route("/codec/encode", encode, methods=["POST"]),
         ],
         exception_handlers={ConfigError: bad_request, ValueError: bad_request},
+        middleware=[Middleware(CORSMiddleware, allow_origins=ui_origins, allow_methods=["POST", "GET"],
+                               allow_headers=["*"], allow_credentials=True)] if ui_origins else [],
     )
