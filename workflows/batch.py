@@ -12,8 +12,17 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import CancelledError, ChildWorkflowError, TerminatedError, TimeoutError
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import (
+    CancelledError,
+    ChildWorkflowError,
+    TerminatedError,
+    TimeoutError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
@@ -118,7 +127,7 @@ class BatchWorkflow:
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
             WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results),
-                            sink=input.sink, max_token_length=input.max_token_length),
+                            sink=input.sink, max_token_length=input.max_token_length, policy=input.policy),
             **params.WRITE_GROUP.options(),
         )
         if written.status == "pending":

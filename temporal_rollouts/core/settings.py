@@ -75,6 +75,10 @@ class ChatPolicy(BaseModel):
     """Name of the environment variable holding the API key; the key never enters a workflow."""
     timeout_s: float = 300.0
     """Timeout of one model request."""
+    tokenizer: str | None = None
+    """For SFT data: a tokenizer (name or local folder) whose chat template renders each scored rollout into token ids and masks in the written groups; unset leaves them empty."""
+    chat_template: str | None = None
+    """A Jinja file used instead of the tokenizer's template when rendering for SFT."""
 
 
 class GeneratePolicy(BaseModel):
