@@ -12,10 +12,11 @@ attributes, the same filters a person types in the Temporal UI.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -179,14 +180,23 @@ class RetryNote(BaseModel):
 
     @property
     def headline(self) -> str:
-        """`model unreachable: connection refused, retry 3`: the message without its parenthesised detail."""
+        """`model unreachable: connection refused, retry 3`: the message without its parenthesised
+        detail; for a slow first attempt, `no answer yet (running 75 s)`."""
+        if self.error_type is None and self.reason.startswith("no answer yet"):
+            return self.reason + (f", retry {self.attempt - 1}" if self.attempt > 1 else "")
         short = self.reason.split(" (", 1)[0] or self.activity
         return f"{short}, retry {max(self.attempt - 1, 1)}"
 
 
-async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50) -> list[RetryNote]:
-    """Rollouts of a running batch whose step is being retried, and why, from Temporal's
-    pending-activity information (describe of each running rollout, at most `limit`)."""
+SLOW_STEP_S = 60.0
+"""A step attempt running this long without an answer is listed too (a stalled model shows before its timeout)."""
+
+
+async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
+                             slow_after_s: float = SLOW_STEP_S) -> list[RetryNote]:
+    """Rollouts of a running batch whose step is being retried, and why, or whose current
+    attempt has run `slow_after_s` without an answer, from Temporal's pending-activity
+    information (describe of each running rollout, at most `limit`)."""
     query = (f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow' "
              "AND ExecutionStatus = 'Running'")
     notes: list[RetryNote] = []
@@ -199,8 +209,14 @@ async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50) -> 
             described = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
         except RPCError:
             continue
+        now = datetime.now(UTC)
         for pending in described.raw_description.pending_activities:
             if not pending.HasField("last_failure"):
+                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField("last_started_time"):
+                    running = (now - pending.last_started_time.ToDatetime(tzinfo=UTC)).total_seconds()
+                    if running >= slow_after_s:
+                        notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
+                                               attempt=pending.attempt, reason=f"no answer yet (running {running:.0f} s)"))
                 continue
             failure = pending.last_failure
             error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None

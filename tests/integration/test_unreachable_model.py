@@ -85,10 +85,14 @@ async def test_a_stalled_endpoint_is_given_up_after_two_request_timeouts(
     monkeypatch.setitem(settings.policies, "stalled-test",
                         ChatPolicy(base_url=f"http://127.0.0.1:{silent_server}/v1", timeout_s=STALL_TIMEOUT_S))
     started = time.monotonic()
-    result = BatchResult.model_validate(await client.execute_workflow(
+    handle = await client.start_workflow(
         BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy="stalled-test"),
         id=batch_id("stalled"), task_queue=settings.temporal.task_queue,
-    ))
+    )
+    # before its timeout, a stalled attempt shows as one with no answer yet
+    notes = await wait_until(lambda: waiting_on_retries(client, handle.id, slow_after_s=1.0), timeout_s=STALLED_BOUND_S)
+    assert notes[0].activity == "llm_turn" and notes[0].headline.startswith("no answer yet (running "), notes[0]
+    result = BatchResult.model_validate(await handle.result())
     elapsed = time.monotonic() - started
     assert result.stop_reasons == {"model_unavailable": 1}
     assert 2 * STALL_TIMEOUT_S <= elapsed < STALLED_BOUND_S, f"took {elapsed:.1f}s"
