@@ -16,6 +16,7 @@ pytest.importorskip("atroposlib")
 
 from temporal_rollouts.integrations.atropos.env import TemporalRolloutsEnv  # noqa: E402
 from tests.support.servers import smollm2  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,10 @@ def _records(path: Path) -> list[bytes]:
         if kind in (1, 4):
             records.append(pending)
     return records
+
+
+async def _grown(log: Path) -> bool:
+    return log.stat().st_size > 7  # more than the W&B header
 
 
 def _history(run_dir: Path) -> list[dict]:
@@ -83,8 +88,14 @@ async def test_rollout_table_and_tool_errors_reach_wandb(tmp_path: Path, monkeyp
     await env.wandb_log({})
     run_dir = Path(run.dir).parent
     wandb.finish()
+    wandb.teardown()  # stops wandb-core, which writes out the transaction log
+    log = next(run_dir.glob("*.wandb"))
+    await wait_until(lambda: _grown(log), timeout_s=30)
 
-    [row] = _history(run_dir)
+    files = sorted(str(f.relative_to(run_dir)) for f in run_dir.rglob("*") if f.is_file())
+    rows = _history(run_dir)
+    assert len(rows) == 1, (rows, files, [f.stat().st_size for f in run_dir.glob("*.wandb")])
+    [row] = rows
     assert row["train/tool_errors_count"] == 1
     assert row["train/tool_error_details"].startswith("[turn 1] terminal(") and "timed out" in row["train/tool_error_details"]
     [table_file] = run_dir.glob("files/media/table/train/rollouts_*.table.json")
