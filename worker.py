@@ -35,7 +35,9 @@ from activities.workspace import WorkspaceActivities
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
-from temporal_rollouts.runtime.schedules import ensure_reaper_schedule
+from temporal_rollouts.runtime.config import load_settings
+from temporal_rollouts.runtime.logs import one_line_activity_failures
+from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -104,6 +106,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     deterministic and import only pass-through modules; a test replays a rollout's
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
+    one_line_activity_failures()
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
@@ -129,8 +132,8 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         await check_local_backend_is_alone(client, settings)
         await parts.pool.backend.prepare()
         await parts.pool.ensure_running(settings.sandbox.min_containers)
-        await ensure_reaper_schedule(client, settings)
         async with build_worker(client, parts):
+            await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
         await parts.aclose()
@@ -148,11 +151,17 @@ async def main_async(settings: Settings) -> None:
         log.info("draining: running activities get %.0fs to finish", settings.worker.graceful_shutdown_s)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python worker.py", description=__doc__.split("\n\n")[0].strip(),
+        epilog="Configured by rollouts.toml or ROLLOUTS_* environment variables (docs/settings.md).",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
-        settings = Settings()
+        settings = load_settings()
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2

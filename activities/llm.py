@@ -34,6 +34,9 @@ from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 DEFAULT_CONTEXT_TOKENS = 32_768
+REPLY_PREVIEW_CHARS = 120
+"""The start of a reply shown in the Temporal UI; bounded so that history stays small."""
+PREVIEW_TOOL_NAMES = 8
 
 
 class LlmTurnInput(BaseModel):
@@ -54,6 +57,16 @@ class LlmTurnResult(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tokens: TokenTraceRef | None = Field(default=None, description="The token trace with this turn (token-level policies).")
+    preview: str | None = Field(default=None, description="The first characters of the reply, for people reading the history.")
+    tools_called: list[str] | None = Field(default=None, description="Names of the tools the reply calls (at most 8).")
+
+
+def reply_preview(reply: Message) -> str | None:
+    """The first REPLY_PREVIEW_CHARS of the reply's text (its reasoning when it has no text), on one line."""
+    text = " ".join((reply.content or reply.reasoning_content or "").split())
+    if not text:
+        return None
+    return text if len(text) <= REPLY_PREVIEW_CHARS else text[: REPLY_PREVIEW_CHARS - 1] + "…"
 
 
 class LlmActivities:
@@ -137,6 +150,8 @@ class LlmActivities:
             transcript=await self._transcripts.append(input.transcript, [reply]),
             assistant=await self._transcripts.put_message(reply),
             calls=len(reply.tool_calls or []),
+            preview=reply_preview(reply),
+            tools_called=[call.function.name[:64] for call in (reply.tool_calls or [])[:PREVIEW_TOOL_NAMES]] or None,
             **fields,
         )
 

@@ -13,13 +13,14 @@ import asyncio
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio import activity
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import ChatPolicy, Settings
+from temporal_rollouts.llm.templates import ChatTemplate
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.sinks.jsonl import POSTED, append_once, mark_locked, marked
@@ -36,6 +37,7 @@ class WriteGroupInput(BaseModel):
     results: list[TrajectoryResult]
     sink: Literal["jsonl", "atropos"] = "jsonl"
     max_token_length: int = 0
+    policy: str | None = Field(default=None, description="The batch's policy: a chat policy with a tokenizer renders SFT tokens.")
 
 
 class WriteGroupResult(BaseModel):
@@ -46,6 +48,20 @@ class SinkActivities:
     def __init__(self, settings: Settings, groups: GroupBuilder) -> None:
         self._settings = settings
         self._groups = groups
+        self._templates: dict[tuple[str, str | None], ChatTemplate] = {}
+
+    async def _sft_template(self, policy: str | None) -> ChatTemplate | None:
+        """The chat template that renders SFT tokens, for a chat policy configured with a tokenizer."""
+        try:
+            endpoint = self._settings.policy_endpoint(policy)
+        except ConfigError:
+            return None
+        if not isinstance(endpoint, ChatPolicy) or not endpoint.tokenizer:
+            return None
+        key = (endpoint.tokenizer, endpoint.chat_template)
+        if key not in self._templates:
+            self._templates[key] = await asyncio.to_thread(ChatTemplate.load, *key)
+        return self._templates[key]
 
     @activity.defn(name="open_sink")
     @checked_input
@@ -71,7 +87,8 @@ class SinkActivities:
             api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
-                group = await self._groups.build(input.group_id, input.results, max_token_length=limit)
+                group = await self._groups.build(input.group_id, input.results, max_token_length=limit,
+                                                 sft_template=await self._sft_template(input.policy))
                 path = Path(input.path)
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):

@@ -32,6 +32,9 @@ from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.tools.catalogue import ToolCallProblem, parse_tool_call, tool_result_message
 
 PREVIEW_CHARS = 200
+"""How much of a failed call's error and arguments the rollout's tool-error record keeps."""
+ARGUMENTS_PREVIEW_CHARS = 100
+"""How much of a call's arguments every result shows in the Temporal UI (history stays small)."""
 
 
 class ToolCallInput(BaseModel):
@@ -46,8 +49,10 @@ class ToolCallInput(BaseModel):
 class ToolCallResult(BaseModel):
     transcript: TranscriptRef
     error: str | None = None
-    name: str | None = Field(default=None, description="Set with `error`, for the rollout's tool-error record.")
-    arguments_preview: str | None = Field(default=None, description="Set with `error`.")
+    name: str | None = Field(default=None, description="The tool called; with `error`, for the rollout's tool-error record.")
+    arguments_preview: str | None = Field(
+        default=None, description="The start of the call's arguments (longer with `error`), for the UI and the error record.")
+    exit_code: int | None = Field(default=None, description="The command's exit code, for tools that run one.")
     replayed: bool = False
     outcome: ToolCallOutcome | None = Field(default=None, description="None in results recorded before it existed.")
 
@@ -68,7 +73,7 @@ class ToolActivities:
             call = (assistant.tool_calls or [])[input.index]
             allowed = [t.name for t in await self._transcripts.offered_tools(input.transcript)]
             parsed = parse_tool_call(call, allowed, default_timeout_s=input.default_timeout_s)
-            replayed = False
+            replayed, exit_code = False, None
             outcome: ToolCallOutcome = "invalid"
             if isinstance(parsed, ToolCallProblem):
                 message, error = tool_result_message(call.id, parsed), f"{parsed.kind}: {parsed.message}"
@@ -82,12 +87,12 @@ class ToolActivities:
                     output = ToolOutput(call_id=call_id, ok=False, output=err.message)
                 message, error, replayed = tool_result_message(call.id, output), _tool_error(parsed, output), output.replayed
                 outcome = "ok" if error is None else "error"
+                exit_code = output.exit_code
             transcript = await self._transcripts.append(input.transcript, [message])
-            if error is None:
-                return ToolCallResult(transcript=transcript, replayed=replayed, outcome=outcome)
+            arguments = call.function.arguments[:PREVIEW_CHARS if error else ARGUMENTS_PREVIEW_CHARS]
             return ToolCallResult(
-                transcript=transcript, error=error[:PREVIEW_CHARS], name=call.function.name,
-                arguments_preview=call.function.arguments[:PREVIEW_CHARS], replayed=replayed, outcome=outcome,
+                transcript=transcript, error=error[:PREVIEW_CHARS] if error else None, name=call.function.name[:64],
+                arguments_preview=arguments, exit_code=exit_code, replayed=replayed, outcome=outcome,
             )
 
 

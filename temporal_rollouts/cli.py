@@ -1,7 +1,9 @@
 """`rollouts`: start batches, watch them, inspect slots, serve the demo policy.
 
 Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
-is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input.
+is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input. The parser,
+the batch and server commands live here; cli_progress.py (the progress display, status,
+exit codes), cli_resume.py and cli_inspect.py (show, export, list, cancel, view) hold the rest.
 """
 
 from __future__ import annotations
@@ -15,29 +17,62 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_rollouts import cli_inspect
+from temporal_rollouts.cli_progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    batch_exit_code,
+    batch_status,
+    finish,
+    format_status,
+    status_exit_code,
+)
+from temporal_rollouts.cli_resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
 from temporal_rollouts.core.inputs import parse_input
-from temporal_rollouts.core.records import BatchInput, BatchProgress, BatchResult, TrajectoryInput
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.records import BatchInput
+from temporal_rollouts.core.settings import DEMO_POLICY, Settings
+from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.temporal import connect
 
 DEMO_ENV = "terminal_tasks"
 
 
-def _batch_input(args: argparse.Namespace) -> BatchInput:
+def known_env(name: str) -> str:
+    from envs.registry import env_names
+
+    names = env_names()
+    if name not in names:
+        raise ConfigError(f"unknown env {name!r}: choose one of {', '.join(sorted(names))}")
+    return name
+
+
+def resolve_policy(settings: Settings, policy: str | None) -> str:
+    """The policy a batch runs on, decided here when it starts: the CLI's own `default_policy`
+    when none is named, checked against the CLI's settings (the worker resolves the name to an
+    endpoint, so no URL secret or key enters the workflow)."""
+    name = policy or settings.default_policy
+    settings.policy_endpoint(name)  # raises ConfigError naming the known policies
+    return name
+
+
+def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
     fields = {
-        "env": args.env, "num_items": args.items, "group_size": args.group_size, "item_offset": args.offset,
-        "policy": args.policy, "limits": limits, "max_concurrency": args.max_concurrency, "output": args.output,
+        "env": known_env(args.env), "num_items": args.items, "group_size": args.group_size,
+        "item_offset": args.offset, "policy": resolve_policy(settings, args.policy), "limits": limits,
+        "max_concurrency": args.max_concurrency, "output": args.output,
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
@@ -53,64 +88,24 @@ def _json_option(flag: str, text: str) -> Any:
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
     from workflows.batch import BatchWorkflow
 
-    return await client.start_workflow(
-        BatchWorkflow.run, batch, id=batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.temporal.task_queue,
-    )
+    attributes = [SearchAttributePair(sa.ENV, batch.env)]
+    if batch.policy:
+        attributes.append(SearchAttributePair(sa.POLICY, batch.policy))
+    workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
 
+    async def start() -> WorkflowHandle:
+        return await client.start_workflow(BatchWorkflow.run, batch, id=workflow_id, task_queue=settings.temporal.task_queue,
+                                           search_attributes=TypedSearchAttributes(attributes))
+    try:
+        return await start()
+    except RPCError as err:
+        if err.status != RPCStatusCode.INVALID_ARGUMENT or "search attribute" not in err.message.lower():
+            raise
+        from temporal_rollouts.runtime.registration import add_missing_search_attributes
 
-async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
-    raw = await handle.query("progress")
-    return BatchProgress.model_validate(raw) if raw else None
-
-
-async def watch(handle: WorkflowHandle, console: Console) -> BatchResult:
-    """A progress bar until the batch finishes; returns its result."""
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
-    result_task = asyncio.ensure_future(handle.result())
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(handle.id, total=None, detail="loading items")
-        while not result_task.done():
-            try:
-                progress = await _progress(handle)
-            except RPCError:
-                progress = None
-            if progress:
-                mean = progress.mean_score
-                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
-                    f"{mean:.2f}" if mean is not None else "-")
-                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
-            await asyncio.wait({result_task}, timeout=0.5)
-        result = BatchResult.model_validate(result_task.result())
-        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
-    return result
-
-
-def summary_json(result: BatchResult) -> dict[str, Any]:
-    return {
-        "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
-        "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
-        "output": result.output, "groups_written": result.groups_written,
-        "groups_pending": result.groups_pending, "resumed": result.resumed,
-    }
-
-
-def print_summary(result: BatchResult, console: Console, settings: Settings) -> None:
-    table = Table(title=f"batch {result.batch_id}", show_header=False)
-    table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
-    table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
-    table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
-    table.add_row("groups written", str(result.groups_written))
-    if result.groups_pending:
-        table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
-    if result.resumed:
-        table.add_row("resumed", str(result.resumed))
-    console.print(table)
-    console.print(f"results:     {result.output}", soft_wrap=True)
-    if settings.ui_url:
-        page = f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}"
-        console.print(f"Temporal UI: {page}", soft_wrap=True)
+        if not await add_missing_search_attributes(client, settings.temporal.namespace):
+            raise
+        return await start()
 
 
 async def _warn_without_worker(client: Client, settings: Settings, console: Console) -> None:
@@ -132,8 +127,13 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
     console = Console(stderr=args.json)
-    batch = _batch_input(args)  # a bad input is refused before anything is started or connected
+    batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
     client = await connect(settings)
+    if settings.embedded and batch.policy == DEMO_POLICY:
+        # `rollouts server stop` stopped it with the server; bring both back, not only the server
+        from temporal_rollouts.runtime.services import ensure_demo_policy
+
+        await asyncio.to_thread(ensure_demo_policy, settings)
     handle = await start_batch(client, settings, batch, args.id)
     if not args.wait:
         if args.json:
@@ -142,44 +142,14 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
             console.print(f"started {handle.id}; watch it with `rollouts status {handle.id}`")
         return 0
     await _warn_without_worker(client, settings, console)
-    return await _finish(handle, console, settings, as_json=args.json)
-
-
-async def _finish(handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
-                  extra: dict[str, Any] | None = None) -> int:
-    try:
-        result = await watch(handle, console)
-    except WorkflowFailureError as err:
-        message = f"batch {handle.id} failed: {err.cause}"
-        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message)
-        return 1
-    if as_json:
-        print(json.dumps({**summary_json(result), **(extra or {})}))
-    else:
-        print_summary(result, console, settings)
-    return 0 if result.failed == 0 else 2
+    return await finish(client, handle, console, settings, as_json=args.json, policy=batch.policy)
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings, start_embedded=False)
-    handle = client.get_workflow_handle(args.batch_id)
-    described = await handle.describe()
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        result = BatchResult.model_validate(await handle.result())
-        data = {**summary_json(result), "status": "completed"}
-    else:
-        progress = await _progress(handle)
-        data = {"batch_id": args.batch_id, "status": described.status.name.lower() if described.status else "unknown"}
-        if progress:
-            data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
-                     "running": progress.running, "mean_score": progress.mean_score,
-                     "stop_reasons": progress.stop_reasons, "output": progress.output}
-    if args.json:
-        print(json.dumps(data))
-    else:
-        for key, value in data.items():
-            print(f"{key:>14}: {value}")
-    return 0
+    data = await batch_status(client, args.batch_id)
+    print(json.dumps(data) if args.json else format_status(data))
+    return status_exit_code(data)
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -192,7 +162,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     async with running_worker(settings) as client:
         batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
         handle = await start_batch(client, settings, batch)
-        code = await _finish(handle, console, settings, as_json=False)
+        code = await finish(client, handle, console, settings, as_json=False)
     if settings.embedded:
         console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
                       "`rollouts server stop` stops them.")
@@ -210,6 +180,12 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in containers]))
         return 0
+    console = Console()
+    console.print(f"data folder: {settings.data_dir}", soft_wrap=True)
+    if not containers:
+        console.print(f"no sandbox containers are registered under {settings.data_dir}: start a worker "
+                      "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data")
+        return 0
     table = Table("container", "slot", "state", "holder", "expires in (s)")
     for container in containers:
         for slot in container.slots:
@@ -217,103 +193,22 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
             state = "leased" if lease else "quarantined" if slot.quarantined else "free"
             table.add_row(container.container_id, str(slot.slot), state,
                           lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
-    Console().print(table)
+    console.print(table)
     return 0
 
 
-CLOSED_UNSUCCESSFULLY = ("Failed", "Terminated", "TimedOut", "Canceled")
-
-
-async def _started_input(client: Client, handle: WorkflowHandle, model: type[BaseModel]) -> BaseModel:
-    """The input a run was started with, read from its history."""
-    history = await handle.fetch_history()
-    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
-    [value] = await client.data_converter.decode(payloads, [model])
-    return value
-
-
-async def _failed_rollouts(client: Client, batch_id: str) -> list[str]:
-    """Rollouts of a batch whose latest run failed, timed out, was terminated or cancelled."""
-    statuses = " OR ".join(f"ExecutionStatus = '{status}'" for status in CLOSED_UNSUCCESSFULLY)
-    query = f"RolloutBatchId = '{batch_id}' AND WorkflowType = 'TrajectoryWorkflow' AND ({statuses})"
-    candidates = sorted({execution.id async for execution in client.list_workflows(query)})
-    failed = []
-    for rollout in candidates:
-        described = await client.get_workflow_handle(rollout).describe()
-        if described.status != WorkflowExecutionStatus.RUNNING and described.status != WorkflowExecutionStatus.COMPLETED:
-            failed.append(rollout)
-    return failed
-
-
-async def resume_rollout(client: Client, settings: Settings, rollout: str) -> dict[str, Any]:
-    """A new run of the rollout that continues where its latest run stopped."""
-    from workflows.trajectory import TrajectoryWorkflow
-
-    handle = client.get_workflow_handle(rollout)
-    described = await handle.describe()
-    original = await _started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
-    resumed = original.model_copy(update={"resume_from_run": described.run_id})
-    new = await client.start_workflow(
-        TrajectoryWorkflow.run, resumed, id=rollout, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(sa.ENV, original.env), SearchAttributePair(sa.ITEM_ID, original.item.id),
-            *([SearchAttributePair(sa.BATCH_ID, original.batch_id)] if original.batch_id else []),
-        ]),
-    )
-    return {"rollout_id": rollout, "resumed_from_run": described.run_id, "run_id": new.result_run_id}
-
-
-async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
-    from workflows.batch import BatchWorkflow
-
-    console = Console(stderr=args.json)
-    client = await connect(settings)
-    handle = client.get_workflow_handle(args.id)
-    described = await handle.describe()
-    if described.status == WorkflowExecutionStatus.RUNNING:
-        raise ConfigError(f"{args.id} is still running; resume it once it has stopped")
-    if described.workflow_type == "TrajectoryWorkflow":
-        resumed = await resume_rollout(client, settings, args.id)
-        if args.json:
-            print(json.dumps(resumed))
-        else:
-            console.print(f"resumed {resumed['rollout_id']} from run {resumed['resumed_from_run']} "
-                          f"as run {resumed['run_id']}")
-        return 0
-    if described.workflow_type != "BatchWorkflow":
-        raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
-    failed = await _failed_rollouts(client, args.id)
-    original = await _started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
-    batch = original.model_copy(update={"resume": True, "cursor": None})
-    new = await client.start_workflow(
-        BatchWorkflow.run, batch, id=args.id, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-    )
-    if not args.json:
-        console.print(f"resuming {len(failed)} rollout(s) of {args.id}: " + (", ".join(failed) or "none"))
-        console.print(f"the batch gathers its groups again as run {new.result_run_id}")
-    if not args.wait:
-        if args.json:
-            print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
-        return 0
-    return await _finish(new, console, settings, as_json=args.json, extra={"resumed": failed})
-
-
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
-    """One pass of the reaper schedule's workflow, now: restart dead containers, free leases
+    """A pass of the slot-pool maintenance workflow, now: restart dead containers, free leases
     of closed rollouts, stop idle containers."""
     from activities.pool import MaintenanceReport
+    from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
     console = Console(stderr=args.json)
     client = await connect(settings)
     await _warn_without_worker(client, settings, console)
-    raw = await client.execute_workflow(
-        SlotPoolMaintenanceWorkflow.run, id=f"rollouts-slot-reaper-manual-{uuid.uuid4().hex[:8]}",
-        task_queue=settings.temporal.task_queue,
-    )
+    handle = await ensure_maintenance_workflow(client, settings)
+    raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)
     report = MaintenanceReport.model_validate(raw)
     if args.json:
         print(report.model_dump_json())
@@ -358,22 +253,52 @@ def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
     return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
 
 
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+def _env_names() -> str:
+    from envs.registry import env_names
+
+    return ", ".join(sorted(env_names()))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollouts", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rollouts", description=__doc__.splitlines()[0],
+        epilog=f"exit codes: {EXIT_OK} all rollouts scored, {EXIT_ERROR} the command failed, {EXIT_USAGE} usage error, "
+               f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish")
-    demo.add_argument("--items", type=int, default=12)
-    demo.add_argument("--group-size", type=int, default=2)
+    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults)
+    demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
+    demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
 
-    batch = sub.add_parser("batch", help="start a batch of rollouts")
-    batch.add_argument("--env", required=True)
-    batch.add_argument("--items", type=int, default=4)
-    batch.add_argument("--group-size", type=int, default=2)
-    batch.add_argument("--offset", type=int, default=0, help="index of the first item")
-    batch.add_argument("--policy", default=None, help="policy name or OpenAI-compatible base URL")
-    batch.add_argument("--max-turns", type=int, default=None)
-    batch.add_argument("--max-concurrency", type=int, default=32)
+    batch = sub.add_parser("batch", help="start a batch of rollouts", formatter_class=defaults,
+                           description=f"Start a batch of rollouts. Envs: {_env_names()}.")
+    batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
+    batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
+    batch.add_argument("--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)")
+    batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument("--policy", default=None,
+                       help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
+                            "default: the config's default_policy")
+    batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
+    batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
     batch.add_argument("--output", default=None, help="JSONL path for scored groups")
     batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")
@@ -406,24 +331,48 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.demo_policy -h")
+
+    cli_inspect.add_parsers(sub)
     return parser
 
 
 COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
-            "resume": cmd_resume,
-            "worker": cmd_worker, "server": cmd_server}
+            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, **cli_inspect.COMMANDS}
+
+
+def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
+    where = settings.temporal_address if settings else "Temporal"
+    if err.status == RPCStatusCode.NOT_FOUND:
+        return f"not found on {where}: {err.message}"
+    if err.status == RPCStatusCode.UNAVAILABLE:
+        hint = " (start it with `python worker.py` or `rollouts server start`)" if settings and settings.embedded else ""
+        return f"Temporal at {where} is not reachable{hint}: {err.message}"
+    return f"Temporal at {where} answered {err.status.name if err.status else 'an error'}: {err.message}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command == "policy":  # the demo policy's own fault flags (--fail-rate 0.2, ...)
+        args.rest = [*unknown, *args.rest]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    settings: Settings | None = None
     try:
-        settings = Settings()
+        settings = load_settings()
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
         return asyncio.run(COMMANDS[args.command](args, settings))
     except RolloutError as err:
         print(f"error: {err.message}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
+    except RPCError as err:
+        print(f"error: {explain_rpc_error(err, settings)}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValidationError as err:  # a batch input the models refuse (the CLI checks most before)
+        first = err.errors()[0]
+        print(f"error: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -199,7 +199,7 @@ class BatchWorkflow:
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
             WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results),
-                            sink=input.sink, max_token_length=input.max_token_length),
+                            sink=input.sink, max_token_length=input.max_token_length, policy=input.policy),
             **params.WRITE_GROUP.options(),
         )
         if written.status == "pending":

@@ -18,7 +18,9 @@
     │   ├── SnapshotTooLarge        a workspace too big to save for resume
     │   └── TransferTooLarge        an upload or download over its size limit
     ├── ModelError                  the model server; carries `status_code`
-    │   ├── ModelUnavailable        5xx, 408, 409, 429, connection errors (retryable)
+    │   ├── ModelUnavailable        5xx, 408, 409, 429 (retryable)
+    │   │   ├── ModelUnreachable    connection refused / reset: retried a few times only
+    │   │   └── ModelStalled        no answer within the request timeout: retried once
     │   ├── ModelRequestRejected    any other 4xx
     │   └── MalformedModelReply     a 200 whose body is not a chat completion
     └── ContextOverflow             the conversation cannot be fitted into the context budget
@@ -53,9 +55,10 @@ from temporal_rollouts.sandbox_server.errors import (
 
 __all__ = [
     "BadItem", "BadToolRequest", "ConfigError", "ContextOverflow", "LeaseLost", "MalformedModelReply",
-    "ModelError", "ModelRequestRejected", "ModelUnavailable", "PayloadTooLarge", "RolloutError",
-    "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable", "SlotUnavailable",
-    "SnapshotTooLarge", "TaskError", "TransferTooLarge", "UnknownEnv", "activity_boundary", "as_application_error",
+    "ModelError", "ModelRequestRejected", "ModelStalled", "ModelUnavailable", "ModelUnreachable", "PayloadTooLarge",
+    "RolloutError", "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable",
+    "SlotUnavailable", "SnapshotTooLarge", "TaskError", "TransferTooLarge", "UnknownEnv", "activity_boundary",
+    "as_application_error",
     "raise_from_payload", "stop_reason_of",
 ]
 
@@ -106,6 +109,21 @@ class ModelUnavailable(ModelError):
     stop_reason = "model_unavailable"
 
 
+class ModelUnreachable(ModelUnavailable):
+    """Nothing listens, or the connection broke: a server that is down rarely comes back within a
+    rollout's patience, so the step gives up after a few quick tries (about 7 s with LLM_TURN's
+    1 s, 2 s, 4 s backoff) instead of the minutes a 5xx or 429 gets."""
+
+    give_up_after_attempts = 4
+
+
+class ModelStalled(ModelUnavailable):
+    """The server accepted the request but sent no answer within the policy's `timeout_s`:
+    tried twice, so a stalled endpoint fails its rollouts after about 2 x timeout_s."""
+
+    give_up_after_attempts = 2
+
+
 class ModelRequestRejected(ModelError):
     stop_reason = "model_rejected"
 
@@ -124,24 +142,39 @@ def stop_reason_of(type_name: str) -> str | None:
     return cls.stop_reason if cls is not None else None
 
 
-def as_application_error(err: RolloutError):  # -> temporalio.exceptions.ApplicationError
+def as_application_error(err: RolloutError, attempt: int | None = None):  # -> temporalio.exceptions.ApplicationError
+    """`attempt` is the activity's attempt number: an error class with `give_up_after_attempts`
+    stops being retryable once that many attempts have failed."""
     from temporalio.exceptions import ApplicationError
 
     delay = None
     if isinstance(err, ModelError) and err.retry_after_s:
         delay = timedelta(seconds=min(err.retry_after_s, MAX_RETRY_AFTER_S))
-    return ApplicationError(
-        err.message,
-        type=type(err).__name__,
-        non_retryable=not err.retryable,
-        next_retry_delay=delay,
-    )
+    message, retryable = err.message, err.retryable
+    limit = getattr(err, "give_up_after_attempts", None)
+    if retryable and limit and attempt and attempt >= limit:
+        message, retryable = f"{message} (gave up after {attempt} attempts)", False
+    return ApplicationError(message, type=type(err).__name__, non_retryable=not retryable, next_retry_delay=delay)
+
+
+def _activity_attempt() -> int | None:
+    from temporalio import activity
+
+    try:
+        return activity.info().attempt
+    except RuntimeError:  # not inside an activity (unit tests call activity code directly)
+        return None
 
 
 @contextlib.contextmanager
 def activity_boundary() -> Iterator[None]:
-    """Translate our errors into Temporal application errors inside an activity."""
+    """Translate our errors into Temporal application errors inside an activity.
+
+    The chain below our error (httpx and httpcore frames, each with its stack trace) is left
+    out: the message already names the cause, and a failure that large is replaced by the
+    server with "Failure exceeds size limit." in the pending-activity information that
+    `rollouts status` reads."""
     try:
         yield
     except RolloutError as err:
-        raise as_application_error(err) from err
+        raise as_application_error(err, _activity_attempt()) from None

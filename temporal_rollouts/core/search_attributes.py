@@ -15,8 +15,10 @@ STOP_REASON = SearchAttributeKey.for_keyword("RolloutStopReason")
 SCORE = SearchAttributeKey.for_float("RolloutScore")
 COMPLETED = SearchAttributeKey.for_int("RolloutsCompleted")
 RESUMED_FROM = SearchAttributeKey.for_keyword("RolloutResumedFrom")
+POLICY = SearchAttributeKey.for_keyword("RolloutPolicy")
+"""The policy a batch runs on, as the CLI resolved it when it started the batch."""
 
-ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM)
+ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM, POLICY)
 
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}
 

@@ -3,8 +3,10 @@
 Values come from, highest first: keyword arguments, environment variables
 (`ROLLOUTS_` prefix, `__` between nested names, e.g. `ROLLOUTS_TEMPORAL__ADDRESS`),
 then a TOML file (`rollouts.toml` in the working directory, or the path in
-`ROLLOUTS_CONFIG`), then the defaults below. Environment variables are read
-once, when `Settings()` is built, never at import time.
+`ROLLOUTS_CONFIG`, which must exist), then the defaults below. Environment variables
+are read once, when `Settings()` is built, never at import time. A relative `data_dir`
+is taken from the config file's folder when a file is in use, else from the working
+directory, and made absolute, so every command run against one config finds the same data.
 """
 
 from __future__ import annotations
@@ -29,23 +31,33 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 
 DEMO_POLICY = "demo"
-DEFAULT_SETTINGS_FILE = "rollouts.toml"
+CONFIG_FILE = "rollouts.toml"
 
 
-def settings_file() -> Path:
-    """The TOML settings file: `ROLLOUTS_CONFIG`, else `rollouts.toml` in the working directory."""
-    return Path(os.environ.get("ROLLOUTS_CONFIG", DEFAULT_SETTINGS_FILE))
+def config_file() -> Path | None:
+    """The config file in use: the one `ROLLOUTS_CONFIG` names (an error if it is missing), else
+    `rollouts.toml` in the working directory when there is one."""
+    named = os.environ.get("ROLLOUTS_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            from temporal_rollouts.core.errors import ConfigError
+
+            raise ConfigError(f"ROLLOUTS_CONFIG names {named!r}, which is not a file")
+        return path.resolve()
+    local = Path(CONFIG_FILE)
+    return local.resolve() if local.is_file() else None
 
 
 def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
     """Each problem of a settings ValidationError with its key and its source (argument, variable or file)."""
     import tomllib
 
-    path = settings_file()
     try:
-        in_file = tomllib.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, tomllib.TOMLDecodeError):
-        in_file = {}
+        path = config_file()
+        in_file = tomllib.loads(path.read_text()) if path is not None else {}
+    except (OSError, tomllib.TOMLDecodeError, ConfigError):
+        path, in_file = None, {}
     lines = []
     for error in err.errors(include_url=False):
         loc = tuple(str(part) for part in error.get("loc", ()))
@@ -54,12 +66,12 @@ def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
             source = "settings arguments"
         elif f"ROLLOUTS_{top.upper()}" in os.environ or any(k.startswith(f"ROLLOUTS_{top.upper()}__") for k in os.environ):
             source = f"environment variable ROLLOUTS_{top.upper()}"
-        elif _has_key(in_file, loc):
-            source = f"settings file {path.resolve()}"
+        elif path is not None and _has_key(in_file, loc):
+            source = f"settings file {path}"
         else:
             source = "settings"
         lines.append(f"{source}: {describe_problem(error)}")
-    return "bad settings:\n" + "\n".join(lines)
+    return lines[0] if len(lines) == 1 else "bad settings:\n" + "\n".join(lines)
 
 
 def _has_key(table: Any, loc: tuple[str, ...]) -> bool:
@@ -68,6 +80,7 @@ def _has_key(table: Any, loc: tuple[str, ...]) -> bool:
             return False
         table = table[part]
     return bool(loc)
+
 
 _SLOT_LIMITS = SlotLimits()
 """The sandbox server's own defaults, stated once there."""
@@ -128,6 +141,10 @@ class ChatPolicy(BaseModel):
     """Name of the environment variable holding the API key; the key never enters a workflow."""
     timeout_s: float = 300.0
     """Timeout of one model request."""
+    tokenizer: str | None = None
+    """For SFT data: a tokenizer (name or local folder) whose chat template renders each scored rollout into token ids and masks in the written groups; unset leaves them empty."""
+    chat_template: str | None = None
+    """A Jinja file used instead of the tokenizer's template when rendering for SFT."""
 
 
 class GeneratePolicy(BaseModel):
@@ -178,7 +195,7 @@ class SandboxSettings(BaseModel):
     idle_stop_s: float = 300.0
     """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
-    """Period of the reaper schedule that frees leases whose holder workflow has closed."""
+    """Seconds between passes of the slot-pool maintenance workflow, which frees leases whose holder workflow has closed."""
     require_isolation: bool = True
     """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
     instead (development only): the server then warns on every start."""
@@ -306,7 +323,7 @@ class AtroposSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid", toml_file="rollouts.toml"
+        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid"
     )
 
     data_dir: Path = Path(".rollouts")
@@ -340,8 +357,17 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = settings_file()
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        path = config_file()
+        if path is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+
+    @model_validator(mode="after")
+    def _absolute_data_dir(self) -> Settings:
+        if not self.data_dir.is_absolute():
+            path = config_file()
+            self.data_dir = ((path.parent if path else Path.cwd()) / self.data_dir).resolve()
+        return self
 
     @property
     def embedded(self) -> bool:

@@ -20,7 +20,13 @@ from typing import Any
 
 import httpx
 
-from temporal_rollouts.core.errors import ModelError, ModelRequestRejected, ModelUnavailable
+from temporal_rollouts.core.errors import (
+    ModelError,
+    ModelRequestRejected,
+    ModelStalled,
+    ModelUnavailable,
+    ModelUnreachable,
+)
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 SNIPPET_CHARS = 300
@@ -87,11 +93,25 @@ def error_for_exception(exc: BaseException, *, secrets: Iterable[str] = ()) -> M
     detail = type(exc).__name__ if not str(exc) else f"{type(exc).__name__}: {redact(str(exc), secrets)}"
     if isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL)):
         return ModelRequestRejected(f"model request could not be sent ({detail})")
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ModelUnreachable(f"model unreachable: connect timed out ({detail})")
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
-        return ModelUnavailable(f"model request timed out ({detail})")
+        return ModelStalled(f"model stalled: no answer within the request timeout ({detail})")
+    if isinstance(exc, (httpx.ConnectError, ConnectionRefusedError)):
+        return ModelUnreachable(f"model unreachable: {'connection refused' if _refused(exc) else 'cannot connect'} ({detail})")
     if isinstance(exc, (httpx.RequestError, OSError)):
         return ModelUnavailable(f"model server unreachable ({detail})")
     return ModelError(f"model request failed ({detail})", retryable=False)
+
+
+def _refused(exc: BaseException | None) -> bool:
+    """Whether a connect error was a refusal, anywhere in its chain (httpx words it "All connection attempts failed")."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower():
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def error_snippet(body: bytes | str, *, secrets: Iterable[str] = (), limit: int = SNIPPET_CHARS) -> str:

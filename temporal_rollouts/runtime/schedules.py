@@ -1,52 +1,51 @@
-"""The reaper schedule: SlotPoolMaintenanceWorkflow every `sandbox.reap_interval_s`.
+"""The slot-pool maintenance workflow: one long-lived execution per task queue.
 
-Created (or brought up to date) by every worker at start; idempotent.
+Every worker starts it at start-up, idempotently (an execution that is already running is
+kept and told the current interval), and deletes the every-30-s reaper schedule of
+earlier versions when it finds one: that schedule started a new workflow each period and
+flooded the UI's workflow list. `rollouts reap` asks the running execution for a pass now.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleIntervalSpec,
-    ScheduleOverlapPolicy,
-    SchedulePolicy,
-    ScheduleSpec,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
-)
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.settings import Settings
 
 
+def maintenance_workflow_id(settings: Settings) -> str:
+    """One per task queue: `rollouts-slot-maintenance` on the default queue."""
+    return f"{settings.temporal.task_queue}-slot-maintenance"
+
+
 def reaper_schedule_id(settings: Settings) -> str:
-    """One reaper per task queue: `rollouts-slot-reaper` on the default queue."""
+    """The schedule earlier versions created (deleted when found)."""
     return f"{settings.temporal.task_queue}-slot-reaper"
 
 
-def reaper_schedule(settings: Settings) -> Schedule:
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            "SlotPoolMaintenanceWorkflow",
-            id=f"{reaper_schedule_id(settings)}-run",
-            task_queue=settings.temporal.task_queue,
-            execution_timeout=timedelta(minutes=5),
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.sandbox.reap_interval_s))]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
-    )
-
-
-async def ensure_reaper_schedule(client: Client, settings: Settings) -> None:
-    schedule = reaper_schedule(settings)
+async def delete_old_reaper_schedule(client: Client, settings: Settings) -> bool:
     try:
-        await client.create_schedule(reaper_schedule_id(settings), schedule)
-    except ScheduleAlreadyRunningError:
-        def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
-            return ScheduleUpdate(schedule=schedule)
+        await client.get_schedule_handle(reaper_schedule_id(settings)).delete()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
-        await client.get_schedule_handle(reaper_schedule_id(settings)).update(update)
+
+async def ensure_maintenance_workflow(client: Client, settings: Settings) -> WorkflowHandle:
+    """Start the maintenance workflow unless it runs; either way it uses the configured interval."""
+    from workflows.pool import MaintenanceInput, SlotPoolMaintenanceWorkflow
+
+    await delete_old_reaper_schedule(client, settings)
+    interval = settings.sandbox.reap_interval_s
+    handle = await client.start_workflow(
+        SlotPoolMaintenanceWorkflow.run, MaintenanceInput(interval_s=interval),
+        id=maintenance_workflow_id(settings), task_queue=settings.temporal.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    await handle.signal(SlotPoolMaintenanceWorkflow.set_interval, interval)
+    return handle

@@ -8,6 +8,7 @@ Atropos env all send exactly this.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, Field
 
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.records import ToolStats, TrajectoryResult
+from temporal_rollouts.llm.sft import sft_tokens
+from temporal_rollouts.llm.templates import ChatTemplate
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -57,17 +60,28 @@ class GroupBuilder:
         self._transcripts = transcripts
         self._traces = traces
 
-    async def build(self, group_id: str, results: list[TrajectoryResult], *, max_token_length: int = 0) -> ScoredGroup:
+    async def build(self, group_id: str, results: list[TrajectoryResult], *, max_token_length: int = 0,
+                    sft_template: ChatTemplate | None = None) -> ScoredGroup:
         """`max_token_length` > 0 cuts each token sequence from the end to that length: a
-        long rollout still trains on its start instead of its whole group being dropped."""
-        messages = [
-            [_for_trainer(m) for m in await self._transcripts.load(r.transcript)] if r.transcript else [] for r in results
-        ]
+        long rollout still trains on its start instead of its whole group being dropped.
+        `sft_template` renders rollouts without a token trace (a chat policy's) into token
+        ids and masks for SFT (llm/sft.py); without it they carry empty lists."""
+        conversations = [await self._transcripts.load(r.transcript) if r.transcript else [] for r in results]
+        messages = [[_for_trainer(m) for m in conversation] for conversation in conversations]
         tokens, masks, logprobs = [], [], []
-        for result in results:
+        for result, conversation in zip(results, conversations):
             trace = await self._traces.load(result.tokens) if result.tokens else None
             if trace is not None and max_token_length > 0:
                 trace = trace.cut(max_token_length)
+            if trace is None and sft_template is not None and conversation:
+                tools = await self._transcripts.offered_tools(result.transcript)
+                ids, id_masks = await asyncio.to_thread(sft_tokens, sft_template, conversation, tools)
+                if max_token_length > 0:
+                    ids, id_masks = ids[:max_token_length], id_masks[:max_token_length]
+                tokens.append(ids)
+                masks.append(id_masks)
+                logprobs.append(None)
+                continue
             tokens.append(trace.tokens if trace else [])
             masks.append(trace.masks() if trace else [])
             logprobs.append(trace.inference_logprobs() if trace else None)

@@ -98,3 +98,67 @@ def test_a_batch_started_with_the_temporal_cli(machine: Machine) -> None:
         assert time.monotonic() < deadline, status
         time.sleep(1)
     assert status["completed"] == 2 and status["mean_score"] == 1.0
+
+
+def test_list_show_and_export_read_a_batch(machine: Machine, tmp_path: Path) -> None:
+    summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "2", "--group-size", "1", "--wait")
+    batch = summary["batch_id"]
+    assert summary["policy"] == "demo"  # decided by the CLI when it started the batch
+    listed = {b["batch_id"]: b for b in machine.rollouts_json("list")}
+    assert listed[batch]["total"] == 2 and listed[batch]["completed"] == 2 and listed[batch]["policy"] == "demo"
+
+    shown = machine.run(str(ROLLOUTS), "show", f"{batch}/item-0/g0")
+    assert shown.returncode == 0, shown.stderr
+    assert "[user]" in shown.stdout and "[assistant]" in shown.stdout and "stop reason  completed" in shown.stdout
+
+    output = tmp_path / "export.jsonl"
+    exported = machine.run(str(ROLLOUTS), "export", batch, "--output", str(output))
+    assert exported.returncode == 0, exported.stderr
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted(r["rollout_id"] for r in records) == [f"{batch}/item-0/g0", f"{batch}/item-1/g0"]
+
+    status = machine.run(str(ROLLOUTS), "status", batch)
+    assert status.returncode == 0 and status.stdout.startswith(f"batch {batch}: completed (policy demo)")
+    assert "{" not in status.stdout  # text, not a Python repr
+
+
+def test_an_unknown_batch_is_one_line_and_exit_code_1(machine: Machine) -> None:
+    done = machine.run(str(ROLLOUTS), "status", "no-such-batch")
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: no batch with id 'no-such-batch' (see `rollouts list`)"
+
+
+def test_reap_runs_a_pass_of_the_one_maintenance_workflow(machine: Machine) -> None:
+    report = machine.rollouts_json("reap")
+    assert "health" in report and report["reaped"] == []
+    listed = machine.run(temporal_binary(), "workflow", "list", "--address", f"127.0.0.1:{machine.temporal_port}",
+                         "--query", "WorkflowType = 'SlotPoolMaintenanceWorkflow'", "-o", "json")
+    runs = json.loads(listed.stdout or "[]")
+    assert len({run["execution"]["workflowId"] for run in runs}) == 1, runs
+
+
+def test_commands_find_the_data_folder_from_the_config_file(machine: Machine, tmp_path: Path) -> None:
+    config = machine.home / "rollouts.toml"
+    config.write_text('data_dir = ".rollouts"\n')
+    env = {k: v for k, v in machine.env.items() if k != "ROLLOUTS_DATA_DIR"} | {"ROLLOUTS_CONFIG": str(config)}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([str(ROLLOUTS), "slots", "--json"], cwd=elsewhere, env=env, capture_output=True, text=True,
+                          timeout=60)
+    config.unlink()
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)) >= 1  # the worker's container, found from another folder
+
+
+def test_worker_help_prints_usage_and_starts_nothing(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "worker.py"), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python worker.py")
+    assert not (tmp_path / ".rollouts").exists()
+
+
+def test_server_stop_then_a_batch_brings_everything_back(machine: Machine) -> None:
+    stopped = machine.run(str(ROLLOUTS), "server", "stop")
+    assert stopped.returncode == 0 and "demo policy: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait")
+    assert summary["completed"] == 1 and summary["mean_score"] == 1.0

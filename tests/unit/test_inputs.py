@@ -116,9 +116,11 @@ def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(
         raise AssertionError("a bad batch must be refused before connecting")
 
     monkeypatch.setattr(cli, "connect", no_server)
-    monkeypatch.setenv("ROLLOUTS_CONFIG", str(tmp_path / "none.toml"))
-    assert cli.main(["batch", "--env", "terminal_tasks", "--group-size", "-3"]) == 1
-    assert "error: invalid BatchWorkflow input:\ngroup_size: must be at least 1 (got -3)" in capsys.readouterr().err
+    monkeypatch.delenv("ROLLOUTS_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["batch", "--env", "terminal_tasks", "--offset", "10000000000000"]) == 1
+    err = capsys.readouterr().err
+    assert "error: invalid BatchWorkflow input:\nitem_offset: must be at most" in err and "10000000000000" in err
 
 
 def test_every_activity_with_an_input_takes_plain_json_and_keeps_its_name() -> None:

@@ -16,7 +16,9 @@ from temporal_rollouts.core.errors import (
     MalformedModelReply,
     ModelError,
     ModelRequestRejected,
+    ModelStalled,
     ModelUnavailable,
+    ModelUnreachable,
     as_application_error,
 )
 from temporal_rollouts.core.messages import FunctionCall, Message, ToolCall, ToolSpec
@@ -314,15 +316,16 @@ async def test_a_200_carrying_a_gateway_error_code_maps_like_that_status() -> No
 
 
 @pytest.mark.parametrize(
-    ("exc_type", "wording"),
-    [(httpx.ConnectError, "unreachable"), (httpx.ReadTimeout, "timed out"), (httpx.RemoteProtocolError, "unreachable")],
+    ("exc_type", "error_type", "wording"),
+    [(httpx.ConnectError, ModelUnreachable, "unreachable"), (httpx.ReadTimeout, ModelStalled, "stalled"),
+     (httpx.RemoteProtocolError, ModelUnavailable, "unreachable")],
 )
-async def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError], wording: str) -> None:
+async def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError], error_type, wording: str) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise exc_type("boom", request=request)
 
     error = await failure_of(handler)
-    assert type(error) is ModelUnavailable and error.retryable is True
+    assert type(error) is error_type and error.retryable is True
     assert wording in error.message and exc_type.__name__ in error.message
     assert isinstance(error.__cause__, exc_type)
 
@@ -332,9 +335,25 @@ async def test_a_closed_port_is_unavailable_through_the_real_transport() -> None
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     async with ChatClient(f"http://127.0.0.1:{port}/v1", "m", API_KEY, timeout_s=5.0) as client:
-        with pytest.raises(ModelUnavailable) as caught:
+        with pytest.raises(ModelUnreachable) as caught:
             await client.complete([Message(role="user", content="hi")], [])
     assert caught.value.status_code is None
+    assert caught.value.message.startswith("model unreachable: connection refused")
+
+
+@pytest.mark.parametrize(("error", "attempts_retried"), [
+    (ModelUnreachable("model unreachable: connection refused"), 3),
+    (ModelStalled("model stalled"), 1),
+    (ModelUnavailable("HTTP 503", status_code=503), None),
+])
+def test_refused_and_stalled_endpoints_give_up_after_a_few_attempts(error: ModelError, attempts_retried) -> None:
+    retried = [a for a in range(1, 9) if not as_application_error(error, attempt=a).non_retryable]
+    if attempts_retried is None:  # a 5xx keeps the whole retry policy's patience
+        assert retried == list(range(1, 9))
+    else:
+        assert retried == list(range(1, attempts_retried + 1))
+        last = as_application_error(error, attempt=attempts_retried + 1)
+        assert last.non_retryable and f"gave up after {attempts_retried + 1} attempts" in last.message
 
 
 @pytest.mark.parametrize(
@@ -342,7 +361,7 @@ async def test_a_closed_port_is_unavailable_through_the_real_transport() -> None
     [
         (httpx.UnsupportedProtocol("no scheme"), ModelRequestRejected, False),
         (httpx.InvalidURL("bad url"), ModelRequestRejected, False),
-        (TimeoutError(), ModelUnavailable, True),
+        (TimeoutError(), ModelStalled, True),
         (ConnectionResetError("reset"), ModelUnavailable, True),
         (ValueError("bug"), ModelError, False),
     ],
@@ -372,6 +391,6 @@ async def test_api_key_never_appears_in_errors() -> None:
         raise httpx.ConnectError(f"could not connect with {request.headers['authorization']}", request=request)
 
     unreachable = await failure_of(leaky_transport)
-    assert type(unreachable) is ModelUnavailable
+    assert type(unreachable) is ModelUnreachable
     assert_secret_free(unreachable)
     assert unreachable.__cause__ is None, "a cause that names the key would reach Temporal's failure chain"

@@ -42,6 +42,7 @@ from temporal_rollouts.core.records import (
 )
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.integrations.atropos.wandb_rollouts import rollouts_for_table
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.storage.objects import object_client
@@ -132,6 +133,14 @@ class TemporalRolloutsEnv(BaseEnv):
         await self.evaluate_log(metrics, task_name=f"{self.config.task_env}_eval", start_time=started,
                                 end_time=time.time(), samples=samples,
                                 generation_parameters={"temperature": self.config.eval_temperature})
+
+    async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
+        """The rollout table shows conversations (integrations/atropos/wandb_rollouts.py), not decoded tokens."""
+        groups = scored_data if isinstance(scored_data, list) else [scored_data]
+        for group in groups:
+            self.rollouts_for_wandb.append(rollouts_for_table(group, self.config.num_rollouts_per_group_for_logging))
+            if len(self.rollouts_for_wandb) > self.config.num_rollouts_to_keep:
+                self.rollouts_for_wandb.pop(0)
 
     async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
         """Tool errors as the system we replace logged them: a count and newline-joined

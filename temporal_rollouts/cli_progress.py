@@ -1,0 +1,208 @@
+"""The batch progress display, summaries, `rollouts status` and the exit codes of batch commands.
+
+Split from cli.py: what a person watching a batch sees (the bar, the rollouts waiting on
+retries and why, the summary) and how that becomes an exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
+from temporalio.service import RPCError
+
+from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.records import BatchProgress, BatchResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.rollout_records import (
+    QUERY_TIMEOUT,
+    require_workflow,
+    retry_summary,
+    waiting_on_retries,
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
+"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
+2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
+(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
+
+RETRY_CHECK_S = 3.0
+"""How often the progress display asks Temporal which rollouts are waiting on retries."""
+
+
+def batch_exit_code(completed: int, failed: int) -> int:
+    if failed == 0:
+        return EXIT_OK
+    return EXIT_PARTIAL if completed else EXIT_FAILED
+
+
+async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
+    raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
+    return BatchProgress.model_validate(raw) if raw else None
+
+
+async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
+    """A progress bar until the batch finishes; returns its result. Rollouts waiting on retries
+    show under the bar with the cause (`model unreachable: connection refused, retry 3`)."""
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+    result_task = asyncio.ensure_future(handle.result())
+    retry_lines: list[str] = []
+    next_retry_check = time.monotonic() + RETRY_CHECK_S
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(handle.id, total=None, detail="loading items")
+        while not result_task.done():
+            try:
+                progress = await _progress(handle)
+                if time.monotonic() >= next_retry_check:
+                    retry_lines = retry_summary(await waiting_on_retries(client, handle.id))
+                    next_retry_check = time.monotonic() + RETRY_CHECK_S
+            except RPCError:
+                progress = None
+            if progress:
+                mean = progress.mean_score
+                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
+                    f"{mean:.2f}" if mean is not None else "-")
+                if retry_lines:
+                    detail += "\n  [yellow]" + "\n  ".join(retry_lines) + "[/yellow]"
+                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
+            await asyncio.wait({result_task}, timeout=0.5)
+        result = BatchResult.model_validate(result_task.result())
+        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
+    return result
+
+
+def summary_json(result: BatchResult) -> dict[str, Any]:
+    return {
+        "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
+        "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
+        "output": result.output, "groups_written": result.groups_written,
+        "groups_pending": result.groups_pending, "resumed": result.resumed,
+    }
+
+
+def print_summary(result: BatchResult, console: Console, settings: Settings, policy: str | None = None) -> None:
+    table = Table(title=f"batch {result.batch_id}", show_header=False)
+    if policy:
+        table.add_row("policy", policy)
+    table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
+    table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
+    table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
+    table.add_row("groups written", str(result.groups_written))
+    if result.groups_pending:
+        table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
+    if result.resumed:
+        table.add_row("resumed", str(result.resumed))
+    console.print(table)
+    console.print(f"results:     {result.output}", soft_wrap=True)
+    if settings.ui_url:
+        page = f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}"
+        console.print(f"Temporal UI: {page}", soft_wrap=True)
+
+
+def root_cause(err: BaseException) -> str:
+    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
+    message = str(err)
+    cause: BaseException | None = err
+    while cause is not None:
+        text = getattr(cause, "message", None) or str(cause)
+        if text:
+            message = text
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return message
+
+
+async def finish(client: Client, handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
+                  extra: dict[str, Any] | None = None, policy: str | None = None) -> int:
+    try:
+        result = await watch(client, handle, console)
+    except WorkflowFailureError as err:
+        message = f"batch {handle.id} failed: {root_cause(err)}"
+        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message,
+              file=sys.stdout if as_json else sys.stderr)
+        return EXIT_FAILED
+    if as_json:
+        print(json.dumps({**summary_json(result), **({"policy": policy} if policy else {}), **(extra or {})}))
+    else:
+        print_summary(result, console, settings, policy)
+    return batch_exit_code(result.completed, result.failed)
+
+
+async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
+    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
+    described = await require_workflow(client, batch_id, "BatchWorkflow")
+    handle = client.get_workflow_handle(batch_id)
+    status = described.status.name.lower() if described.status else "unknown"
+    data: dict[str, Any] = {"batch_id": batch_id, "status": status,
+                            "policy": described.typed_search_attributes.get(sa.POLICY)}
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        result = BatchResult.model_validate(await handle.result())
+        return {**data, **summary_json(result), "status": "completed"}
+    try:
+        progress = await _progress(handle)
+    except RPCError:
+        progress = None
+    if progress:
+        data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
+                 "running": progress.running, "mean_score": progress.mean_score,
+                 "stop_reasons": progress.stop_reasons, "output": progress.output}
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        data["retrying"] = [note.model_dump() | {"headline": note.headline}
+                            for note in await waiting_on_retries(client, batch_id)]
+    elif described.status == WorkflowExecutionStatus.FAILED:
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            data["error"] = root_cause(err)
+    return data
+
+
+def status_exit_code(data: dict[str, Any]) -> int:
+    if data["status"] == "running":
+        return EXIT_OK
+    if data["status"] == "completed":
+        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
+    return EXIT_FAILED
+
+
+def format_status(data: dict[str, Any]) -> str:
+    lines = [f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")]
+    if data.get("error"):
+        lines.append(f"  error: {data['error']}")
+    if data.get("total") is not None:
+        counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
+        if data.get("running"):
+            counts += f", {data['running']} running"
+        lines.append(counts)
+        mean = data.get("mean_score")
+        lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
+    if data.get("stop_reasons"):
+        lines.append("  stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(data["stop_reasons"].items())))
+    notes = data.get("retrying") or []
+    if notes:
+        lines.append(f"  waiting on retries: {len(notes)}")
+        lines += [f"    {note['rollout_id']}: {note['headline']}" for note in notes]
+    if data.get("groups_pending"):
+        lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
+    if data.get("output"):
+        lines.append(f"  results: {data['output']}")
+    return "\n".join(lines)

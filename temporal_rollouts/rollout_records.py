@@ -1,0 +1,238 @@
+"""What a person reads about rollouts and batches: one record per rollout, one summary per batch.
+
+A rollout's result lives in Temporal (a completed run's result, or the TrajectoryResult a
+failed run carries in its failure, or the `resume_state` query of one still running or
+killed from outside); its conversation lives in the object store as a hash chain
+(storage/transcripts.py). This module joins the two, so `rollouts show`, `rollouts
+export` and `rollouts view` read failed rollouts exactly as they read scored ones.
+Batches and their rollouts are found through visibility queries on the project's search
+attributes, the same filters a person types in the Temporal UI.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.resume import run_result
+from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.records import BatchProgress, BatchResult, TrajectoryResult
+from temporal_rollouts.storage.transcripts import TranscriptStore
+
+_SAFE_ID = re.compile(r"^[\w./:@-]+$")
+QUERY_TIMEOUT = timedelta(seconds=5)
+"""A query of a closed batch needs a worker to replay it; without one, its counts are left out."""
+
+
+class RolloutRecord(BaseModel):
+    """One rollout as a person reads it: how its latest run stands, its result and its conversation."""
+
+    rollout_id: str
+    run_id: str | None = None
+    status: str = Field(description="running, completed, failed, canceled, terminated, timed_out, ...")
+    batch_id: str | None = None
+    policy: str | None = None
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+    result: TrajectoryResult | None = None
+    messages: list[Message] = Field(default_factory=list)
+    transcript_error: str | None = Field(default=None, description="Why the conversation could not be read, if so.")
+
+
+class BatchSummary(BaseModel):
+    """One batch in `rollouts list`: its state and counts."""
+
+    batch_id: str
+    status: str
+    env: str | None = None
+    policy: str | None = None
+    started_at: datetime | None = None
+    total: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    running: int | None = None
+    mean_score: float | None = None
+
+
+def status_name(status: WorkflowExecutionStatus | None) -> str:
+    return status.name.lower() if status else "unknown"
+
+
+def quoted(value: str) -> str:
+    """A value for a visibility query; ids with quotes or spaces are refused rather than escaped."""
+    if not _SAFE_ID.match(value):
+        raise ConfigError(f"{value!r} is not a valid workflow id")
+    return f"'{value}'"
+
+
+async def describe_or_none(client: Client, workflow_id: str):
+    try:
+        return await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def require_workflow(client: Client, workflow_id: str, kind: str):
+    """The description of a workflow of type `kind`, or a ConfigError naming what was found instead."""
+    described = await describe_or_none(client, workflow_id)
+    if described is None:
+        noun = "batch" if kind == "BatchWorkflow" else "rollout"
+        raise ConfigError(f"no {noun} with id {workflow_id!r} (see `rollouts list`)")
+    if described.workflow_type != kind:
+        raise ConfigError(f"{workflow_id!r} is a {described.workflow_type}, not a {kind}")
+    return described
+
+
+async def load_rollout(client: Client, transcripts: TranscriptStore, rollout_id: str) -> RolloutRecord:
+    """The latest run of a rollout, with its result and conversation; failed runs included."""
+    described = await require_workflow(client, rollout_id, "TrajectoryWorkflow")
+    status = status_name(described.status)
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        try:
+            raw = await client.get_workflow_handle(rollout_id, run_id=described.run_id).query("resume_state")
+            result = TrajectoryResult.model_validate(raw) if raw else None
+        except RPCError:
+            result = None
+    else:
+        result = await run_result(client, rollout_id, described.run_id)
+    attributes = described.typed_search_attributes
+    record = RolloutRecord(
+        rollout_id=rollout_id, run_id=described.run_id, status=status, result=result,
+        batch_id=attributes.get(sa.BATCH_ID), policy=attributes.get(sa.POLICY),
+        started_at=described.start_time, closed_at=described.close_time,
+    )
+    if result is not None and result.transcript is not None:
+        try:
+            record.messages = await transcripts.load(result.transcript)
+        except Exception as err:  # a store that lost objects must not hide the result
+            record.transcript_error = f"{type(err).__name__}: {err}"
+    return record
+
+
+async def batch_rollout_ids(client: Client, batch_id: str) -> list[str]:
+    """Every rollout of a batch, in item and group order (a resumed rollout is listed once)."""
+    query = f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow'"
+    ids = {execution.id async for execution in client.list_workflows(query)}
+    return sorted(ids, key=_natural_key)
+
+
+def _natural_key(value: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value)]
+
+
+async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionStatus | None,
+                       run_id: str | None = None) -> dict[str, Any]:
+    """Counts of a batch: its result when it completed, else its `progress` query."""
+    handle = client.get_workflow_handle(batch_id, run_id=run_id)
+    try:
+        if status == WorkflowExecutionStatus.COMPLETED:
+            result = BatchResult.model_validate(await handle.result(follow_runs=False))
+            return {"total": result.total, "completed": result.completed, "failed": result.failed,
+                    "running": 0, "mean_score": result.mean_score}
+        raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
+    except (RPCError, WorkflowFailureError):  # no worker to answer, or a batch that failed before it counted
+        return {}
+    if not raw:
+        return {}
+    progress = BatchProgress.model_validate(raw)
+    return {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
+            "running": progress.running if status == WorkflowExecutionStatus.RUNNING else 0,
+            "mean_score": progress.mean_score}
+
+
+async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
+    """The latest `limit` batches, newest first, with their counts."""
+    summaries: list[BatchSummary] = []
+    seen: set[str] = set()
+    async for execution in client.list_workflows("WorkflowType = 'BatchWorkflow'"):
+        if execution.id in seen:
+            continue
+        seen.add(execution.id)
+        attributes = execution.typed_search_attributes
+        counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
+        summaries.append(BatchSummary(
+            batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
+            policy=attributes.get(sa.POLICY), started_at=execution.start_time, **counts,
+        ))
+        if len(summaries) >= limit:
+            break
+    return summaries
+
+
+class RetryNote(BaseModel):
+    """A running rollout whose current step failed at least once and waits for its next attempt."""
+
+    rollout_id: str
+    activity: str
+    attempt: int = Field(description="The attempt Temporal runs next (1 is the first try).")
+    error_type: str | None = None
+    reason: str = Field(description="The last failure's message, e.g. `model unreachable: connection refused (...)`.")
+
+    @property
+    def headline(self) -> str:
+        """`model unreachable: connection refused, retry 3`: the message without its parenthesised
+        detail; for a slow first attempt, `no answer yet (running 75 s)`."""
+        if self.error_type is None and self.reason.startswith("no answer yet"):
+            return self.reason + (f", retry {self.attempt - 1}" if self.attempt > 1 else "")
+        short = self.reason.split(" (", 1)[0] or self.activity
+        return f"{short}, retry {max(self.attempt - 1, 1)}"
+
+
+SLOW_STEP_S = 60.0
+"""A step attempt running this long without an answer is listed too (a stalled model shows before its timeout)."""
+
+
+async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
+                             slow_after_s: float = SLOW_STEP_S) -> list[RetryNote]:
+    """Rollouts of a running batch whose step is being retried, and why, or whose current
+    attempt has run `slow_after_s` without an answer, from Temporal's pending-activity
+    information (describe of each running rollout, at most `limit`)."""
+    query = (f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow' "
+             "AND ExecutionStatus = 'Running'")
+    notes: list[RetryNote] = []
+    checked = 0
+    async for execution in client.list_workflows(query):
+        checked += 1
+        if checked > limit:
+            break
+        try:
+            described = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
+        except RPCError:
+            continue
+        now = datetime.now(UTC)
+        for pending in described.raw_description.pending_activities:
+            if not pending.HasField("last_failure"):
+                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField("last_started_time"):
+                    running = (now - pending.last_started_time.ToDatetime(tzinfo=UTC)).total_seconds()
+                    if running >= slow_after_s:
+                        notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
+                                               attempt=pending.attempt, reason=f"no answer yet (running {running:.0f} s)"))
+                continue
+            failure = pending.last_failure
+            error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
+            notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
+                                   attempt=pending.attempt, error_type=error_type or None, reason=failure.message))
+    return sorted(notes, key=lambda note: _natural_key(note.rollout_id))
+
+
+def retry_summary(notes: list[RetryNote]) -> list[str]:
+    """One line per distinct cause: `4 rollouts: model unreachable: connection refused, retry 3` (the highest retry)."""
+    by_cause: dict[str, list[RetryNote]] = {}
+    for note in notes:
+        by_cause.setdefault(note.reason.split(" (", 1)[0], []).append(note)
+    lines = []
+    for group in by_cause.values():
+        worst = max(group, key=lambda note: note.attempt)
+        count = f"{len(group)} rollout{'s' if len(group) > 1 else ''}"
+        lines.append(f"{count} waiting on {worst.activity}: {worst.headline}")
+    return lines

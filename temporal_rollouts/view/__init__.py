@@ -1,0 +1,1 @@
+"""`rollouts view`: a local web page over batches and rollouts (see app.py)."""

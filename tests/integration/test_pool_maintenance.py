@@ -1,0 +1,86 @@
+"""The slot-pool maintenance workflow: one long-lived execution per task queue that runs a
+pass, sleeps, and continues as new; started idempotently; the old reaper schedule deleted;
+`rollouts reap` gets a pass now through an update. Real dev server, worker and sandbox."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleIntervalSpec,
+    ScheduleSpec,
+    WorkflowExecutionStatus,
+)
+
+import workflows.pool as pool_workflow
+from activities.pool import MaintenanceReport
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.schedules import (
+    ensure_maintenance_workflow,
+    reaper_schedule_id,
+)
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import Holder
+from tests.support.waiting import leased_slots, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def maintenance_settings(settings: Settings, client: Client, monkeypatch) -> Settings:
+    """A task-queue-wide maintenance workflow with a short period and short runs."""
+    monkeypatch.setattr(pool_workflow, "PASSES_PER_RUN", 3)
+    quick = settings.model_copy(update={"sandbox": settings.sandbox.model_copy(update={"reap_interval_s": 0.5})})
+    yield quick
+    await client.get_workflow_handle(f"{settings.temporal.task_queue}-slot-maintenance").terminate("test over")
+
+
+async def test_one_long_lived_workflow_replaces_the_schedule(
+    client: Client, maintenance_settings: Settings
+) -> None:
+    settings = maintenance_settings
+    await client.create_schedule(reaper_schedule_id(settings), Schedule(
+        action=ScheduleActionStartWorkflow("SlotPoolMaintenanceWorkflow", id="old-reaper-run",
+                                           task_queue=settings.temporal.task_queue),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
+    ))
+    first = await ensure_maintenance_workflow(client, settings)
+    again = await ensure_maintenance_workflow(client, settings)
+    assert again.result_run_id == first.result_run_id  # idempotent: the running execution is kept
+    assert [s.id async for s in await client.list_schedules()] == []  # the old schedule is gone
+
+    handle = client.get_workflow_handle(first.id)
+    # Three passes per run, one every 0.5 s: it continues as new and keeps counting.
+    status = await wait_until(lambda: _passes_at_least(handle, 5), timeout_s=30)
+    assert status["interval_s"] == 0.5
+    described = await handle.describe()
+    assert described.run_id != first.result_run_id and described.status == WorkflowExecutionStatus.RUNNING
+    runs = [e async for e in client.list_workflows(f"WorkflowId = '{first.id}'")]
+    running = [e for e in runs if e.status == WorkflowExecutionStatus.RUNNING]
+    assert len(running) == 1 and all(e.status in (WorkflowExecutionStatus.RUNNING,
+                                                  WorkflowExecutionStatus.CONTINUED_AS_NEW) for e in runs)
+
+
+async def test_reap_now_frees_the_lease_of_a_holder_that_is_gone(
+    client: Client, maintenance_settings: Settings, pool: SandboxPool
+) -> None:
+    hourly = maintenance_settings.model_copy(update={
+        "sandbox": maintenance_settings.sandbox.model_copy(update={"reap_interval_s": 3600})})
+    handle = await ensure_maintenance_workflow(client, hourly)
+    await wait_until(lambda: _passes_at_least(handle, 1), timeout_s=30)  # the first pass runs at start
+    holder = Holder(workflow_id=f"gone-rollout-{uuid.uuid4().hex[:8]}/item-0/g0", run_id=str(uuid.uuid4()))
+    leaked = await pool.acquire(holder, ttl_s=600, wait_s=10)
+    report = MaintenanceReport.model_validate(await handle.execute_update(pool_workflow.SlotPoolMaintenanceWorkflow.pass_now))
+    assert leaked.lease_id in {lease.lease_id for lease in report.reaped}
+    assert all(s.lease.holder != holder for s in await leased_slots(pool))
+    assert (await handle.query("status"))["passes"] == 2  # the update's pass, not a periodic one
+
+
+async def _passes_at_least(handle, count: int) -> dict | None:
+    status = await handle.query("status")
+    return status if status and status["passes"] >= count else None

@@ -1,0 +1,109 @@
+"""`rollouts view` in a real headless browser: Debian's chromium driven by playwright (no
+browser download), over the page served by uvicorn against a real batch on the dev server
+(one rollout failed by a 400 from the demo policy, one with a tool error)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from temporalio.client import Client
+
+from temporal_rollouts.core.records import BatchInput, BatchResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.storage.transcripts import TranscriptStore
+from temporal_rollouts.view.app import create_app
+from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.servers.process import free_port
+from tests.support.waiting import batch_id
+from workflows.batch import BatchWorkflow
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+if not os.path.exists(CHROMIUM) or shutil.which("chromium") is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+playwright_api = pytest.importorskip("playwright.async_api")
+
+
+@pytest.fixture(scope="module")
+async def view_batch(project_client: Client, worker: None, settings: Settings, demo_policy: DemoPolicyProcess) -> BatchResult:
+    demo_policy.reset()
+    demo_policy.control(fail_next=1, fail_status=400, unknown_tool_next=1)
+    return await project_client.execute_workflow(
+        BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=1, group_size=2),
+        id=batch_id("view"), task_queue=settings.temporal.task_queue,
+    )
+
+
+@pytest.fixture
+async def served(project_client: Client, transcripts: TranscriptStore) -> AsyncIterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(project_client, transcripts), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), task
+        await asyncio.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/"
+    server.should_exit = True
+    await task
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: BatchResult, served: str, tmp_path: Path) -> None:
+    assert (view_batch.completed, view_batch.failed) == (1, 1)
+    async with playwright_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await browser.new_page(viewport={"width": 1600, "height": 1000})
+        await page.goto(served)
+        batch_row = page.locator(f"tr[data-batch='{view_batch.batch_id}']")
+        await batch_row.wait_for()
+        assert "completed" in await batch_row.inner_text()
+        await batch_row.click()
+
+        rollouts = page.locator("#rollout-rows tr.row")
+        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 2")
+        await page.select_option("#status-filter", "failed")
+        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
+        assert "model_rejected" in await rollouts.first.inner_text()
+        await page.select_option("#status-filter", "")
+        await page.select_option("#reason-filter", "completed")
+        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
+        await rollouts.first.click()
+
+        await page.locator("#messages .msg.tool").first.wait_for()
+        assert (await page.inner_text("#stop-reason")).startswith("completed")
+        assert await page.inner_text("#score") == "1"
+        assert json.loads(await page.inner_text("#verifier"))  # the verifier's details, as it returned them
+        assert await page.locator(".tool-error").count() == 1  # the call of an unknown tool
+        roles = await page.locator("#messages .msg .role").all_inner_texts()
+        assert [r.lower() for r in roles[:2]] == ["system", "user"] and "assistant" in [r.lower() for r in roles]
+        assert await page.locator("#messages .call").count() >= 1
+
+        shot = tmp_path / "trajectory.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        width, height = png_size(shot)
+        assert width >= 1600 and height >= 600 and shot.stat().st_size > 20_000
+
+        await page.select_option("#reason-filter", "model_rejected")
+        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
+        await rollouts.first.click()
+        await page.wait_for_function("document.querySelector('#stop-reason')?.textContent.startsWith('model_rejected')")
+        assert "failed" in await page.inner_text("#summary")
+        await browser.close()

@@ -1,0 +1,114 @@
+"""The CLI's errors are one or two lines naming the cause, with distinct exit codes. Every case
+here fails before any connection is made, so no server runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from temporal_rollouts import cli
+from temporal_rollouts.core.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def clean_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in list(os.environ):
+        if name.startswith("ROLLOUTS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("ROLLOUTS_TEMPORAL__EMBEDDED_PORT", "1")  # nothing must be reached
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_items_zero_is_a_usage_error_naming_the_flag(capsys) -> None:
+    code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "0")
+    assert code == cli.EXIT_USAGE
+    assert err.splitlines()[-1] == "rollouts batch: error: argument --items: must be at least 1, not 0"
+
+
+def test_unknown_env_names_the_known_ones(capsys) -> None:
+    code, err = run(capsys, "batch", "--env", "no_such_env")
+    assert (code, err) == (cli.EXIT_ERROR, "error: unknown env 'no_such_env': choose one of echo_chain, terminal_tasks")
+
+
+def test_unknown_policy_names_the_known_ones(capsys) -> None:
+    code, err = run(capsys, "batch", "--env", "echo_chain", "--policy", "gpt-nine")
+    assert code == cli.EXIT_ERROR
+    assert err == "error: unknown policy 'gpt-nine': use a base URL or one of ['demo']"
+
+
+def test_a_typo_in_rollouts_toml_names_the_file_and_the_key(capsys, clean_shell: Path) -> None:
+    (clean_shell / "rollouts.toml").write_text("[sandbox]\nslots_per_containr = 2\n")
+    code, err = run(capsys, "list")
+    assert code == cli.EXIT_ERROR
+    assert err == f"error: settings file {clean_shell / 'rollouts.toml'}: sandbox.slots_per_containr: unknown field"
+
+
+def test_a_wrong_value_in_rollouts_toml_names_the_key_and_value(capsys, clean_shell: Path) -> None:
+    (clean_shell / "rollouts.toml").write_text('[sandbox]\nslots_per_container = "many"\n')
+    code, err = run(capsys, "list")
+    assert code == cli.EXIT_ERROR and "sandbox.slots_per_container" in err and "'many'" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_broken_toml_is_named(capsys, clean_shell: Path) -> None:
+    (clean_shell / "rollouts.toml").write_text("[sandbox\n")
+    code, err = run(capsys, "list")
+    assert code == cli.EXIT_ERROR and err.startswith(f"error: {clean_shell / 'rollouts.toml'}: not valid TOML")
+
+
+def test_a_missing_config_file_named_explicitly_is_an_error(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_CONFIG", "/nowhere/rollouts.toml")
+    code, err = run(capsys, "list")
+    assert (code, err) == (cli.EXIT_ERROR, "error: ROLLOUTS_CONFIG names '/nowhere/rollouts.toml', which is not a file")
+
+
+def test_data_dir_is_taken_from_the_config_files_folder(clean_shell: Path, monkeypatch) -> None:
+    project = clean_shell / "project"
+    project.mkdir()
+    (project / "rollouts.toml").write_text('data_dir = "state"\n')
+    elsewhere = clean_shell / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("ROLLOUTS_CONFIG", str(project / "rollouts.toml"))
+    assert Settings().data_dir == project / "state"
+    monkeypatch.delenv("ROLLOUTS_CONFIG")
+    assert Settings().data_dir == elsewhere / ".rollouts"  # no config: the working directory, made absolute
+
+
+def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> None:
+    (clean_shell / "rollouts.toml").write_text(
+        'default_policy = "mine"\n[policies.mine]\nbase_url = "http://model:8000/v1"\n')
+    args = cli.build_parser().parse_args(["batch", "--env", "echo_chain"])
+    assert cli._batch_input(args, Settings()).policy == "mine"
+
+
+@pytest.mark.parametrize(("completed", "failed", "code"), [(4, 0, 0), (3, 1, 3), (0, 4, 4)])
+def test_exit_codes_tell_succeeded_partial_and_failed_batches(completed: int, failed: int, code: int) -> None:
+    assert cli.batch_exit_code(completed, failed) == code
+    assert cli.status_exit_code({"status": "completed", "completed": completed, "failed": failed}) == code
+    assert cli.status_exit_code({"status": "failed"}) == cli.EXIT_FAILED
+    assert cli.status_exit_code({"status": "running"}) == cli.EXIT_OK
+
+
+def test_policy_serve_passes_the_demo_policys_fault_flags(monkeypatch) -> None:
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_policy_serve", lambda args, settings: seen.setdefault("rest", args.rest) and 0)
+    assert cli.main(["policy", "serve", "--port", "9999", "--fail-rate", "0.5", "--delay-s", "1"]) == 0
+    assert seen["rest"] == ["--fail-rate", "0.5", "--delay-s", "1"]
+
+
+def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
+    code, err = run(capsys, "list", "--fail-rate", "0.5")
+    assert code == cli.EXIT_USAGE and err.endswith("error: unrecognized arguments: --fail-rate 0.5")
