@@ -166,6 +166,9 @@ def worker_env(stack: Stack, index: int) -> dict[str, str]:
     env = base_env() | compose_env("worker", stack.addresses)
     env["ROLLOUTS_DATA_DIR"] = str(stack.tmp / f"worker-{index}-data")  # the named volume
     env["ROLLOUTS_WORKER__HOST_NAME"] = f"worker-{index}"  # compose gives each replica its own hostname
+    unresolved = [(name, value) for name, value in env.items() for service in SERVICES
+                  if re.search(rf"(^|//|\"){re.escape(service)}:\d", value)]  # fmt: skip
+    assert not unresolved, f"the worker names a compose service this test does not run: {unresolved}"
     return env
 
 

@@ -140,3 +140,23 @@ def test_images_leave_local_state_out() -> None:
     sandbox = (REPO / "docker" / "sandbox.Dockerfile").read_text()
     copied = re.findall(r"^COPY (\S+)", sandbox, re.M)
     assert copied == ["temporal_rollouts/__init__.py", "temporal_rollouts/sandbox_server", "docker/sandbox-entrypoint.sh"]
+
+
+def test_the_scripts_parse_and_refuse_a_missing_setting() -> None:
+    import subprocess
+
+    scripts = [REPO / "docker" / "sandbox-entrypoint.sh", *sorted((REPO / "docker" / "compose").glob("*.sh"))]
+    for script in scripts:
+        assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0, script
+        done = subprocess.run(["sh", str(script)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+        assert done.returncode != 0 and "is not set" in done.stderr, (script, done.stderr)
+
+
+def test_the_sandbox_entrypoint_refuses_a_short_pool_secret() -> None:
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "SANDBOX_CONTAINER_ID": "sandbox-0",
+           "ROLLOUTS_SANDBOX_SECRET": "short"}  # fmt: skip
+    done = subprocess.run(["sh", str(REPO / "docker" / "sandbox-entrypoint.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "at least 16 characters" in done.stderr
