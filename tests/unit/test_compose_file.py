@@ -80,6 +80,9 @@ def test_the_worker_environment_is_valid_settings(monkeypatch, tmp_path) -> None
     for name in sandbox_services():
         assert environment(name)["SANDBOX_CONTAINER_ID"] == name and listed[name].startswith(f"http://{name}:")
         assert environment(name)["ROLLOUTS_SANDBOX_SECRET"] == environment("worker")[backend.secret_env]
+        served = parse_args([*SERVICES[name]["command"], "--token-env", "SANDBOX_TOKEN"])
+        assert served.slots == settings.sandbox.slots_per_container
+        assert listed[name].endswith(f":{served.port}")
     assert settings.sandbox.max_containers == len(listed)
     policy_port = SERVICES["policy"]["command"][SERVICES["policy"]["command"].index("--port") + 1]
     assert settings.default_policy == f"http://policy:{policy_port}/v1"
