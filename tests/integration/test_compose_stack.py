@@ -164,7 +164,11 @@ def start_policy(stack: Stack) -> None:
 
 def worker_env(stack: Stack, index: int) -> dict[str, str]:
     env = base_env() | compose_env("worker", stack.addresses)
-    env["ROLLOUTS_DATA_DIR"] = str(stack.tmp / f"worker-{index}-data")  # the named volume
+    # Every replica mounts the one named volume at the data dir: a batch's results file is named
+    # by the process that starts it and written by whichever worker runs the sink.
+    volume, _, mounted = SERVICES["worker"]["volumes"][0].partition(":")
+    assert mounted == env["ROLLOUTS_DATA_DIR"] and volume in COMPOSE["volumes"]
+    env["ROLLOUTS_DATA_DIR"] = str(stack.tmp / volume)
     env["ROLLOUTS_WORKER__HOST_NAME"] = f"worker-{index}"  # compose gives each replica its own hostname
     unresolved = [(name, value) for name, value in env.items() for service in SERVICES
                   if re.search(rf"(^|//|\"){re.escape(service)}:\d", value)]  # fmt: skip
@@ -225,6 +229,8 @@ async def test_a_batch_runs_through_the_compose_services(stack, monkeypatch) -> 
     except WorkflowFailureError as err:
         raise AssertionError(f"the batch failed: {failure_chain(err)}\n{stack.log_tails()}") from err
     assert (result.total, result.completed, result.failed, result.mean_score) == (8, 8, 0, 1.0)
+    assert result.output and Path(result.output).is_relative_to(stack.tmp / "worker-data")
+    assert len(Path(result.output).read_text().splitlines()) == 4  # one scored group per item
     rollout = await client.get_workflow_handle(f"{handle.id}/item-0/g0").describe()
     assert rollout.typed_search_attributes.get(search_attributes.ENV) == "echo_chain"
     for name in SANDBOXES:
