@@ -115,6 +115,9 @@ job "rollouts" {
 
       env {
         ROLLOUTS_TEMPORAL__ADDRESS             = "${var.temporal_address}"
+        # Per allocation: a batch's JSONL results land on the disk of the worker that ran its sink.
+        # Mount one shared host volume here instead if you collect results from files, or use
+        # the Atropos sink (`sink: atropos`), which posts groups over HTTP.
         ROLLOUTS_DATA_DIR                      = "/alloc/data"
         ROLLOUTS_STORAGE__TYPE                 = "s3"
         ROLLOUTS_STORAGE__ENDPOINT_URL         = "${var.s3_endpoint}"
