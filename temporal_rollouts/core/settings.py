@@ -289,6 +289,8 @@ class StorageSettings(BaseModel):
     """S3 endpoint, e.g. http://minio:9000; unset for AWS."""
     region: str | None = None
     """S3 region."""
+    s3_addressing_style: Literal["path", "virtual", "auto"] | None = None
+    """How S3 URLs name the bucket; None: "path" when `endpoint_url` is set (MinIO, moto), boto's "auto" on AWS."""
     payload_size_threshold: int = Field(default=8 * 1024, ge=0, le=1024 * 1024)
     """Workflow and activity payloads at least this large travel by reference, not in history."""
     max_snapshot_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES

@@ -87,12 +87,22 @@ class LocalObjectClient(S3StorageDriverClient):
             raise
 
 
+def s3_addressing_style(endpoint_url: str | None, configured: str | None) -> str:
+    """The addressing style boto gets. A custom endpoint (MinIO at `http://minio:9000`) defaults to
+    path style: boto's "auto" would put the bucket in the host name there (`rollouts.minio`),
+    which does not resolve."""
+    if configured is not None:
+        return configured
+    return "path" if endpoint_url else "auto"
+
+
 class S3ObjectClient(S3StorageDriverClient):
     """S3 through aioboto3 (the `s3` extra), opened on first use and kept for the process."""
 
-    def __init__(self, endpoint_url: str | None, region: str | None) -> None:
+    def __init__(self, endpoint_url: str | None, region: str | None, addressing_style: str | None = None) -> None:
         self._endpoint_url = endpoint_url
         self._region = region
+        self.addressing_style = s3_addressing_style(endpoint_url, addressing_style)
         self._stack = contextlib.AsyncExitStack()
         self._client: S3StorageDriverClient | None = None
         self._s3: Any = None
@@ -106,8 +116,13 @@ class S3ObjectClient(S3StorageDriverClient):
                     from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
                 except ImportError as err:
                     raise ConfigError("storage.type = 's3' needs the s3 extra: pip install -e '.[s3]'") from err
+                from botocore.config import Config
+
+                config = Config(s3={"addressing_style": self.addressing_style})
                 s3 = await self._stack.enter_async_context(
-                    aioboto3.Session().client("s3", endpoint_url=self._endpoint_url, region_name=self._region)
+                    aioboto3.Session().client(
+                        "s3", endpoint_url=self._endpoint_url, region_name=self._region, config=config
+                    )
                 )
                 self._client, self._s3 = new_aioboto3_client(s3), s3
             return self._client
@@ -159,4 +174,5 @@ def object_client(settings: Settings) -> S3StorageDriverClient:
     """The configured object store."""
     if settings.storage.type == "local":
         return LocalObjectClient(settings.storage_path)
-    return S3ObjectClient(settings.storage.endpoint_url, settings.storage.region)
+    storage = settings.storage
+    return S3ObjectClient(storage.endpoint_url, storage.region, storage.s3_addressing_style)
