@@ -37,6 +37,7 @@ from pathlib import Path
 
 from envs.swe_smith.model import SweInstance
 from envs.swe_smith.mutations import Mutation, candidate_mutations
+from envs.swe_smith.pytest_summary import PYTEST_FLAGS, parse_summary
 
 log = logging.getLogger("envs.swe_smith.build")
 
@@ -51,8 +52,9 @@ GIT_IDENTITY = {
     "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
     "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
 }  # fmt: skip
-SKIPPED_SOURCES = re.compile(r"(^|/)(tests?|docs?|examples?|benchmarks?)/|(^|/)(test_[^/]*|[^/]*_test|conftest|setup|versioneer|_version)\.py$")
-SUMMARY_OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
+SKIPPED_SOURCES = re.compile(
+    r"(^|/)(tests?|docs?|examples?|benchmarks?)/|(^|/)(test_[^/]*|[^/]*_test|conftest|setup|versioneer|_version)\.py$"
+)
 LISTED_FAILURES = 10
 
 
@@ -82,13 +84,37 @@ class SuiteRun:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envs.swe_smith.build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--project", action="append", required=True, help="NAME==VERSION of a pure-Python sdist on PyPI (repeat)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for repos/, wheels/ and instances.jsonl")
+    parser.add_argument(
+        "--project",
+        action="append",
+        required=True,
+        help="NAME==VERSION of a pure-Python sdist on PyPI (repeat)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for repos/, wheels/ and instances.jsonl",
+    )
     parser.add_argument("--per-project", type=int, default=12, help="instances to keep per project")
-    parser.add_argument("--max-candidates", type=int, default=80, help="candidates to try per project at most")
-    parser.add_argument("--max-failing", type=int, default=40, help="drop a bug that fails more tests than this")
+    parser.add_argument(
+        "--max-candidates",
+        type=int,
+        default=80,
+        help="candidates to try per project at most",
+    )
+    parser.add_argument(
+        "--max-failing",
+        type=int,
+        default=40,
+        help="drop a bug that fails more tests than this",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sdist-dir", type=Path, help="take NAME-VERSION.tar.gz from here instead of PyPI")
+    parser.add_argument(
+        "--sdist-dir",
+        type=Path,
+        help="take NAME-VERSION.tar.gz from here instead of PyPI",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -103,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                                     max_failing=args.max_failing, seed=args.seed)  # fmt: skip
             bundle = args.out / "repos" / f"{project.repo_name}.bundle"
             _git(project.repo, "bundle", "create", str(bundle.resolve()), "--all")
-            log.info("%s: %d instances, bundle %d bytes", project.repo_name, len(built), bundle.stat().st_size)
+            log.info(
+                "%s: %d instances, bundle %d bytes",
+                project.repo_name,
+                len(built),
+                bundle.stat().st_size,
+            )
             instances += built
     with (args.out / "instances.jsonl").open("w") as out:
         for instance in instances:
@@ -114,7 +145,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def fetch_wheels(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "--no-deps", "-d", str(folder), *GRADER_WHEELS])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--only-binary",
+            ":all:",
+            "--no-deps",
+            "-d",
+            str(folder),
+            *GRADER_WHEELS,
+        ]
+    )
 
 
 def prepare_project(spec: str, scratch: Path, sdist_dir: Path | None) -> Project:
@@ -124,9 +169,25 @@ def prepare_project(spec: str, scratch: Path, sdist_dir: Path | None) -> Project
         raise BuildError(f"project {spec!r} must be NAME==VERSION")
     downloads = scratch / "sdists"
     if sdist_dir is not None:
-        archives = sorted(sdist_dir.glob(f"{name}-{version}.tar.gz")) + sorted(sdist_dir.glob(f"{name.replace('-', '_')}-{version}.tar.gz"))
+        archives = sorted(sdist_dir.glob(f"{name}-{version}.tar.gz")) + sorted(
+            sdist_dir.glob(f"{name.replace('-', '_')}-{version}.tar.gz")
+        )
     else:
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps", "-d", str(downloads), spec])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "-d",
+                str(downloads),
+                spec,
+            ]
+        )
         archives = [p for p in downloads.glob("*.tar.gz") if _sdist_matches(p.name, name, version)]
     if not archives:
         raise BuildError(f"no sdist for {spec}")
@@ -144,7 +205,14 @@ def prepare_project(spec: str, scratch: Path, sdist_dir: Path | None) -> Project
     return Project(name=name, version=version, tree=work, repo=repo)
 
 
-def build_instances(project: Project, *, per_project: int, max_candidates: int, max_failing: int, seed: int) -> list[SweInstance]:
+def build_instances(
+    project: Project,
+    *,
+    per_project: int,
+    max_candidates: int,
+    max_failing: int,
+    seed: int,
+) -> list[SweInstance]:
     baseline = run_suite(project.tree, timeout_s=600)
     passing = sorted(nodeid for nodeid, outcome in baseline.outcomes.items() if outcome == "PASSED")
     if not passing:
@@ -152,7 +220,12 @@ def build_instances(project: Project, *, per_project: int, max_candidates: int, 
     # Keep only ids that pytest finds again when they are named on the command line (the grader names them).
     confirmed = run_suite(project.tree, timeout_s=600, nodeids=passing)
     passing = sorted(nodeid for nodeid in passing if confirmed.outcomes.get(nodeid) == "PASSED")
-    log.info("%s: %d tests pass at the clean commit (%.1fs)", project.repo_name, len(passing), baseline.duration_s)
+    log.info(
+        "%s: %d tests pass at the clean commit (%.1fs)",
+        project.repo_name,
+        len(passing),
+        baseline.duration_s,
+    )
 
     candidates = _interleaved_candidates(project.tree, random.Random(f"{seed}/{project.repo_name}"))
     clean = _git(project.repo, "rev-parse", "HEAD").strip()
@@ -175,7 +248,15 @@ def build_instances(project: Project, *, per_project: int, max_candidates: int, 
             path.write_text(original)
         failing = [nodeid for nodeid in passing if run.outcomes.get(nodeid) != "PASSED"]
         verdict = "timed out" if run.timed_out else f"{len(failing)} failing"
-        log.info("%s: candidate %d %s at %s:%d: %s", project.repo_name, tried, mutation.kind, mutation.path, mutation.line, verdict)
+        log.info(
+            "%s: candidate %d %s at %s:%d: %s",
+            project.repo_name,
+            tried,
+            mutation.kind,
+            mutation.path,
+            mutation.line,
+            verdict,
+        )
         if run.timed_out or not failing or len(failing) > max_failing:
             continue
         used_functions.add((mutation.path, mutation.function))
@@ -185,8 +266,13 @@ def build_instances(project: Project, *, per_project: int, max_candidates: int, 
 
 def run_suite(tree: Path, *, timeout_s: float, nodeids: list[str] | None = None) -> SuiteRun:
     """Outcome by test id of one pytest run in `tree` (all tests, or the named ones)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-rA", "--tb=line", "--show-capture=no", "-p", "no:cacheprovider"]
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "400"}
+    command = [sys.executable, "-m", "pytest", *PYTEST_FLAGS]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "COLUMNS": "400",
+    }
     started = time.monotonic()
     with tempfile.NamedTemporaryFile("w", suffix=".args") as args_file:
         if nodeids:
@@ -194,39 +280,19 @@ def run_suite(tree: Path, *, timeout_s: float, nodeids: list[str] | None = None)
             args_file.flush()
             command.append(f"@{args_file.name}")
         try:
-            done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                command,
+                check=False,
+                cwd=tree,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired:
             return SuiteRun({}, {}, time.monotonic() - started, True)
     outcomes, messages = parse_summary(done.stdout, set(nodeids or ()))
     return SuiteRun(outcomes, messages, time.monotonic() - started, False)
-
-
-def parse_summary(output: str, known: set[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Outcomes and failure messages from pytest's `-rA` short summary. A line is
-    `OUTCOME nodeid[ - message]`; where ids are known, the longest known prefix is the id."""
-    outcomes: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    for line in output.splitlines():
-        outcome, _, rest = line.partition(" ")
-        if outcome not in SUMMARY_OUTCOMES or not rest:
-            continue
-        nodeid, message = rest, ""
-        if known:
-            match = max((k for k in _prefixes(rest) if k in known), key=len, default=None)
-            if match is None:
-                continue
-            nodeid, message = match, rest[len(match) :].removeprefix(" - ")
-        elif outcome != "PASSED":
-            nodeid, _, message = rest.partition(" - ")
-        outcomes[nodeid] = outcome
-        if message:
-            messages[nodeid] = message
-    return outcomes, messages
-
-
-def _prefixes(text: str) -> list[str]:
-    cuts = [m.start() for m in re.finditer(" - ", text)]
-    return [text, *(text[:cut] for cut in cuts)]
 
 
 def _interleaved_candidates(tree: Path, rng: random.Random) -> list[Mutation]:
@@ -259,7 +325,13 @@ def _commit_instance(project: Project, clean: str, mutation: Mutation, original:
     instance_id = f"pypi__{project.repo_name}.{mutation.kind}__{digest}"
     _git(project.repo, "checkout", "-q", "-B", instance_id, clean)
     (project.repo / mutation.path).write_text(mutation.new_source)
-    _git(project.repo, "commit", "-q", "-am", f"{instance_id}: inject a {mutation.kind.replace('_', ' ')} bug")
+    _git(
+        project.repo,
+        "commit",
+        "-q",
+        "-am",
+        f"{instance_id}: inject a {mutation.kind.replace('_', ' ')} bug",
+    )
     buggy = _git(project.repo, "rev-parse", "HEAD").strip()
     patch = _git(project.repo, "diff", buggy, clean)
     _git(project.repo, "checkout", "-q", "main")
@@ -274,7 +346,12 @@ def _commit_instance(project: Project, clean: str, mutation: Mutation, original:
         problem_statement=_problem_statement(project, failing, run.messages),
         text=_oracle_text(mutation, original),
         created_at=GIT_IDENTITY["GIT_COMMITTER_DATE"],
-        mutation={"kind": mutation.kind, "path": mutation.path, "line": mutation.line, "function": mutation.function},
+        mutation={
+            "kind": mutation.kind,
+            "path": mutation.path,
+            "line": mutation.line,
+            "function": mutation.function,
+        },
     )
 
 
@@ -289,8 +366,15 @@ def _problem_statement(project: Project, failing: list[str], messages: dict[str,
         lines.append(f"- ... and {len(failing) - LISTED_FAILURES} more")
     shown = [(nodeid, messages[nodeid]) for nodeid in failing if messages.get(nodeid)][:3]
     if shown:
-        lines += ["", "What pytest reports:", *(f"{nodeid}: {message[:300]}" for nodeid, message in shown)]
-    lines += ["", "Fix the library so that these tests pass and every other test keeps passing. Do not edit the tests."]
+        lines += [
+            "",
+            "What pytest reports:",
+            *(f"{nodeid}: {message[:300]}" for nodeid, message in shown),
+        ]
+    lines += [
+        "",
+        "Fix the library so that these tests pass and every other test keeps passing. Do not edit the tests.",
+    ]
     return "\n".join(lines)
 
 
@@ -298,10 +382,10 @@ def _oracle_text(mutation: Mutation, original: str) -> str:
     """The function the bug is in, as it reads at base_commit: the `text` SWE-smith-oracle adds."""
     tree = ast.parse(mutation.new_source)
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == mutation.function:
-            if node.lineno <= mutation.line <= (node.end_lineno or node.lineno):
-                segment = ast.get_source_segment(mutation.new_source, node, padded=True) or ""
-                return f"The code involved is in `{mutation.path}`:\n\n```python\n{segment}\n```"
+        is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == mutation.function
+        if is_function and node.lineno <= mutation.line <= (node.end_lineno or node.lineno):
+            segment = ast.get_source_segment(mutation.new_source, node, padded=True) or ""
+            return f"The code involved is in `{mutation.path}`:\n\n```python\n{segment}\n```"
     return f"The code involved is in `{mutation.path}`."
 
 
@@ -320,7 +404,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise BuildError(f"{' '.join(command[:4])}... failed ({done.returncode}): {done.stderr[-1000:]}")
     return done.stdout

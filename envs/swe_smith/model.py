@@ -29,7 +29,10 @@ class SweInstance(BaseModel):
     FAIL_TO_PASS: list[str] = Field(description="Test ids that fail at base_commit and must pass.")
     PASS_TO_PASS: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
     patch: str | None = Field(default=None, description="Reference fix, a unified diff against base_commit.")
-    text: str | None = Field(default=None, description="Oracle context added by prompt_mode problem_statement+text.")
+    text: str | None = Field(
+        default=None,
+        description="Oracle context added by prompt_mode problem_statement+text.",
+    )
     created_at: str | None = None
     image_name: str | None = None
 

@@ -37,7 +37,14 @@ OPERATOR_TOKENS: dict[type, str] = {
     ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
     ast.FloorDiv: "//", ast.Mod: "%", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", ast.RShift: ">>",
 }  # fmt: skip
-KINDS = ("flip_comparison", "invert_condition", "drop_statement", "off_by_one", "swap_arguments", "change_operator")
+KINDS = (
+    "flip_comparison",
+    "invert_condition",
+    "drop_statement",
+    "off_by_one",
+    "swap_arguments",
+    "change_operator",
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,13 @@ def candidate_mutations(path: str, text: str) -> Iterator[Mutation]:
                     compile(new_text, path, "exec")
                 except (SyntaxError, ValueError):
                     continue
-                yield Mutation(kind=kind, path=path, line=line, function=function.name, new_source=new_text)
+                yield Mutation(
+                    kind=kind,
+                    path=path,
+                    line=line,
+                    function=function.name,
+                    new_source=new_text,
+                )
 
 
 def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -124,7 +137,11 @@ def _rewrites(node: ast.AST, source: _Source) -> Iterator[tuple[str, list[tuple[
         if (edit := _operator_edit(node, node.left, node.comparators[0], flipped, source)) is not None:
             yield "flip_comparison", [edit], node.lineno
     if isinstance(node, ast.If | ast.While | ast.IfExp) and not _is_main_guard(node):
-        yield "invert_condition", [(*source.span(node.test), f"not {_operand(node.test, source)}")], node.lineno
+        yield (
+            "invert_condition",
+            [(*source.span(node.test), f"not {_operand(node.test, source)}")],
+            node.lineno,
+        )
     if isinstance(node, ast.BinOp) and type(node.op) in CHANGED_OPERATORS:
         changed = copy.copy(node)
         changed.op = CHANGED_OPERATORS[type(node.op)]()
@@ -133,25 +150,40 @@ def _rewrites(node: ast.AST, source: _Source) -> Iterator[tuple[str, list[tuple[
     if isinstance(node, ast.Slice):
         for bound, delta in ((node.lower, " + 1"), (node.upper, " - 1")):
             if bound is not None:
-                yield "off_by_one", [(*source.span(bound), f"{_operand(bound, source)}{delta}")], node.lineno
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
-        if len(node.args) in (1, 2) and not node.keywords:
-            last = node.args[-1]
-            yield "off_by_one", [(*source.span(last), f"{_operand(last, source)} - 1")], node.lineno
-    if isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+                yield (
+                    "off_by_one",
+                    [(*source.span(bound), f"{_operand(bound, source)}{delta}")],
+                    node.lineno,
+                )
+    is_range = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+    if is_range and len(node.args) in (1, 2) and not node.keywords:
+        last = node.args[-1]
+        yield "off_by_one", [(*source.span(last), f"{_operand(last, source)} - 1")], node.lineno
+    if (
+        isinstance(node, ast.Call)
+        and len(node.args) >= 2
+        and not any(isinstance(a, ast.Starred) for a in node.args[:2])
+    ):
         first, second = node.args[0], node.args[1]
         if source.text(first) != source.text(second):
-            swapped = [(*source.span(first), source.text(second)), (*source.span(second), source.text(first))]
+            swapped = [
+                (*source.span(first), source.text(second)),
+                (*source.span(second), source.text(first)),
+            ]
             yield "swap_arguments", swapped, node.lineno
     for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
         if isinstance(body, list) and len(body) > 1:
             for statement in body:
-                if isinstance(statement, ast.Assign | ast.AugAssign | ast.Expr) and not _is_docstring(statement):
-                    if (span := _whole_lines(statement, source)) is not None:
-                        yield "drop_statement", [(*span, "")], statement.lineno
+                droppable = isinstance(statement, ast.Assign | ast.AugAssign | ast.Expr) and not _is_docstring(
+                    statement
+                )
+                if droppable and (span := _whole_lines(statement, source)) is not None:
+                    yield "drop_statement", [(*span, "")], statement.lineno
 
 
-def _operator_edit(node: ast.expr, left: ast.expr, right: ast.expr, wanted: ast.expr, source: _Source) -> tuple[int, int, str] | None:
+def _operator_edit(
+    node: ast.expr, left: ast.expr, right: ast.expr, wanted: ast.expr, source: _Source
+) -> tuple[int, int, str] | None:
     """Rewrite only the operator token between `left` and `right` (operands keep their text), so
     that `node` parses as `wanted`; None when the text between is not one plain token."""
     start, end = source.span(left)[1], source.span(right)[0]
@@ -160,7 +192,9 @@ def _operator_edit(node: ast.expr, left: ast.expr, right: ast.expr, wanted: ast.
     new_token = OPERATOR_TOKENS.get(type(getattr(wanted, "op", None) or wanted.ops[0]))
     if token not in OPERATOR_TOKENS.values() or new_token is None:
         return None
-    new_between = between.replace(token, new_token, 1) if " " not in token else re.sub(r"\S.*\S", new_token, between, count=1)
+    new_between = (
+        between.replace(token, new_token, 1) if " " not in token else re.sub(r"\S.*\S", new_token, between, count=1)
+    )
     whole_start, whole_end = source.span(node)
     text = source.data[whole_start:start].decode() + new_between + source.data[end:whole_end].decode()
     try:
