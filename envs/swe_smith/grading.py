@@ -10,7 +10,7 @@ Layout of a slot's workspace:
 Grading hygiene: every grader command runs with HOME=/tmp, no pip or git config, no user site
 and `python -I` (the repository is not on sys.path except as the editable install puts it),
 after the test files, conftest.py files, packaging and pytest configuration are put back as
-they were at base_commit and planted sitecustomize/usercustomize/.pth/conftest files removed.
+they were at base_commit and planted files of the same kinds (and sitecustomize, .pth) removed.
 The agent can still change what the project's own code does when imported: that is the task.
 """
 
@@ -25,7 +25,11 @@ SETUP_FOLDER = ".swe"
 GRADER_FOLDER = ".swe-grader"
 BASE_MARKER = ".git/swe-base-commit"
 RESTORED_FILES = r"^setup\.py$|(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$"
-PLANTED_FILES = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth")
+PLANTED_FILES = (
+    "conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth",
+    "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "setup.py",
+)  # fmt: skip
+"""Files that steer Python, pytest or the install: removed when base_commit does not have them."""
 CLEAN_ENVIRONMENT = (
     "export HOME=/tmp GIT_TERMINAL_PROMPT=0 GIT_LFS_SKIP_SMUDGE=1 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
     "PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 COLUMNS=400\n"
