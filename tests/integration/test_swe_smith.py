@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 SHIPPED = read_instances(SHIPPED_INSTANCES)
 ONE_RUN = {"test_chunk_size": 5000}
 """Grade each instance in one pytest run: same results as chunks of 50, in fewer processes."""
-VALIDATE_CONCURRENCY = 3
+VALIDATE_CONCURRENCY = 4
 
 
 @asynccontextmanager
@@ -74,6 +75,7 @@ async def validate(env: SweSmithEnv, pool: SandboxPool, instance_id: str) -> lis
     return problems
 
 
+@pytest.mark.timeout(3600)
 async def test_every_shipped_instance_fails_at_base_and_passes_with_its_patch(pool: SandboxPool) -> None:
     env = get_env("swe_smith", ONE_RUN)
     assert isinstance(env, SweSmithEnv)
@@ -81,7 +83,12 @@ async def test_every_shipped_instance_fails_at_base_and_passes_with_its_patch(po
 
     async def one(instance_id: str) -> tuple[str, list[str]]:
         async with gate:
-            return instance_id, await validate(env, pool, instance_id)
+            started = time.monotonic()
+            problems = await validate(env, pool, instance_id)
+            print(
+                f"{instance_id}: {'ok' if not problems else problems} ({time.monotonic() - started:.0f}s)", flush=True
+            )
+            return instance_id, problems
 
     results = await asyncio.gather(*(one(instance_id) for instance_id in SHIPPED))
     broken = {instance_id: problems for instance_id, problems in results if problems}
