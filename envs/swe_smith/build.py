@@ -12,7 +12,8 @@ the pinned wheels the grader installs pytest from inside a slot with the network
     python -m envs.swe_smith.build --out envs/swe_smith/data \\
         --project inflection==0.5.1 --project toolz==1.0.0 --project six==1.17.0 --per-project 12
 
-Tests run with this interpreter's pytest (`python -m pytest`), the source on PYTHONPATH.
+Tests run with the interpreter slots run (`--python`, default python3 on the sandbox's PATH) in
+a venv like the grader's, the source on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ GIT_IDENTITY = {
     "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
     "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
 }  # fmt: skip
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""PATH inside a slot (temporal_rollouts.sandbox_server.isolation), where the grader finds python3."""
 SKIPPED_SOURCES = re.compile(
     r"(^|/)(tests?|docs?|examples?|benchmarks?)/|(^|/)(test_[^/]*|[^/]*_test|conftest|setup|versioneer|_version)\.py$"
 )
@@ -110,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         help="drop a bug that fails more tests than this",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wheels-from", type=Path, help="copy the grader's wheels from here instead of PyPI")
+    parser.add_argument(
+        "--python",
+        default=shutil.which("python3", path=SANDBOX_PATH) or sys.executable,
+        help="interpreter the tests run with: the one slots run (python3 on the sandbox's PATH)",
+    )
     parser.add_argument(
         "--sdist-dir",
         type=Path,
@@ -120,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "repos").mkdir(exist_ok=True)
-    fetch_wheels(args.out / "wheels")
+    fetch_wheels(args.out / "wheels", args.wheels_from)
     instances: list[SweInstance] = []
     with tempfile.TemporaryDirectory(prefix="swe-build-") as scratch:
+        python = test_python(args.python, Path(scratch) / "venv", args.out / "wheels")
         for spec in args.project:
             project = prepare_project(spec, Path(scratch), args.sdist_dir)
-            built = build_instances(project, per_project=args.per_project, max_candidates=args.max_candidates,
+            built = build_instances(project, python, per_project=args.per_project, max_candidates=args.max_candidates,
                                     max_failing=args.max_failing, seed=args.seed)  # fmt: skip
             bundle = args.out / "repos" / f"{project.repo_name}.bundle"
             _git(project.repo, "bundle", "create", str(bundle.resolve()), "--all")
@@ -143,8 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def fetch_wheels(folder: Path) -> None:
+def fetch_wheels(folder: Path, source: Path | None = None) -> None:
+    """The grader's wheels into `folder`: downloaded from PyPI, or copied from `source`."""
     folder.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        names = {spec.split("==")[0].replace("-", "_").lower() for spec in GRADER_WHEELS}
+        found = [p for p in sorted(source.glob("*.whl")) if p.name.split("-")[0].lower() in names]
+        if len(found) < len(names):
+            raise BuildError(f"{source} lacks some of the grader's wheels {sorted(names)}")
+        for path in found:
+            if path.resolve() != (folder / path.name).resolve():
+                shutil.copy2(path, folder / path.name)
+        return
     _run(
         [
             sys.executable,
@@ -205,20 +225,33 @@ def prepare_project(spec: str, scratch: Path, sdist_dir: Path | None) -> Project
     return Project(name=name, version=version, tree=work, repo=repo)
 
 
+def test_python(python: str, venv: Path, wheels: Path) -> str:
+    """A venv of `python` that sees its system packages, with the grader's wheels installed: the
+    same interpreter and packages the grader uses in a slot, so a test that cannot pass there
+    (a module the slot's Python lacks) is never taken as passing."""
+    _run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)])
+    wheel_files = [str(path) for path in sorted(wheels.glob("*.whl"))]
+    _run(
+        [str(venv / "bin" / "python"), "-I", "-m", "pip", "install", "-q", "--no-index", "--no-cache-dir", *wheel_files]
+    )
+    return str(venv / "bin" / "python")
+
+
 def build_instances(
     project: Project,
+    python: str,
     *,
     per_project: int,
     max_candidates: int,
     max_failing: int,
     seed: int,
 ) -> list[SweInstance]:
-    baseline = run_suite(project.tree, timeout_s=600)
+    baseline = run_suite(python, project.tree, timeout_s=600)
     passing = sorted(nodeid for nodeid, outcome in baseline.outcomes.items() if outcome == "PASSED")
     if not passing:
         raise BuildError(f"{project.repo_name}: no test passes at the clean commit")
     # Keep only ids that pytest finds again when they are named on the command line (the grader names them).
-    confirmed = run_suite(project.tree, timeout_s=600, nodeids=passing)
+    confirmed = run_suite(python, project.tree, timeout_s=600, nodeids=passing)
     passing = sorted(nodeid for nodeid in passing if confirmed.outcomes.get(nodeid) == "PASSED")
     log.info(
         "%s: %d tests pass at the clean commit (%.1fs)",
@@ -243,7 +276,7 @@ def build_instances(
         original = path.read_text()
         path.write_text(mutation.new_source)
         try:
-            run = run_suite(project.tree, timeout_s=timeout_s, nodeids=passing)
+            run = run_suite(python, project.tree, timeout_s=timeout_s, nodeids=passing)
         finally:
             path.write_text(original)
         failing = [nodeid for nodeid in passing if run.outcomes.get(nodeid) != "PASSED"]
@@ -264,9 +297,9 @@ def build_instances(
     return instances
 
 
-def run_suite(tree: Path, *, timeout_s: float, nodeids: list[str] | None = None) -> SuiteRun:
+def run_suite(python: str, tree: Path, *, timeout_s: float, nodeids: list[str] | None = None) -> SuiteRun:
     """Outcome by test id of one pytest run in `tree` (all tests, or the named ones)."""
-    command = [sys.executable, "-m", "pytest", *PYTEST_FLAGS]
+    command = [python, "-m", "pytest", *PYTEST_FLAGS]
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
@@ -369,13 +402,19 @@ def _problem_statement(project: Project, failing: list[str], messages: dict[str,
         lines += [
             "",
             "What pytest reports:",
-            *(f"{nodeid}: {message[:300]}" for nodeid, message in shown),
+            *(f"{nodeid}: {_stable(message)[:300]}" for nodeid, message in shown),
         ]
     lines += [
         "",
         "Fix the library so that these tests pass and every other test keeps passing. Do not edit the tests.",
     ]
     return "\n".join(lines)
+
+
+def _stable(message: str) -> str:
+    """A failure message without what changes from run to run (object addresses), so a rebuild
+    writes the same problem statement."""
+    return re.sub(r"\b0x[0-9a-fA-F]{6,}\b", "0x...", message)
 
 
 def _oracle_text(mutation: Mutation, original: str) -> str:
