@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             built = build_instances(project, python, per_project=args.per_project, max_candidates=args.max_candidates,
                                     max_failing=args.max_failing, seed=args.seed)  # fmt: skip
             bundle = args.out / "repos" / f"{project.repo_name}.bundle"
-            _git(project.repo, "bundle", "create", str(bundle.resolve()), "--all")
+            _git(project.repo, "-c", "pack.threads=1", "bundle", "create", str(bundle.resolve()), "--all")
             log.info(
                 "%s: %d instances, bundle %d bytes",
                 project.repo_name,
