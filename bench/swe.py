@@ -63,6 +63,7 @@ async def measure(pool: SandboxPool, instance_id: str) -> dict:
     env = get_env("swe_smith")
     item = Item(id=instance_id)
     row: dict = {"instance_id": instance_id}
+    run = uuid.uuid4().hex[:8]  # call ids must be new: the sandbox answers a known one from its stored result
     for phase in ("setup_cold_s", "setup_warm_s"):
         lease = await pool.acquire(Holder(workflow_id=f"bench-{uuid.uuid4().hex[:8]}"), ttl_s=1800, wait_s=60)
         try:
@@ -70,10 +71,10 @@ async def measure(pool: SandboxPool, instance_id: str) -> dict:
                 from envs.swe_smith import transfer
 
                 transfer._archive.cache_clear()
-            row[phase], meta = await timed(env.setup_workspace(item, LeasedSlot(pool, lease, f"{phase}/setup")))
+            row[phase], meta = await timed(env.setup_workspace(item, LeasedSlot(pool, lease, f"{run}/{phase}/setup")))
             if phase == "setup_warm_s":
                 row["verify_s"], verdict = await timed(
-                    env.verify(item, LeasedSlot(pool, lease, "verify", meta=meta), [])
+                    env.verify(item, LeasedSlot(pool, lease, f"{run}/verify", meta=meta), [])
                 )
                 instance = env.instance(item)
                 row["tests"] = len(instance.FAIL_TO_PASS) + len(instance.PASS_TO_PASS)
