@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,6 +39,12 @@ ONE_RUN = {"test_chunk_size": 5000}
 VALIDATE_CONCURRENCY = 4
 
 
+def slot_of(pool: SandboxPool, lease: SlotLease, name: str, meta: dict | None = None) -> LeasedSlot:
+    """The slot handle for one hook, its call ids made unique: the sandbox answers a call id it has
+    seen on this slot (even under an earlier lease) from its stored result."""
+    return LeasedSlot(pool, lease, f"{uuid.uuid4().hex[:8]}/{name}", meta=meta)
+
+
 @asynccontextmanager
 async def leased(pool: SandboxPool, name: str) -> AsyncIterator[SlotLease]:
     lease = await pool.acquire(holder(name), ttl_s=1800, wait_s=600)
@@ -48,7 +55,7 @@ async def leased(pool: SandboxPool, name: str) -> AsyncIterator[SlotLease]:
 
 
 async def set_up(env: SweSmithEnv, pool: SandboxPool, lease: SlotLease, instance_id: str) -> dict:
-    return await env.setup_workspace(Item(id=instance_id), LeasedSlot(pool, lease, f"{instance_id}/setup"))
+    return await env.setup_workspace(Item(id=instance_id), slot_of(pool, lease, f"{instance_id}/setup"))
 
 
 async def validate(env: SweSmithEnv, pool: SandboxPool, instance_id: str) -> list[str]:
@@ -57,19 +64,19 @@ async def validate(env: SweSmithEnv, pool: SandboxPool, instance_id: str) -> lis
     problems = []
     async with leased(pool, "validate") as lease:
         meta = await set_up(env, pool, lease, instance_id)
-        before = await env.verify(Item(id=instance_id), LeasedSlot(pool, lease, f"{instance_id}/before", meta=meta), [])
+        before = await env.verify(Item(id=instance_id), slot_of(pool, lease, f"{instance_id}/before", meta=meta), [])
         details = before.details
         still_passing = [t for t, outcome in details["fail_to_pass"].items() if outcome == "PASSED"]
         if before.score != 0.0 or still_passing or not details["installed"]:
             problems.append(f"at base_commit: score {before.score}, FAIL_TO_PASS passing {still_passing}")
         if details["pass_to_pass"]["not_passed"]:
             problems.append(f"PASS_TO_PASS failing at base_commit: {details['pass_to_pass']['not_passed'][:5]}")
-        fix = LeasedSlot(pool, lease, f"{instance_id}/fix")
+        fix = slot_of(pool, lease, f"{instance_id}/fix")
         assert (await fix.write_file("patch", ".swe/fix.patch", instance.patch or "")).ok
         applied = await fix.exec("apply", f"cd {instance.checkout_name} && git apply ../.swe/fix.patch")
         if not applied.ok:
             problems.append(f"the reference patch does not apply: {applied.output[-300:]}")
-        after = await env.verify(Item(id=instance_id), LeasedSlot(pool, lease, f"{instance_id}/after", meta=meta), [])
+        after = await env.verify(Item(id=instance_id), slot_of(pool, lease, f"{instance_id}/after", meta=meta), [])
         if after.score != 1.0:
             problems.append(f"with the reference patch: {json.dumps(after.details)[:1500]}")
     return problems
@@ -112,20 +119,20 @@ async def test_rewards_for_doing_nothing_and_for_only_looking_around(pool: Sandb
     looks = ["ls", f"cd {SHIPPED[instance_id].checkout_name} && git status", "grep -rn def . | head"]
     async with leased(pool, "rewards") as lease:
         meta = await set_up(binary, pool, lease, instance_id)
-        nothing = await binary.verify(item, LeasedSlot(pool, lease, "nothing-binary", meta=meta), prompt)
+        nothing = await binary.verify(item, slot_of(pool, lease, "nothing-binary", meta=meta), prompt)
         assert nothing.score == 0.0 and nothing.details["installed"] and not nothing.details["tests_passed"]
         assert set(nothing.details["fail_to_pass"].values()) - {"PASSED"}, "the failing tests ran and failed"
-        assert (await shaped.verify(item, LeasedSlot(pool, lease, "nothing-shaped", meta=meta), prompt)).score == 0.0
+        assert (await shaped.verify(item, slot_of(pool, lease, "nothing-shaped", meta=meta), prompt)).score == 0.0
 
-        looking = LeasedSlot(pool, lease, "look")
+        looking = slot_of(pool, lease, "look")
         transcript = list(prompt)
         for n, command in enumerate(looks):
             assert (await looking.exec(f"look-{n}", command)).ok
             transcript += tool_turn(n, command)
-        verdict = await shaped.verify(item, LeasedSlot(pool, lease, "look-shaped", meta=meta), transcript)
+        verdict = await shaped.verify(item, slot_of(pool, lease, "look-shaped", meta=meta), transcript)
         assert verdict.details["tool_calls"] == 3 and verdict.details["installed"]
         assert verdict.score == pytest.approx(0.4), "install succeeded, tests still fail: 0.4"
-        assert (await binary.verify(item, LeasedSlot(pool, lease, "look-binary", meta=meta), transcript)).score == 0.0
+        assert (await binary.verify(item, slot_of(pool, lease, "look-binary", meta=meta), transcript)).score == 0.0
 
 
 def uninstallable_repository(folder: Path) -> tuple[str, str]:
@@ -161,8 +168,8 @@ async def test_a_failed_install_earns_only_the_calls(pool: SandboxPool, tmp_path
     for n in range(3):
         transcript += tool_turn(n, "ls")
     async with leased(pool, "uninstallable") as lease:
-        meta = await env.setup_workspace(item, LeasedSlot(pool, lease, "setup"))
-        verdict = await env.verify(item, LeasedSlot(pool, lease, "verify", meta=meta), transcript)
+        meta = await env.setup_workspace(item, slot_of(pool, lease, "setup"))
+        verdict = await env.verify(item, slot_of(pool, lease, "verify", meta=meta), transcript)
     assert verdict.score == pytest.approx(0.15), verdict.details
     assert not verdict.details["installed"] and "cannot be built" in verdict.details["install_output"]
     assert verdict.details["fail_to_pass"] == {"tests/test_it.py::test_it": "NOT_RUN"}
