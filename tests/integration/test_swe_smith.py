@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import subprocess
 import time
 import uuid
@@ -116,7 +117,13 @@ async def test_rewards_for_doing_nothing_and_for_only_looking_around(pool: Sandb
     shaped = get_env("swe_smith", {**ONE_RUN, "reward": "shaped"})
     item = Item(id=instance_id)
     prompt = binary.prompt_messages(item)
-    looks = ["ls", f"cd {SHIPPED[instance_id].checkout_name} && git status", "grep -rn def . | head"]
+    name, failing = SHIPPED[instance_id].checkout_name, SHIPPED[instance_id].FAIL_TO_PASS[0]
+    # Looking around as the system prompt says to: a venv with pytest from the wheels, then the failing test.
+    looks = [
+        f"cd {name} && git status --short && git log --oneline",
+        "python3 -m venv --system-site-packages .venv && .venv/bin/pip install -q --no-index --find-links .swe/wheels pytest",
+        f"cd {name} && ../.venv/bin/python -m pytest -q {shlex.quote(failing)}",
+    ]
     async with leased(pool, "rewards") as lease:
         meta = await set_up(binary, pool, lease, instance_id)
         nothing = await binary.verify(item, slot_of(pool, lease, "nothing-binary", meta=meta), prompt)
@@ -126,9 +133,12 @@ async def test_rewards_for_doing_nothing_and_for_only_looking_around(pool: Sandb
 
         looking = slot_of(pool, lease, "look")
         transcript = list(prompt)
+        outputs = []
         for n, command in enumerate(looks):
-            assert (await looking.exec(f"look-{n}", command)).ok
+            outputs.append(await looking.exec(f"look-{n}", command))
             transcript += tool_turn(n, command)
+        assert outputs[0].ok and outputs[1].ok, [o.output[-500:] for o in outputs]
+        assert outputs[2].exit_code == 1 and "1 failed" in outputs[2].output, outputs[2].output[-1000:]
         verdict = await shaped.verify(item, slot_of(pool, lease, "look-shaped", meta=meta), transcript)
         assert verdict.details["tool_calls"] == 3 and verdict.details["installed"]
         assert verdict.score == pytest.approx(0.4), "install succeeded, tests still fail: 0.4"
