@@ -57,7 +57,12 @@ class SweSmithConfig(BaseModel):
         description="Timeout of the venv and `pip install -e .`.",
     )
     test_timeout_s: float = Field(default=600.0, gt=0, le=600, description="Timeout of each pytest chunk.")
-    test_chunk_size: int = Field(default=50, gt=0, description="Test ids per pytest run, as the original.")
+    test_chunk_size: int = Field(
+        default=50,
+        gt=0,
+        le=200,
+        description="Test ids per pytest run, as the original (at most 200: one run's results must fit the output cap).",
+    )
     score_include_fail_to_pass: bool = Field(
         default=True, description="Grade FAIL_TO_PASS too, not PASS_TO_PASS alone."
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from envs.swe_smith.pytest_summary import PYTEST_FLAGS
+from envs.swe_smith.pytest_summary import PYTEST_FLAGS, SUMMARY_OUTCOMES
 
 SETUP_FOLDER = ".swe"
 GRADER_FOLDER = ".swe-grader"
@@ -93,14 +93,18 @@ def install_script(name: str, offline: bool) -> str:
 
 
 def test_script(name: str, chunk: int, nodeids: Sequence[str]) -> str:
-    """One pytest run over `nodeids` (passed through an @file, so no id is mangled by the shell)."""
+    """One pytest run over `nodeids` (passed through an @file, so no id is mangled by the shell). Only
+    the summary lines and the last lines are printed, so the output cap never cuts a result away."""
     grader = f"/workspace/{GRADER_FOLDER}"
     ids = "\n".join(nodeids)
     flags = " ".join(PYTEST_FLAGS)
     return (
         CLEAN_ENVIRONMENT
         + f"cat > {grader}/chunk-{chunk}.args <<'__IDS__'\n{ids}\n__IDS__\n"
-        + f"cd {shlex.quote(name)} && {grader}/venv/bin/python -I -m pytest {flags} @{grader}/chunk-{chunk}.args\n"
+        + f"cd {shlex.quote(name)} || exit 3\n"
+        + f"{grader}/venv/bin/python -I -m pytest {flags} @{grader}/chunk-{chunk}.args > {grader}/chunk-{chunk}.out 2>&1\n"
+        + f"status=$?\ngrep -E '^({'|'.join(SUMMARY_OUTCOMES)}) ' {grader}/chunk-{chunk}.out\n"
+        + f"tail -n 3 {grader}/chunk-{chunk}.out\nexit $status\n"
     )
 
 

@@ -35,8 +35,8 @@ from workflows.batch import BatchWorkflow
 pytestmark = pytest.mark.slow
 
 SHIPPED = read_instances(SHIPPED_INSTANCES)
-ONE_RUN = {"test_chunk_size": 5000}
-"""Grade each instance in one pytest run: same results as chunks of 50, in fewer processes."""
+CHUNKS_OF_200 = {"test_chunk_size": 200}
+"""Grade in chunks of 200 test ids (the most allowed): the same results as chunks of 50, in fewer runs."""
 VALIDATE_CONCURRENCY = 4
 
 
@@ -85,7 +85,7 @@ async def validate(env: SweSmithEnv, pool: SandboxPool, instance_id: str) -> lis
 
 @pytest.mark.timeout(3600)
 async def test_every_shipped_instance_fails_at_base_and_passes_with_its_patch(pool: SandboxPool) -> None:
-    env = get_env("swe_smith", ONE_RUN)
+    env = get_env("swe_smith", CHUNKS_OF_200)
     assert isinstance(env, SweSmithEnv)
     gate = asyncio.Semaphore(VALIDATE_CONCURRENCY)
 
@@ -113,8 +113,8 @@ def tool_turn(n: int, command: str) -> list[Message]:
 
 async def test_rewards_for_doing_nothing_and_for_only_looking_around(pool: SandboxPool) -> None:
     instance_id = next(iter(SHIPPED))
-    binary = get_env("swe_smith", ONE_RUN)
-    shaped = get_env("swe_smith", {**ONE_RUN, "reward": "shaped"})
+    binary = get_env("swe_smith", CHUNKS_OF_200)
+    shaped = get_env("swe_smith", {**CHUNKS_OF_200, "reward": "shaped"})
     item = Item(id=instance_id)
     prompt = binary.prompt_messages(item)
     name, failing = SHIPPED[instance_id].checkout_name, SHIPPED[instance_id].FAIL_TO_PASS[0]
@@ -188,7 +188,7 @@ async def test_a_failed_install_earns_only_the_calls(pool: SandboxPool, tmp_path
 async def test_demo_policy_batch_plays_the_reference_patch_and_scores_one(
     client: Client, settings: Settings, pool: SandboxPool
 ) -> None:
-    batch = BatchInput(env="swe_smith", num_items=2, group_size=1, env_config=ONE_RUN)
+    batch = BatchInput(env="swe_smith", num_items=2, group_size=1, env_config=CHUNKS_OF_200)
     result = await client.execute_workflow(
         BatchWorkflow.run, batch, id=batch_id("swe"), task_queue=settings.temporal.task_queue
     )
@@ -208,7 +208,7 @@ async def test_a_model_that_does_nothing_scores_zero_through_the_worker(
     dataset = tmp_path / "unknown.jsonl"
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for reward in ("binary", "shaped"):
-        config = {**ONE_RUN, "dataset": str(dataset), "reward": reward}
+        config = {**CHUNKS_OF_200, "dataset": str(dataset), "reward": reward}
         batch = BatchInput(env="swe_smith", num_items=1, group_size=1, env_config=config)
         result = await client.execute_workflow(
             BatchWorkflow.run, batch, id=batch_id("swe-idle"), task_queue=settings.temporal.task_queue
