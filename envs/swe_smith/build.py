@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--project",
         action="append",
-        required=True,
+        default=[],
         help="NAME==VERSION of a pure-Python sdist on PyPI (repeat)",
     )
     parser.add_argument(
@@ -115,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wheels-from", type=Path, help="copy the grader's wheels from here instead of PyPI")
     parser.add_argument(
+        "--wheels-only",
+        action="store_true",
+        help="only fetch the grader's wheels into OUT/wheels (they are not kept in the repository: make test does this)",
+    )
+    parser.add_argument(
         "--python",
         default=shutil.which("python3", path=SANDBOX_PATH) or sys.executable,
         help="interpreter the tests run with: the one slots run (python3 on the sandbox's PATH)",
@@ -126,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.wheels_only:
+        fetch_wheels(args.out / "wheels", args.wheels_from)
+        return 0
+    if not args.project:
+        parser.error("name at least one --project (or --wheels-only)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "repos").mkdir(exist_ok=True)

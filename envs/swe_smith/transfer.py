@@ -62,7 +62,10 @@ def grader_archive(bundle: Path | None, wheelhouse: str) -> bytes:
     wheels = Path(wheelhouse)
     stamps = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in wheels.glob("*.whl"))) if wheels.is_dir() else ()
     if not stamps:
-        raise ConfigError(f"wheelhouse {wheelhouse!r} holds no wheels (rebuild it with python -m envs.swe_smith.build)")
+        raise ConfigError(
+            f"wheelhouse {wheelhouse!r} holds no wheels: fetch the grader's pinned wheels with "
+            "`python -m envs.swe_smith.build --out envs/swe_smith/data --wheels-only` (make test does it)"
+        )
     bundle_key = (str(bundle), bundle.stat().st_mtime_ns) if bundle is not None else None
     return _archive(bundle_key, str(wheels), stamps)
 
