@@ -32,7 +32,7 @@ class OpenSinkInput(BaseModel):
 
 
 class WriteGroupInput(BaseModel):
-    path: str
+    path: str = Field(description="The JSONL file, inside this worker's results folder (a relative name, or an absolute path within it).")
     group_id: str
     results: list[TrajectoryResult]
     sink: Literal["jsonl", "atropos"] = "jsonl"
@@ -83,13 +83,12 @@ class SinkActivities:
         if not input.results or any(r.failed for r in input.results):
             return WriteGroupResult(status="pending")
         with activity_boundary():
-            results_path(self._settings.results_dir, input.path, "output")
+            path = results_path(self._settings.results_dir, input.path, "output")
             api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
                 group = await self._groups.build(input.group_id, input.results, max_token_length=limit,
                                                  sft_template=await self._sft_template(input.policy))
-                path = Path(input.path)
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())

@@ -198,7 +198,10 @@ class BatchWorkflow:
         results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
-            WriteGroupInput(path=progress.output or "", group_id=f"{progress.batch_id}/item-{index}", results=list(results),
+            # The name inside the results folder, not the opening worker's absolute path: the worker that
+            # writes this group may be on another host, with the results folder at another place.
+            WriteGroupInput(path=input.output or f"{progress.batch_id}.jsonl", group_id=f"{progress.batch_id}/item-{index}",
+                            results=list(results),
                             sink=input.sink, max_token_length=input.max_token_length, policy=input.policy),
             **params.WRITE_GROUP.options(),
         )
