@@ -36,9 +36,10 @@ from typing import Any
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
-from temporal_rollouts.sandbox.backends.static import HealthProbe
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
+from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class _Seen:
     started_at: float
 
 
-class ModalBackend(SandboxBackend):
+class ModalBackend(RemoteBackend):
     name = "modal"
 
     def __init__(
@@ -67,46 +68,34 @@ class ModalBackend(SandboxBackend):
         *,
         slots_per_container: int = 8,
         max_containers: int = 4,
-        max_output_chars: int = 50_000,
-        require_isolation: bool = False,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        require_isolation: bool = True,
         modal_api: ModuleType | Any | None = None,
     ) -> None:
         if modal_api is None:
             import modal as modal_api  # the `cluster` extra
+        super().__init__(secret)
         self.config = config
-        self.secret = secret
         self.slots_per_container = slots_per_container
         self.max_containers = max_containers
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
-        self.probe = HealthProbe()
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, modal_api: Any = None) -> ModalBackend:
-        config = settings.sandbox.backend
-        if config.type != "modal":
-            raise ConfigError(f"sandbox.backend is {config.type!r}, not 'modal'")
+        config = backend_config(settings, "modal")
         return cls(
             config,
             PoolSecret.from_env(config.secret_env),
-            slots_per_container=settings.sandbox.slots_per_container,
-            max_containers=settings.sandbox.max_containers,
-            max_output_chars=settings.sandbox.max_output_chars,
-            require_isolation=settings.sandbox.require_isolation,
+            **server_options(settings),
             modal_api=modal_api,
         )
 
     def container_name(self, index: int) -> str:
         return f"{self.config.app_name}-{index}"
-
-    def token_for(self, info: ContainerInfo) -> str:
-        return self.secret.token(info.container_id)
-
-    async def aclose(self) -> None:
-        await self.probe.aclose()
 
     # What a sandbox is made of -------------------------------------------------------------------
 

@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
-from temporal_rollouts.sandbox.backends.static import HealthProbe
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
+from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def job_spec(config: NomadBackendConfig, job_id: str, slots: int, max_output_cha
     }  # fmt: skip
 
 
-class NomadBackend(SandboxBackend):
+class NomadBackend(RemoteBackend):
     name = "nomad"
 
     def __init__(
@@ -101,19 +102,18 @@ class NomadBackend(SandboxBackend):
         *,
         slots_per_container: int = 8,
         max_containers: int = 4,
-        max_output_chars: int = 50_000,
-        require_isolation: bool = False,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        require_isolation: bool = True,
         acl_token: str | None = None,
     ) -> None:
         import nomad  # python-nomad, the `cluster` extra
 
+        super().__init__(secret)
         self.config = config
-        self.secret = secret
         self.slots_per_container = slots_per_container
         self.max_containers = max_containers
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
-        self.probe = HealthProbe()
         self._nomad = nomad
         self._client = nomad.Nomad(
             address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
@@ -123,30 +123,19 @@ class NomadBackend(SandboxBackend):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NomadBackend:
-        config = settings.sandbox.backend
-        if config.type != "nomad":
-            raise ConfigError(f"sandbox.backend is {config.type!r}, not 'nomad'")
+        config = backend_config(settings, "nomad")
         acl_token = None
         if config.token_env is not None:
             acl_token = os.environ.get(config.token_env) or None
         return cls(
             config,
             PoolSecret.from_env(config.secret_env),
-            slots_per_container=settings.sandbox.slots_per_container,
-            max_containers=settings.sandbox.max_containers,
-            max_output_chars=settings.sandbox.max_output_chars,
-            require_isolation=settings.sandbox.require_isolation,
+            **server_options(settings),
             acl_token=acl_token,
         )
 
     def job_id(self, index: int) -> str:
         return f"{self.config.job_prefix}-{index}"
-
-    def token_for(self, info: ContainerInfo) -> str:
-        return self.secret.token(info.container_id)
-
-    async def aclose(self) -> None:
-        await self.probe.aclose()
 
     async def _nomad_call(self, call: Callable[[], Result]) -> Result:
         """One python-nomad call in a thread; a refused token is a configuration error, anything else

@@ -13,65 +13,30 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
 from temporal_rollouts.core.errors import ConfigError, SandboxError
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 
-HEALTH_TIMEOUT_S = 5.0
 
-
-class HealthProbe:
-    """Asks `url/health` whether a container answers as itself, over one kept-alive HTTP client (a new
-    client per probe costs tens of milliseconds of TLS setup, paid on every listing, so every acquire)."""
-
-    def __init__(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
-        self.timeout_s = timeout_s
-        self._http: httpx.AsyncClient | None = None
-
-    async def __call__(self, url: str, container_id: str) -> ContainerState:
-        """healthy when it answers with this container id; unresponsive when something else or nothing
-        answers (the server may be restarting: not ours to judge dead)."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout_s)
-        try:
-            reply = await self._http.get(f"{url.rstrip('/')}/health")
-            answered = reply.json().get("container_id") if reply.is_success else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return "unresponsive"
-        return "healthy" if answered == container_id else "unresponsive"
-
-    async def aclose(self) -> None:
-        http, self._http = self._http, None
-        if http is not None:
-            await http.aclose()
-
-
-class StaticBackend(SandboxBackend):
+class StaticBackend(RemoteBackend):
     name = "static"
 
     def __init__(self, servers: dict[str, str], secret: PoolSecret) -> None:
         if not servers:
             raise ConfigError("the static sandbox backend needs at least one server")
+        super().__init__(secret)
         self.servers = {container_id: url.rstrip("/") for container_id, url in servers.items()}
-        self.secret = secret
-        self.probe = HealthProbe()
         self._started_at = time.time()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StaticBackend:
-        config = settings.sandbox.backend
-        if config.type != "static":
-            raise ConfigError(f"sandbox.backend is {config.type!r}, not 'static'")
+        config = backend_config(settings, "static")
         ids = [server.container_id for server in config.servers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"sandbox.backend.servers repeats a container id: {ids}")
         return cls({server.container_id: server.url for server in config.servers}, PoolSecret.from_env(config.secret_env))
-
-    def token_for(self, info: ContainerInfo) -> str:
-        return self.secret.token(info.container_id)
 
     def _info(self, container_id: str) -> ContainerInfo:
         return ContainerInfo(
@@ -90,8 +55,6 @@ class StaticBackend(SandboxBackend):
     async def shutdown(self, purge: bool | None = None) -> list[str]:
         return []
 
-    async def aclose(self) -> None:
-        await self.probe.aclose()
 
     async def list_containers(self) -> list[ContainerInfo]:
         ids = list(self.servers)
