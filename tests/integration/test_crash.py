@@ -7,7 +7,6 @@ queue, sharing the session's Temporal dev server, sandbox container and demo pol
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import subprocess
 import time
@@ -26,6 +25,7 @@ from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.runtime.temporal import temporal_binary
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.processes import WorkerProcess
+from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, wait_until
 from workflows.batch import BatchWorkflow
@@ -54,10 +54,7 @@ def worker_process(crash_settings: Settings, tmp_path: Path, pool: SandboxPool) 
 
 
 def executions(settings: Settings, prefix: str) -> list[dict]:
-    found = []
-    for log in Path(settings.data_dir).rglob("executions.jsonl"):
-        found += [e for line in log.read_text().splitlines() if (e := json.loads(line))["call_id"].startswith(prefix)]
-    return found
+    return executions_under(settings.data_dir, prefix)
 
 
 async def phase_of(handle: WorkflowHandle) -> str:

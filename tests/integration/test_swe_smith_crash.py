@@ -5,7 +5,6 @@ the rollout finishes on the restarted worker with score 1.0, and no sandbox oper
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.processes import WorkerProcess
+from tests.support.sandbox import executions_under
 from tests.support.waiting import leased_slots, wait_until
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -43,10 +43,7 @@ def worker_process(crash_settings: Settings, tmp_path: Path, pool: SandboxPool) 
 
 
 def executions(settings: Settings, prefix: str) -> list[dict]:
-    found = []
-    for log in Path(settings.data_dir).rglob("executions.jsonl"):
-        found += [e for line in log.read_text().splitlines() if (e := json.loads(line))["call_id"].startswith(prefix)]
-    return found
+    return executions_under(settings.data_dir, prefix)
 
 
 async def in_phase(handle: WorkflowHandle, phase: str) -> bool:

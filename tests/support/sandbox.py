@@ -53,6 +53,14 @@ def execution_log(container_root: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def executions_under(folder: Path, prefix: str) -> list[dict]:
+    """Every operation any sandbox server under `folder` really ran whose call id starts with `prefix`."""
+    found = []
+    for log in Path(folder).rglob("executions.jsonl"):
+        found += [e for line in log.read_text().splitlines() if (e := json.loads(line))["call_id"].startswith(prefix)]
+    return found
+
+
 def runs_of(container_root: Path, call_id: str) -> int:
     return sum(entry["call_id"] == call_id for entry in execution_log(container_root))
 
