@@ -80,9 +80,12 @@ async def test_a_retried_write_posts_a_group_once(
     for rollout_id in first["metadata"]["rollout_ids"]:
         results.append(await client.get_workflow_handle(rollout_id).result())
     sinks = SinkActivities(atropos_settings, GroupBuilder(parts.transcripts, parts.traces))
-    groups_file = atropos_settings.results_dir / f"{batch_id('once-file')}.jsonl"  # sinks write inside the results folder
+    # Inside the results folder (sinks write nowhere else), in a folder open_sink never made here: on a
+    # cluster the worker that opened the sink may be another host.
+    groups_file = atropos_settings.results_dir / "opened-elsewhere" / f"{batch_id('once-file')}.jsonl"
     write = WriteGroupInput(path=str(groups_file), group_id="g-once", results=results, sink="atropos")
     async with TrajectoryApi(run_api.url) as api:
+        await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)  # run-api queues for a trainer
         queued = (await api.status())["queue_size"]
         assert (await sinks.write_group(write)).status == "written"
         assert (await sinks.write_group(write)).status == "already_written"
