@@ -154,10 +154,14 @@ def _env_vars(settings: Settings) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool) -> AsyncIterator[Stack]:
+async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, policy_args: tuple[str, ...] = (),
+                   worker_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+    """`policy_args` go to the demo policy's command line (e.g. `--delay-s 2`); `worker_env` adds
+    ROLLOUTS_* variables to the worker process (settings under test)."""
     async with contextlib.AsyncExitStack() as stack:
         port = free_port()
-        policy = _spawn([sys.executable, "-m", "temporal_rollouts.demo_policy", "--port", str(port)], data_dir / "policy.log")
+        policy = _spawn([sys.executable, "-m", "temporal_rollouts.demo_policy", "--port", str(port), *policy_args],
+                        data_dir / "policy.log")
         stack.callback(_stop, policy)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")
 
@@ -191,7 +195,7 @@ async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool) ->
 
         if worker == "process":
             log_path = data_dir / "worker.log"
-            proc = _spawn([sys.executable, "worker.py"], log_path, env=_env_vars(settings))
+            proc = _spawn([sys.executable, "worker.py"], log_path, env={**_env_vars(settings), **(worker_env or {})})
             stack.callback(_stop, proc)
             await _wait_for_line(log_path, "worker polling", proc)
             pids["worker"] = proc.pid
