@@ -48,7 +48,7 @@ class SlotActivities:
             try:
                 lease = await heartbeating(self._pool.acquire(
                     holder, ttl_s=self._settings.lease_ttl_s, wait_s=max(remaining, 0.0),
-                    allow_network=allow_network,
+                    allow_network=allow_network, may_hold=info.attempt > 1,
                 ))
             except SlotUnavailable as err:
                 raise SlotUnavailable(

@@ -1,12 +1,17 @@
 """Where a new lease goes: fair across containers, without polling, and without leaking a slot.
 
-One acquire runs in rounds, each over a fresh view of the containers:
+One acquire runs in rounds:
 
 1. A holder that already holds a slot on a live container gets that lease back
-   (its server answers a repeated acquire with the same lease).
-2. Otherwise a free slot anywhere is taken (wait_s=0 tries, most free first; a
-   server gives a free slot away only when nobody waits in its line, so a newcomer
-   never overtakes a waiter).
+   (its server answers a repeated acquire with the same lease). Finding it means a
+   full look at every slot of every container, so it is done only when the holder
+   may hold one (a retried acquire; `may_hold`), and otherwise at most every
+   `FULL_LOOK_EVERY_S`, to correct the free-slot hints below. A first acquire
+   costs the same whatever the pool's size.
+2. Otherwise a free slot is taken (wait_s=0 tries, most free first by the pool's
+   hints, which its own acquires and releases keep current; a container that has
+   none says so and its hint drops to 0. A server gives a free slot away only when
+   nobody waits in its line, so a newcomer never overtakes a waiter).
 3. Otherwise, while fewer than `max_containers` exist, one more is started (or a
    dead one restarted in place), under the registry lock and after counting again,
    so two workers never both start the one that was missing.
@@ -14,7 +19,9 @@ One acquire runs in rounds, each over a fresh view of the containers:
    with its own ticket. The first grant wins; every other ticket is withdrawn and
    its answer read, and a lease granted in the race is released (and reset) so it
    goes to the next in line. Each line is first come, first served, so the whole
-   is approximately first come, first served.
+   is approximately first come, first served. When this process starts another
+   container meanwhile, the waits are withdrawn and the request looks again, so a
+   waiter is not left behind a full container while a new one sits empty.
 
 An in-flight acquire is never simply dropped: a response that is never read may
 carry a lease nobody knows about. A wait is ended by withdrawing its ticket and
@@ -34,7 +41,7 @@ from typing import TYPE_CHECKING
 from temporal_rollouts.core.errors import SandboxUnreachable, SlotUnavailable
 from temporal_rollouts.sandbox import upkeep
 from temporal_rollouts.sandbox.client import SandboxClient
-from temporal_rollouts.sandbox_server.schema import Holder, SlotLease, SlotState
+from temporal_rollouts.sandbox_server.schema import Holder, SlotLease
 
 if TYPE_CHECKING:
     from temporal_rollouts.sandbox.pool import SandboxPool
@@ -42,34 +49,40 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_PAUSE_S = 0.2
+FULL_LOOK_EVERY_S = 5.0
 
 
-async def acquire(pool: SandboxPool, holder: Holder, ttl_s: float, wait_s: float, allow_network: bool) -> SlotLease:
+async def acquire(pool: SandboxPool, holder: Holder, ttl_s: float, wait_s: float, allow_network: bool,
+                  *, may_hold: bool = True) -> SlotLease:
     deadline = time.monotonic() + wait_s
     looked_again = False
+    look = may_hold
     while True:
-        if pool.start_containers and await pool.backend.dead_containers():
-            await upkeep.check_health(pool)
-        states = await pool.slots()
-        for container_id, slots in states.items():
-            if any(state.lease and state.lease.holder == holder for state in slots):
-                return await pool.call(container_id, lambda c: c.acquire(holder, ttl_s, 0.0, allow_network))
-        if (lease := await _take_free(pool, states, holder, ttl_s, allow_network)) is not None:
+        if look or time.monotonic() - pool.looked_at > FULL_LOOK_EVERY_S:
+            if pool.start_containers and await pool.backend.dead_containers():
+                await upkeep.check_health(pool)
+            states = await pool.slots()
+            for container_id, slots in states.items():
+                if any(state.lease and state.lease.holder == holder for state in slots):
+                    return await pool.call(container_id, lambda c: c.acquire(holder, ttl_s, 0.0, allow_network))
+        look = False  # the rounds of this call hand back every lease they do not return
+        known = list(pool.free_hints)
+        if (lease := await _take_free(pool, holder, ttl_s, allow_network)) is not None:
             return lease
-        grown = await _grow(pool, set(states), looked_again)
+        grown = await _grow(pool, set(known), looked_again)
         if grown == "":
-            looked_again = True
+            looked_again = look = True
             continue
         if grown is not None:
             try:
                 return await pool.call(grown, lambda c: c.acquire(holder, ttl_s, 0.0, allow_network))
             except SlotUnavailable:
                 continue
-        if not states and not pool.start_containers:
+        if not known and not pool.start_containers:
             raise SandboxUnreachable("no sandbox container is running, and the pool may not start one")
         remaining = deadline - time.monotonic()
         if remaining > 0:
-            open_lines = [container_id for container_id in states if pool.accepting(container_id)]
+            open_lines = [container_id for container_id in known if pool.accepting(container_id)]
             lease = await wait_everywhere(pool, open_lines, holder, ttl_s, remaining, allow_network)
             if lease is not None:
                 return lease
@@ -79,21 +92,23 @@ async def acquire(pool: SandboxPool, holder: Holder, ttl_s: float, wait_s: float
         await asyncio.sleep(min(RETRY_PAUSE_S, remaining))  # every line closed early (drained, died): look again
 
 
-async def _take_free(
-    pool: SandboxPool, states: dict[str, list[SlotState]], holder: Holder, ttl_s: float, allow_network: bool
-) -> SlotLease | None:
-    free = {
-        container_id: sum(state.lease is None and not state.quarantined for state in slots)
-        for container_id, slots in states.items()
-        if pool.accepting(container_id)
-    }
-    for container_id in sorted(free, key=free.__getitem__, reverse=True):
-        if free[container_id] == 0:
+async def _take_free(pool: SandboxPool, holder: Holder, ttl_s: float, allow_network: bool) -> SlotLease | None:
+    hints = pool.free_hints
+    for container_id in sorted(hints, key=hints.__getitem__, reverse=True):
+        if hints.get(container_id, 0) <= 0:
             break
-        try:
-            return await pool.call(container_id, lambda c: c.acquire(holder, ttl_s, 0.0, allow_network))
-        except (SlotUnavailable, SandboxUnreachable):
+        if not pool.accepting(container_id):
             continue
+        try:
+            lease = await pool.call(container_id, lambda c: c.acquire(holder, ttl_s, 0.0, allow_network))
+        except SlotUnavailable:
+            hints[container_id] = 0
+            continue
+        except SandboxUnreachable:
+            continue
+        if container_id in hints:
+            hints[container_id] = max(hints[container_id] - 1, 0)
+        return lease
     return None
 
 
@@ -111,6 +126,7 @@ async def _grow(pool: SandboxPool, seen: set[str], looked_again: bool) -> str | 
         if sum(info.accepting for info in live) + len(dead) >= pool.max_containers:
             return None
         started = await pool.backend.start_container()
+    pool.started_container(started)
     log.info("every sandbox slot was taken: started container %s", started.container_id)
     return started.container_id
 
@@ -131,14 +147,17 @@ async def wait_everywhere(
         task = asyncio.create_task(client.acquire(holder, ttl_s, wait_s, allow_network, ticket=ticket))
         waits[task] = (client, ticket)
     won: SlotLease | None = None
+    changed = asyncio.ensure_future(pool.containers_changed.wait())
     try:
-        pending = set(waits)
-        while pending and won is None:
+        pending: set[asyncio.Future] = {*waits, changed}
+        while waits.keys() & pending and won is None and not changed.done():
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            won = next((task.result() for task in done if _granted(task)), None)
+            won = next((task.result() for task in done if task in waits and _granted(task)), None)
     except BaseException:
         await _settle_in_background(pool, waits, keep=None)
         raise
+    finally:
+        changed.cancel()
     try:
         await asyncio.shield(pool.in_background(_settle(pool, waits, keep=won)))
     except asyncio.CancelledError:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,6 +102,11 @@ class SandboxPool:
         self.idle_stop_s = idle_stop_s
         self._containers: dict[str, ContainerInfo] = {}
         self._clients: dict[str, SandboxClient] = {}
+        # Free slots per container as this process last saw them, kept up to date by its own acquires
+        # and releases; another process's leases make it stale until the next full look (placement.py).
+        self.free_hints: dict[str, int] = {}
+        self.looked_at = float("-inf")  # monotonic time of the last full look at every slot
+        self.containers_changed = asyncio.Event()  # set (and replaced) when this process starts a container
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
@@ -174,16 +180,22 @@ class SandboxPool:
         return fresh
 
     async def acquire(
-        self, holder: Holder, ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 30.0, allow_network: bool = False
+        self, holder: Holder, ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 30.0, allow_network: bool = False,
+        *, may_hold: bool = True,
     ) -> SlotLease:
-        """Lease a slot on some container; a holder that already has a slot gets the same lease again."""
-        return await placement.acquire(self, holder, ttl_s, wait_s, allow_network)
+        """Lease a slot on some container; a holder that already has a slot gets the same lease again.
+        `may_hold=False` says the holder cannot hold one yet (a first attempt), which spares the look
+        at every slot of every container."""
+        return await placement.acquire(self, holder, ttl_s, wait_s, allow_network, may_hold=may_hold)
 
     async def renew(self, lease: SlotRef, ttl_s: float = DEFAULT_LEASE_TTL_S) -> SlotLease:
         return await self.call(lease.container_id, lambda c: c.renew(lease.slot, lease.lease_id, ttl_s))
 
     async def release(self, lease: SlotRef, reset: bool = True) -> ReleaseResult:
-        return await self.call(lease.container_id, lambda c: c.release(lease.slot, lease.lease_id, reset))
+        released = await self.call(lease.container_id, lambda c: c.release(lease.slot, lease.lease_id, reset))
+        if lease.container_id in self.free_hints:
+            self.free_hints[lease.container_id] = min(self.free_hints[lease.container_id] + 1, self.slots_per_container)
+        return released
 
     async def execute(self, lease: SlotRef, call_id: str, operation: Operation) -> ToolOutput:
         return await self.call(lease.container_id, lambda c: c.execute(lease.slot, lease.lease_id, call_id, operation))
@@ -259,7 +271,19 @@ class SandboxPool:
                 raise answer
             else:
                 states[container_id] = answer
+        self.free_hints = {
+            container_id: sum(state.lease is None and not state.quarantined for state in slots)
+            for container_id, slots in states.items()
+        }
+        self.looked_at = time.monotonic()
         return states
+
+    def started_container(self, info: ContainerInfo) -> None:
+        """A container this process started: acquires waiting in line elsewhere look again."""
+        self._containers[info.container_id] = info
+        self.free_hints[info.container_id] = self.slots_per_container
+        changed, self.containers_changed = self.containers_changed, asyncio.Event()
+        changed.set()
 
     async def leases(self) -> list[SlotLease]:
         """Every lease on every live container, for people (the `slots` command) and the reaper."""

@@ -169,3 +169,38 @@ def _exec(command: str):
     from temporal_rollouts.sandbox_server.schema import ExecOp
 
     return ExecOp(command=command)
+
+
+async def test_a_waiter_takes_a_slot_of_a_container_started_after_it_began_waiting(backend):
+    async with SandboxPool(backend, max_containers=1) as pool:
+        await pool.ensure_running()
+        held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
+        waiting = asyncio.create_task(pool.acquire(holder("waiter"), ttl_s=60, wait_s=30, may_hold=False))
+        assert await eventually(lambda: all_waiting(pool, 1))
+        pool.max_containers = 2  # room for one more (as an operator raising max_containers would)
+        grower = await pool.acquire(holder("grower"), ttl_s=60, wait_s=0, may_hold=False)  # starts container 2
+        assert grower.container_id != held.container_id
+        await pool.release(grower)
+        late = await asyncio.wait_for(waiting, 10)  # not stuck behind `held` until it is released
+        assert late.container_id == grower.container_id
+        assert await eventually(lambda: all_waiting(pool, 0))
+
+
+async def test_a_first_acquire_does_not_look_at_every_slot(backend, monkeypatch):
+    async with SandboxPool(backend, max_containers=1) as pool:
+        await pool.ensure_running()
+        await pool.release(await pool.acquire(holder("first"), ttl_s=60, wait_s=0))  # one full look, then hints
+        looks = []
+        real_slots = pool.slots
+
+        async def counted_slots():
+            looks.append(1)
+            return await real_slots()
+
+        monkeypatch.setattr(pool, "slots", counted_slots)
+        second = holder("second")
+        lease = await pool.acquire(second, ttl_s=60, wait_s=10, may_hold=False)
+        assert looks == []
+        # A retried acquire (its holder may already hold a slot) looks, and gets the same lease back.
+        again = await pool.acquire(second, ttl_s=60, wait_s=0, may_hold=True)
+        assert looks == [1] and again.lease_id == lease.lease_id
