@@ -194,12 +194,12 @@ def layouts(slots: int) -> list[Layout]:
 def report(args: argparse.Namespace, load_before: tuple[float, ...], rows: dict[str, dict]) -> None:
     print()
     print(f"{'layout':22} {'slots':>5} {'wall s':>7} {'rollouts/s':>10} {'steps/s':>8}   CPU s: "
-          + " ".join(f"{role:>8}" for role in ROLES) + f" {'total':>7}   host busy")  # fmt: skip
+          + " ".join(f"{role:>8}" for role in ROLES) + f" {'total':>7}   {'ours':>5} {'host':>5}")  # fmt: skip
     for row in rows.values():
         cpu = row["cpu_s"]
         print(f"{row['label']:22} {row['slots']:5d} {row['wall_s']:7.1f} {row['rollouts_s']:10.2f} {row['steps_s']:8.1f}"
               f"          " + " ".join(f"{cpu[role]:8.1f}" for role in ROLES) + f" {sum(cpu.values()):7.1f}"
-              f"   {row['host_busy']:8.0%}")  # fmt: skip
+              f"   {sum(cpu.values()) / row['wall_s'] / os.cpu_count():5.0%} {row['host_busy']:5.0%}")  # fmt: skip
     for row in rows.values():
         if row["hosts"] > 1:
             by_host = ", ".join(f"{h}: worker {row['cpu_s_by_process'][f'worker/{h}']:.1f} CPU s, "
@@ -214,6 +214,8 @@ def report(args: argparse.Namespace, load_before: tuple[float, ...], rows: dict[
     bound = args.concurrency / (args.steps + 1) / args.delay if args.delay else float("nan")
     print(f"  bound from the model delay alone: {bound:.2f} rollouts/s at concurrency {args.concurrency} "
           f"({args.steps + 1} turns x {args.delay} s each, when the slots do not bind)")
+    print("  ours: these processes' CPU as a share of all cores; host: how busy the machine was, whoever used it "
+          "(well above ours: other jobs competed)")
     print("  caveat: both \"hosts\" share this machine's cores: the ratio shows the cost of coordinating across hosts, "
           "not the gain of a real second machine; with a model delay, twice the slots gain only where slots bind.")
     headline = {
