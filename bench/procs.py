@@ -154,6 +154,25 @@ def _env_vars(settings: Settings) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
+async def temporal_dev_server(data_dir: Path, *, db_file: bool = False) -> AsyncIterator[tuple[WorkflowEnvironment, int]]:
+    """The dev server with the project's tuning and search attributes, and its pid (for CPU accounting);
+    its output goes to data_dir/temporal.log. SQLite in memory, or in data_dir/temporal.db with `db_file`."""
+    before = set(_my_children())
+    with _output_to(data_dir / "temporal.log"):  # the dev server inherits our stdout and stderr
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_binary(),
+            dev_server_extra_args=FAST_STEP_FLAGS,
+            dev_server_database_filename=str(data_dir / "temporal.db") if db_file else None,
+            search_attributes=search_attributes.ALL,
+            data_converter=pydantic_data_converter,
+        )
+    try:
+        yield env, next(pid for pid, name in _my_children().items() if pid not in before and "temporal" in name)
+    finally:
+        await env.shutdown()
+
+
+@contextlib.asynccontextmanager
 async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, policy_args: tuple[str, ...] = (),
                    worker_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
     """`policy_args` go to the demo policy's command line (e.g. `--delay-s 2`); `worker_env` adds
@@ -169,17 +188,7 @@ async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, po
         container = await backend.start_container()
         stack.push_async_callback(backend.stop_container, container.container_id)
 
-        before = set(_my_children())
-        with _output_to(data_dir / "temporal.log"):  # the dev server inherits our stdout and stderr
-            env = await WorkflowEnvironment.start_local(
-                dev_server_existing_path=temporal_binary(),
-                dev_server_extra_args=FAST_STEP_FLAGS,
-                dev_server_database_filename=str(data_dir / "temporal.db") if db_file else None,
-                search_attributes=search_attributes.ALL,
-                data_converter=pydantic_data_converter,
-            )
-        stack.push_async_callback(env.shutdown)
-        server_pid = next(pid for pid, name in _my_children().items() if pid not in before and "temporal" in name)
+        env, server_pid = await stack.enter_async_context(temporal_dev_server(data_dir, db_file=db_file))
 
         settings = Settings(
             data_dir=data_dir,
