@@ -115,6 +115,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         max_concurrent_activities=settings.worker.max_concurrent_activities,
         max_concurrent_local_activities=settings.worker.max_concurrent_local_activities,
         max_concurrent_workflow_tasks=settings.worker.max_concurrent_workflow_tasks,
+        max_cached_workflows=settings.worker.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.worker.sandboxed_workflows else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )

@@ -26,6 +26,7 @@ class BatchShape(BaseModel):
     num_items: int
     group_size: int
     policy: str | None = None
+    max_concurrency: int | None = None
 
 
 class LoadItemsInput(BaseModel):
@@ -65,6 +66,11 @@ class EnvActivities:
             raise ConfigError(
                 f"num_items: {shape.num_items} items x group_size {shape.group_size} = {rollouts} rollouts, "
                 f"over this worker's limit of {limit} (settings max_batch_rollouts)"
+            )
+        if shape.max_concurrency is not None and shape.max_concurrency > self._settings.max_batch_concurrency:
+            raise ConfigError(
+                f"max_concurrency: {shape.max_concurrency} rollouts at once is over this worker's limit of "
+                f"{self._settings.max_batch_concurrency} (settings max_batch_concurrency)"
             )
         if item_count is not None and input.offset >= item_count:
             raise ConfigError(

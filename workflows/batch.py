@@ -129,7 +129,7 @@ class BatchWorkflow:
                 LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
                                offset=input.item_offset,
                                check=BatchShape(num_items=input.num_items, group_size=input.group_size,
-                                                policy=input.policy)),
+                                                policy=input.policy, max_concurrency=input.max_concurrency)),
                 params.LOAD_ITEMS,
             )
             output = await _setup_step(

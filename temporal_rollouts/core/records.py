@@ -78,6 +78,8 @@ MAX_GROUP_SIZE = 1024
 """Rollouts of one item run side by side (a group is scored together), so a group is bounded."""
 MAX_ITEM_OFFSET = 10**12
 """No task set is this large; an offset past it is a typo, never a silent wrap."""
+MAX_BATCH_CONCURRENCY = 100_000
+"""The most `max_concurrency` any worker may allow (settings max_batch_concurrency sets the working limit)."""
 
 
 class BatchInput(BaseModel):
@@ -96,7 +98,8 @@ class BatchInput(BaseModel):
     env_config: dict[str, Any] = Field(default_factory=dict)
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
-    max_concurrency: int = Field(default=32, ge=1, le=1000, description="Trajectories running at once.")
+    max_concurrency: int = Field(default=32, ge=1, le=MAX_BATCH_CONCURRENCY,
+                                 description="Trajectories running at once; capped by settings max_batch_concurrency.")
     output: str | None = Field(
         default=None, description="JSONL file for scored groups, inside the results folder (a relative name is taken "
                                   "relative to it); results/<batch id>.jsonl when unset."

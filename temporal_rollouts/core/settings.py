@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.inputs import describe_problem
+from temporal_rollouts.core.records import MAX_BATCH_CONCURRENCY
 from temporal_rollouts.core.sandbox_backends import LocalBackendConfig, SandboxBackendConfig
 from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
 from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
@@ -141,6 +142,8 @@ class ChatPolicy(BaseModel):
     """Name of the environment variable holding the API key; the key never enters a workflow."""
     timeout_s: float = 300.0
     """Timeout of one model request."""
+    max_connections: int = Field(default=256, ge=1)
+    """Connections this worker keeps open to the endpoint (the model connection pool): requests past it wait for one; raise it with the rollouts a worker holds in flight."""
     tokenizer: str | None = None
     """For SFT data: a tokenizer (name or local folder) whose chat template renders each scored rollout into token ids and masks in the written groups; unset leaves them empty."""
     chat_template: str | None = None
@@ -166,6 +169,8 @@ class GeneratePolicy(BaseModel):
     """Name of the environment variable holding the API key; the key never enters a workflow."""
     timeout_s: float = 300.0
     """Timeout of one generation request."""
+    max_connections: int = Field(default=256, ge=1)
+    """Connections this worker keeps open to the endpoint (the model connection pool): requests past it wait for one; raise it with the rollouts a worker holds in flight."""
     prefill_from: str | None = None
     """Tests and demos only: a policy whose reply is forced (masked) at the start of each turn, to steer a model too small to choose tools."""
 
@@ -306,6 +311,8 @@ class WorkerSettings(BaseModel):
     """Local activities (tool calls) one worker runs at once; the SDK's default of 100 caps concurrent rollouts."""
     max_concurrent_workflow_tasks: int = 200
     """Workflow tasks one worker runs at once."""
+    max_cached_workflows: int = Field(default=2_000, ge=0)
+    """Workflows one worker keeps in memory between their tasks (the SDK's sticky cache); a rollout evicted from it is replayed from its history on its next step, which costs CPU. Keep it above the rollouts a worker holds in flight."""
     sandboxed_workflows: bool = False
     """Run workflow code in Temporal's workflow sandbox: it catches non-determinism but costs CPU on every workflow task."""
     graceful_shutdown_s: float = 30.0
@@ -332,6 +339,8 @@ class Settings(BaseSettings):
     """Where the embedded server's database, sandbox workspaces, results and logs live."""
     max_batch_rollouts: int = Field(default=1_000_000, ge=1)
     """A batch of more rollouts (items x group size) than this is refused before it starts."""
+    max_batch_concurrency: int = Field(default=2_000, ge=1, le=MAX_BATCH_CONCURRENCY)
+    """A batch asking for more rollouts at once (`max_concurrency`) than this is refused before it starts; past what the workers and sandboxes can serve, more only queues in Temporal."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)

@@ -36,12 +36,13 @@ class GenerateClient:
         timeout_s: float = 300.0,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int | None = 256,
     ) -> None:
         # /generate lives at the server root, beside (not under) the OpenAI /v1 routes.
         root = base_url.rstrip("/").removesuffix("/v1")
         self.api = api
         self._secrets = (api_key,) if api_key else ()
-        self._http = model_http_client(root, api_key, timeout_s, transport=transport)
+        self._http = model_http_client(root, api_key, timeout_s, transport=transport, max_connections=max_connections)
 
     async def aclose(self) -> None:
         await self._http.aclose()

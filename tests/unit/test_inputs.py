@@ -107,6 +107,9 @@ def test_the_batch_limit_is_a_setting_with_a_default() -> None:
     assert Settings(data_dir="/tmp/unused").max_batch_rollouts == 1_000_000
     with pytest.raises(ConfigError, match="max_batch_rollouts: must be at least 1"):
         Settings(max_batch_rollouts=0)
+    assert Settings(data_dir="/tmp/unused").max_batch_concurrency == 2_000
+    with pytest.raises(ConfigError, match="max_batch_concurrency: must be at most 100000"):
+        Settings(max_batch_concurrency=200_000)
 
 
 def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(capsys, monkeypatch, tmp_path) -> None:
