@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import ResourceBasedSlotConfig, UnsandboxedWorkflowRunner, Worker, WorkerTuner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.envs import EnvActivities
@@ -33,7 +33,7 @@ from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
 from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.logs import one_line_activity_failures
@@ -112,13 +112,28 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         task_queue=settings.temporal.task_queue,
         workflows=WORKFLOWS,
         activities=build_activities(client, parts),
-        max_concurrent_activities=settings.worker.max_concurrent_activities,
-        max_concurrent_local_activities=settings.worker.max_concurrent_local_activities,
-        max_concurrent_workflow_tasks=settings.worker.max_concurrent_workflow_tasks,
+        **task_slots(settings.worker),
         max_cached_workflows=settings.worker.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.worker.sandboxed_workflows else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )
+
+
+def task_slots(worker: WorkerSettings) -> dict:
+    """The Worker arguments that bound how many tasks it runs at once (worker.slot_supplier)."""
+    if worker.slot_supplier == "fixed":
+        return {"max_concurrent_activities": worker.max_concurrent_activities,
+                "max_concurrent_local_activities": worker.max_concurrent_local_activities,
+                "max_concurrent_workflow_tasks": worker.max_concurrent_workflow_tasks}  # fmt: skip
+
+    def upto(most: int) -> ResourceBasedSlotConfig:
+        return ResourceBasedSlotConfig(minimum_slots=min(2, most), maximum_slots=most)
+
+    return {"tuner": WorkerTuner.create_resource_based(
+        target_memory_usage=worker.target_memory, target_cpu_usage=worker.target_cpu,
+        workflow_config=upto(worker.max_concurrent_workflow_tasks), activity_config=upto(worker.max_concurrent_activities),
+        local_activity_config=upto(worker.max_concurrent_local_activities),
+    )}  # fmt: skip
 
 
 @contextlib.asynccontextmanager

@@ -311,6 +311,12 @@ class WorkerSettings(BaseModel):
     """Local activities (tool calls) one worker runs at once; the SDK's default of 100 caps concurrent rollouts."""
     max_concurrent_workflow_tasks: int = 200
     """Workflow tasks one worker runs at once."""
+    slot_supplier: Literal["fixed", "resource"] = "fixed"
+    """How many tasks the worker takes at once: `fixed` takes up to the max_concurrent_* counts; `resource` (Temporal's resource-based tuner) takes more only while the machine's CPU and memory stay under target_cpu and target_memory, still up to those counts, so an overloaded worker leaves work waiting in Temporal's task queues instead of falling behind on it."""
+    target_cpu: float = Field(default=0.85, gt=0, le=1)
+    """With `slot_supplier = "resource"`: the machine's CPU use (0-1) past which the worker takes no more tasks."""
+    target_memory: float = Field(default=0.8, gt=0, le=1)
+    """With `slot_supplier = "resource"`: the machine's memory use (0-1) past which the worker takes no more tasks."""
     max_cached_workflows: int = Field(default=2_000, ge=0)
     """Workflows one worker keeps in memory between their tasks (the SDK's sticky cache); a rollout evicted from it is replayed from its history on its next step, which costs CPU. Keep it above the rollouts a worker holds in flight."""
     sandboxed_workflows: bool = False

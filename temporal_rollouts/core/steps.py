@@ -20,10 +20,21 @@ from temporal_rollouts.core.errors import PayloadTooLarge
 T = TypeVar("T")
 
 HEARTBEAT_EVERY_S = 2.0
+HEARTBEATS_PER_TIMEOUT = 3
 
 
-async def heartbeating(awaitable: Awaitable[T], every_s: float = HEARTBEAT_EVERY_S) -> T:
-    """Await `awaitable`, heartbeating meanwhile; cancelling the activity cancels it too."""
+def heartbeat_interval() -> float:
+    """A third of the step's heartbeat timeout: a step shorter than that never heartbeats (each
+    heartbeat costs the worker CPU), and a busy event loop may fall two intervals behind before
+    Temporal gives up on the step. HEARTBEAT_EVERY_S when the step has no heartbeat timeout."""
+    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
+    return timeout.total_seconds() / HEARTBEATS_PER_TIMEOUT if timeout else HEARTBEAT_EVERY_S
+
+
+async def heartbeating(awaitable: Awaitable[T], every_s: float | None = None) -> T:
+    """Await `awaitable`, heartbeating every `every_s` (by default `heartbeat_interval()`) meanwhile;
+    cancelling the activity cancels it too."""
+    every_s = every_s if every_s is not None else heartbeat_interval()
     task = asyncio.ensure_future(awaitable)
     try:
         while True:
