@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -40,6 +41,7 @@ from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.storage.objects import S3ObjectClient, object_client
@@ -163,20 +165,28 @@ async def main_async(settings: Settings) -> None:
     async with running_worker(settings):
         where = settings.temporal_address + (" (embedded)" if settings.embedded else "")
         log.info("worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-")
-        await stop.wait()
+        if settings.worker.processes > 1:
+            await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)
+        else:
+            await stop.wait()
         log.info("draining: running activities get %.0fs to finish", settings.worker.graceful_shutdown_s)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="python worker.py", description=__doc__.split("\n\n")[0].strip(),
         epilog="Configured by rollouts.toml or ROLLOUTS_* environment variables (docs/settings.md).",
-    ).parse_args(argv)
+    )
+    parser.add_argument("--processes", type=int, metavar="N",
+                        help="worker processes on this machine (settings worker.processes; one per core uses them all)")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
+        if args.processes is not None:  # checked and reported as the setting it stands for
+            os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
         settings = load_settings()
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)

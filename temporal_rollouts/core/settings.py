@@ -311,6 +311,8 @@ class WorkerSettings(BaseModel):
     """Local activities (tool calls) one worker runs at once; the SDK's default of 100 caps concurrent rollouts."""
     max_concurrent_workflow_tasks: int = 200
     """Workflow tasks one worker runs at once."""
+    processes: int = Field(default=1, ge=1, le=256)
+    """Worker processes `python worker.py` runs on this machine (one uses about one core): the first starts the local services and keeps the others running (runtime/worker_processes.py)."""
     slot_supplier: Literal["fixed", "resource"] = "fixed"
     """How many tasks the worker takes at once: `fixed` takes up to the max_concurrent_* counts; `resource` (Temporal's resource-based tuner) takes more only while the machine's CPU and memory stay under target_cpu and target_memory, still up to those counts, so an overloaded worker leaves work waiting in Temporal's task queues instead of falling behind on it."""
     target_cpu: float = Field(default=0.85, gt=0, le=1)
