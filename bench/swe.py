@@ -3,11 +3,15 @@
 Starts one real sandbox server (LocalBackend, default slot limits, bubblewrap when the host
 has it) and, for a few shipped instances (one per project by default), in fresh slots:
 
-- setup, twice: the first with the worker's packed-archive cache cold (bundle + wheels are
-  tar'ed in the worker), the second warm. There is no per-container repository cache: each
-  setup copies the bundle into the slot (base64 through exec) and checks the commit out;
-- verify at base_commit with the original's chunks of 50 test ids: copy the grader's files,
-  restore the tests, venv + `pip install -e .` offline, pytest per chunk.
+- setup, three times, each in a freshly reset slot:
+  `setup_cold_s`: nothing cached anywhere (the worker makes the bare repository and packs it and
+  the wheels, the container's cache is emptied first, so both are put);
+  `setup_container_cold_s`: the worker has them packed, the container's cache is emptied, so both
+  are streamed in and unpacked (what the first rollout of a repository on a container pays);
+  `setup_warm_s`: the container's cache holds them, nothing is sent (every later rollout);
+  each then checks base_commit out of the cache (`git archive`) into the slot;
+- verify at base_commit with the original's chunks of 50 test ids: copy the wheels from the
+  cache, restore the tests, venv + `pip install -e .` offline, pytest per chunk.
 
     python bench/swe.py                 # one instance per shipped project
     python bench/swe.py --instances 4
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from envs import get_env  # noqa: E402
+from envs.swe_smith import transfer  # noqa: E402
 from envs.swe_smith.config import SHIPPED_INSTANCES  # noqa: E402
 from envs.swe_smith.loader import read_instances  # noqa: E402
 from temporal_rollouts.core.settings import Settings  # noqa: E402
@@ -59,18 +65,26 @@ async def timed(awaitable) -> tuple[float, object]:
     return time.perf_counter() - started, value
 
 
-async def measure(pool: SandboxPool, instance_id: str) -> dict:
+def empty_container_cache(backend: LocalBackend, container_id: str) -> None:
+    """Drop every entry of the container's cache (the host's folder: the bench runs the local backend)."""
+    for entry in (backend.container_dir(container_id) / "root" / "cache").iterdir():
+        if not entry.name.startswith("."):
+            shutil.rmtree(entry)
+
+
+async def measure(pool: SandboxPool, backend: LocalBackend, instance_id: str) -> dict:
     env = get_env("swe_smith")
     item = Item(id=instance_id)
     row: dict = {"instance_id": instance_id}
     run = uuid.uuid4().hex[:8]  # call ids must be new: the sandbox answers a known one from its stored result
-    for phase in ("setup_cold_s", "setup_warm_s"):
+    for phase in ("setup_cold_s", "setup_container_cold_s", "setup_warm_s"):
         lease = await pool.acquire(Holder(workflow_id=f"bench-{uuid.uuid4().hex[:8]}"), ttl_s=1800, wait_s=60)
         try:
             if phase == "setup_cold_s":
-                from envs.swe_smith import transfer
-
-                transfer._archive.cache_clear()
+                transfer._repository_entry.cache_clear()
+                transfer._wheels_entry.cache_clear()
+            if phase != "setup_warm_s":
+                empty_container_cache(backend, lease.container_id)
             row[phase], meta = await timed(env.setup_workspace(item, LeasedSlot(pool, lease, f"{run}/{phase}/setup")))
             if phase == "setup_warm_s":
                 row["verify_s"], verdict = await timed(
@@ -98,14 +112,15 @@ async def main() -> None:
             await pool.ensure_running()
             rows = []
             for instance_id in ids:
-                rows.append(await measure(pool, instance_id))
+                rows.append(await measure(pool, backend, instance_id))
                 print(json.dumps(rows[-1]))
         finally:
             await pool.aclose()
             for container in await backend.list_containers():
                 await backend.stop_container(container.container_id)
     median = {
-        key: round(statistics.median(r[key] for r in rows), 2) for key in ("setup_cold_s", "setup_warm_s", "verify_s")
+        key: round(statistics.median(r[key] for r in rows), 2)
+        for key in ("setup_cold_s", "setup_container_cold_s", "setup_warm_s", "verify_s")
     }
     print(json.dumps({"instances": len(rows), **{f"median_{k}": v for k, v in median.items()}, "rows": rows}))
 

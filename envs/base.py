@@ -7,12 +7,19 @@ never imports an env.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from temporal_rollouts.core.messages import Message, ToolSpec
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
-from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S, FileListing, ToolOutput, TransferResult
+from temporal_rollouts.sandbox_server.schema import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    CacheEntry,
+    FileListing,
+    ToolOutput,
+    TransferResult,
+)
 
 __all__ = ["Env", "Item", "ScriptedCall", "SlotHandle", "Verdict"]
 
@@ -25,9 +32,13 @@ class SlotHandle(Protocol):
 
     meta: dict[str, Any]
 
-    async def terminal(self, command: str, timeout: float = ..., *, key: str | None = None) -> ToolOutput: ...
+    async def terminal(
+        self, command: str, timeout: float = ..., *, key: str | None = None, cache: Sequence[str] = ()
+    ) -> ToolOutput: ...
 
-    async def exec(self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> ToolOutput: ...
+    async def exec(
+        self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, *, cache: Sequence[str] = ()
+    ) -> ToolOutput: ...
 
     async def write_file(self, *args: str, key: str | None = None) -> ToolOutput: ...
 
@@ -52,6 +63,8 @@ class SlotHandle(Protocol):
     async def download(self, remote: str, local: str | Path) -> TransferResult: ...
 
     async def list_files(self, path: str = ".", max_entries: int = 1000) -> FileListing: ...
+
+    async def share(self, name: str, archive: str | Path) -> CacheEntry: ...
 
 
 class Env(ABC):

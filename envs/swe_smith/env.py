@@ -19,12 +19,7 @@ from envs.swe_smith.config import SweSmithConfig
 from envs.swe_smith.loader import read_instances, selected_ids
 from envs.swe_smith.model import SweInstance
 from envs.swe_smith.pytest_summary import parse_summary
-from envs.swe_smith.transfer import (
-    fetch_commands,
-    grader_archive,
-    local_bundle,
-    put_archive,
-)
+from envs.swe_smith.transfer import fetch_commands, local_bundle, share_entries
 from temporal_rollouts.core.errors import BadItem, ConfigError, TaskError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
@@ -90,9 +85,12 @@ class SweSmithEnv(Env):
 
     async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
         instance = self.instance(item)
-        await put_archive(slot, "archive", self._archive(instance), grading.SETUP_FOLDER)
-        script = grading.setup_script(instance.checkout_name, instance.base_commit, self._fetch(instance))
-        result = await slot.exec("checkout", script, timeout_s=self.settings.install_timeout_s)
+        repository, wheels = await self._share(instance, slot)
+        script = grading.setup_script(
+            instance.checkout_name, instance.base_commit, repository, wheels, self._fetch(instance)
+        )
+        entries = [name for name in (repository, wheels) if name]
+        result = await slot.exec("checkout", script, timeout_s=self.settings.install_timeout_s, cache=entries)
         if not result.ok:
             raise TaskError(f"checking out {instance.instance_id} failed: {result.output[-OUTPUT_TAIL_CHARS:]}")
         return {"instance_id": instance.instance_id, "checkout": instance.checkout_name}
@@ -110,9 +108,12 @@ class SweSmithEnv(Env):
         )
         tool_calls = sum(len(m.tool_calls or ()) for m in transcript if m.role == "assistant")
 
-        await put_archive(slot, "grader-archive", self._archive(instance), grading.GRADER_FOLDER)
-        prepare = grading.prepare_script(name, instance.base_commit, test_files, self._fetch(instance))
-        step = await slot.exec("grader-prepare", prepare, timeout_s=settings.install_timeout_s)
+        repository, wheels = await self._share(instance, slot)
+        prepare = grading.prepare_script(
+            name, instance.base_commit, test_files, repository, wheels, self._fetch(instance)
+        )
+        entries = [entry for entry in (repository, wheels) if entry]
+        step = await slot.exec("grader-prepare", prepare, timeout_s=settings.install_timeout_s, cache=entries)
         if step.ok:
             install = grading.install_script(name, offline=not self.allow_network)
             step = await slot.exec("grader-install", install, timeout_s=settings.install_timeout_s)
@@ -179,9 +180,11 @@ class SweSmithEnv(Env):
             ],
         ]
 
-    def _archive(self, instance: SweInstance) -> bytes:
+    async def _share(self, instance: SweInstance, slot: SlotHandle) -> tuple[str | None, str]:
+        """The repository's and the wheels' entries in the container's read-only cache, put there by
+        the first rollout on that container that needs them (see `transfer`)."""
         bundle = None if self.settings.repos_are_remote else local_bundle(self.settings.repo_base_url, instance.repo)
-        return grader_archive(bundle, self.settings.wheelhouse)
+        return await share_entries(slot, bundle, self.settings.wheelhouse)
 
     def _fetch(self, instance: SweInstance) -> str | None:
         if not self.settings.repos_are_remote:

@@ -5,7 +5,12 @@ Layout of a slot's workspace:
     /workspace/<name>/        the repository at base_commit: a fresh git repository with one
                               commit of that tree, so no other commit (the fix) is in reach
     /workspace/.swe/wheels/   pytest's wheels, for the agent's own test runs
-    /workspace/.swe-grader/   made anew by verify: the bundle, the wheels, the grader's venv
+    /workspace/.swe-grader/   made anew by verify: the wheels, the grader's venv
+
+and of the container's cache, which only setup and grader-prepare commands see (read-only):
+
+    /cache/repo-<digest>/repo.git   the bare repository, every commit (the fix included)
+    /cache/wheels-<digest>/wheels/  the grader's wheels
 
 Grading hygiene: every grader command runs with HOME=/tmp, no pip or git config, no user site
 and `python -I` (the repository is not on sys.path except as the editable install puts it),
@@ -35,45 +40,66 @@ CLEAN_ENVIRONMENT = (
     "PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 COLUMNS=400\n"
     "unset PYTHONPATH PYTHONSTARTUP PYTHONHOME BASH_ENV ENV\n"
 )
+GIT_SOURCE = "git -c safe.directory='*' --git-dir=\"$src\""
+"""git on the bare repository $src, which may belong to another uid (the cache is the server's)."""
 COMMIT_IDENTITY = "-c user.name=swe-smith -c user.email=swe-smith@invalid -c commit.gpgsign=false"
 
 
-def setup_script(name: str, commit: str, fetch: str | None) -> str:
-    """Check out `commit` into /workspace/<name> from the bundle in `.swe/` (or with `fetch`, shell
-    lines that fetch it into the bare repository $src); a second run finds it done and stops."""
+def _source(repository: str | None, fetch: str | None, fallback: str) -> str:
+    """Shell lines that set $src to a bare repository holding the commit: the cache entry
+    `repository`, or `fallback` filled by `fetch` (a remote repository)."""
+    if repository is not None:
+        return f'src="${{SANDBOX_CACHE:-/cache}}"/{shlex.quote(repository)}/repo.git\n'
+    assert fetch is not None, "a repository comes from the cache or from a fetch"
+    return f"src={fallback}\nrm -rf \"$src\"\n" + fetch
+
+
+def _copy_wheels(wheels: str, folder: str) -> str:
+    return f'rm -rf {folder}/wheels\ncp -R "${{SANDBOX_CACHE:-/cache}}"/{shlex.quote(wheels)}/wheels {folder}/wheels\n'
+
+
+def setup_script(name: str, commit: str, repository: str | None, wheels: str, fetch: str | None = None) -> str:
+    """Check out `commit` into /workspace/<name> from the cache entry `repository` (or with `fetch`,
+    shell lines that fetch it into the bare repository $src) and copy the wheels from the cache entry
+    `wheels` into `.swe/`; a second run finds it done and stops."""
     q_name, q_commit = shlex.quote(name), shlex.quote(commit)
-    get = fetch if fetch is not None else f'git clone -q --bare {SETUP_FOLDER}/repo.bundle "$src"\n'
     return (
         "set -eu\n" + CLEAN_ENVIRONMENT
         + f"if [ \"$(cat {q_name}/{BASE_MARKER} 2>/dev/null)\" = {q_commit} ]; then echo 'already set up'; exit 0; fi\n"
-        + f"rm -rf {q_name}\nsrc=$(mktemp -d)/src.git\n" + get
-        + f"mkdir {q_name}\ngit -C \"$src\" archive {q_commit} | tar -xf - -C {q_name}\n"
+        + f"rm -rf {q_name} {SETUP_FOLDER}\nmkdir {SETUP_FOLDER}\n"
+        + _source(repository, fetch, "$(mktemp -d)/src.git")
+        + _copy_wheels(wheels, SETUP_FOLDER)
+        + f"mkdir {q_name}\n{GIT_SOURCE} archive {q_commit} | tar -xf - -C {q_name}\n"
         + f"cd {q_name}\ngit init -q -b main\ngit add -A\n"
         + f"GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z git {COMMIT_IDENTITY} commit -q -m 'base commit {commit[:12]}'\n"
-        + f"echo {q_commit} > {BASE_MARKER}\nrm -f ../{SETUP_FOLDER}/repo.bundle\n"
+        + f"echo {q_commit} > {BASE_MARKER}\n"
         + "echo \"checked out $(git rev-parse --short HEAD) in $PWD\"\n"
     )  # fmt: skip
 
 
-def prepare_script(name: str, commit: str, test_files: Sequence[str], fetch: str | None) -> str:
-    """Put the test files and test/packaging configuration back as at `commit`; drop planted files."""
+def prepare_script(
+    name: str, commit: str, test_files: Sequence[str], repository: str | None, wheels: str, fetch: str | None = None
+) -> str:
+    """Make the grader's folder anew with the wheels from the cache; put the test files and
+    test/packaging configuration back as at `commit` (from the read-only cache entry `repository`,
+    which the agent could never touch, or fetched anew); drop planted files."""
     grader = f"/workspace/{GRADER_FOLDER}"
     q_name, q_commit = shlex.quote(name), shlex.quote(commit)
-    get = fetch if fetch is not None else f'git clone -q --bare {grader}/repo.bundle "$src"\n'
     wanted = "\n".join(sorted(set(test_files)))
     finds = " -o ".join(f"-name {shlex.quote(pattern)}" for pattern in PLANTED_FILES)
     return (
         "set -eu\n" + CLEAN_ENVIRONMENT
         + f"[ -d {q_name} ] || {{ echo 'the repository folder {name} is gone'; exit 3; }}\n"
-        + f"src={grader}/src.git\nrm -rf \"$src\"\n" + get
-        + f"git -C \"$src\" ls-tree -r --name-only {q_commit} > {grader}/base-files\n"
+        + f"rm -rf {grader}\nmkdir {grader}\n"
+        + _source(repository, fetch, f"{grader}/src.git") + _copy_wheels(wheels, grader)
+        + f"{GIT_SOURCE} ls-tree -r --name-only {q_commit} > {grader}/base-files\n"
         + f"cat > {grader}/test-files <<'__FILES__'\n{wanted}\n__FILES__\n"
         + f"{{ grep -Fxf {grader}/test-files {grader}/base-files || true; grep -E '{RESTORED_FILES}' {grader}/base-files || true; }}"
         + f" | sort -u > {grader}/restore\n"
         + f"cd {q_name}\n"
         + f"find . -path ./.git -prune -o \\( {finds} \\) -type f -print | sed 's|^\\./||' | while IFS= read -r f; do\n"
         + f"  grep -Fxq \"$f\" {grader}/base-files || {{ echo \"removing planted $f\"; rm -f \"$f\"; }}\ndone\n"
-        + f"[ -s {grader}/restore ] && git -C \"$src\" archive {q_commit} $(cat {grader}/restore) | tar -xf - -C .\n"
+        + f"[ -s {grader}/restore ] && {GIT_SOURCE} archive {q_commit} $(cat {grader}/restore) | tar -xf - -C .\n"
         + f"echo \"restored $(wc -l < {grader}/restore) files from base_commit\"\n"
     )  # fmt: skip
 

@@ -1,20 +1,22 @@
-"""Gets a repository (and the grader's wheels) from the worker into a slot.
+"""Gets a repository (and the grader's wheels) from the worker into a slot's container.
 
 The worker finds the repository under `repo_base_url` (a `<repo>.bundle`, or a git repository
-it bundles), packs it with the wheelhouse into one tar.gz, and `put_archive` unpacks that in
-the slot. Until the slot handle has file transfer, the archive travels as base64 through one
-`exec` (commands are read from stdin, so any length works); `put_archive` is the only place
-that knows, so switching to an upload is a change here alone. A remote `repo_base_url` (a
-URL) is not packed: the slot fetches the commit itself, with the network on.
+it bundles) and turns it into a bare repository; that and the wheelhouse become two entries
+of the container's shared, read-only cache (`LeasedSlot.share`, streamed, binary), each put
+once per container and named by the digest of its content. Setup and grading commands name
+the entries they read (`exec(..., cache=[...])`); the agent's commands see none of them. A
+remote `repo_base_url` (a URL) is not cached: the slot fetches the commit itself, with the
+network on.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import functools
-import io
+import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -26,7 +28,8 @@ from temporal_rollouts.core.errors import ConfigError, TaskError
 
 BUNDLE_NAME = "repo.bundle"
 WHEELS_NAME = "wheels"
-BASE64_LINE = 76
+REPOSITORY_NAME = "repo.git"
+DIGEST_CHARS = 20
 
 
 def local_bundle(repo_base_url: str, repo: str) -> Path:
@@ -57,8 +60,32 @@ def _bundled(repository: str, _stamp: int) -> Path:
     return target
 
 
-def grader_archive(bundle: Path | None, wheelhouse: str) -> bytes:
-    """A tar.gz of `repo.bundle` (when given) and `wheels/*.whl`."""
+def repository_entry(bundle: Path) -> tuple[str, Path]:
+    """(name, tar.gz) of the container cache entry for a bundle: `repo.git`, a bare repository with
+    every ref of the bundle. The name is the bundle's digest, so equal bundles share one entry."""
+    return _repository_entry(str(bundle), bundle.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _repository_entry(bundle: str, _stamp: int) -> tuple[str, Path]:
+    digest = hashlib.sha256(Path(bundle).read_bytes()).hexdigest()[:DIGEST_CHARS]
+    work = Path(tempfile.mkdtemp(prefix="swe-cache-"))
+    bare = work / REPOSITORY_NAME
+    done = subprocess.run(
+        ["git", "clone", "-q", "--mirror", bundle, str(bare)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise TaskError(f"cannot unbundle {bundle}: {done.stderr[-500:]}")
+    shutil.rmtree(bare / "hooks", ignore_errors=True)  # samples only; nothing in the cache runs
+    archive = work / "entry.tar.gz"
+    with tarfile.open(archive, mode="w:gz") as tar:
+        tar.add(bare, arcname=REPOSITORY_NAME)
+    shutil.rmtree(bare)
+    return f"repo-{digest}", archive
+
+
+def wheels_entry(wheelhouse: str) -> tuple[str, Path]:
+    """(name, tar.gz) of the container cache entry for the grader's wheels: `wheels/*.whl`."""
     wheels = Path(wheelhouse)
     stamps = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in wheels.glob("*.whl"))) if wheels.is_dir() else ()
     if not stamps:
@@ -66,30 +93,31 @@ def grader_archive(bundle: Path | None, wheelhouse: str) -> bytes:
             f"wheelhouse {wheelhouse!r} holds no wheels: fetch the grader's pinned wheels with "
             "`python -m envs.swe_smith.build --out envs/swe_smith/data --wheels-only` (make test does it)"
         )
-    bundle_key = (str(bundle), bundle.stat().st_mtime_ns) if bundle is not None else None
-    return _archive(bundle_key, str(wheels), stamps)
+    return _wheels_entry(str(wheels), stamps)
 
 
 @functools.lru_cache(maxsize=16)
-def _archive(bundle_key: tuple[str, int] | None, wheelhouse: str, stamps: tuple) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        if bundle_key is not None:
-            archive.add(bundle_key[0], arcname=BUNDLE_NAME)
+def _wheels_entry(wheelhouse: str, stamps: tuple) -> tuple[str, Path]:
+    digest = hashlib.sha256()
+    for name, _ in stamps:
+        digest.update(name.encode() + b"\0" + Path(wheelhouse, name).read_bytes())
+    archive = Path(tempfile.mkdtemp(prefix="swe-cache-")) / "entry.tar.gz"
+    with tarfile.open(archive, mode="w:gz") as tar:
         for name, _ in stamps:
-            archive.add(os.path.join(wheelhouse, name), arcname=f"{WHEELS_NAME}/{name}")
-    return buffer.getvalue()
+            tar.add(os.path.join(wheelhouse, name), arcname=f"{WHEELS_NAME}/{name}")
+    return f"wheels-{digest.hexdigest()[:DIGEST_CHARS]}", archive
 
 
-async def put_archive(slot: SlotHandle, key: str, archive: bytes, folder: str) -> None:
-    """Unpack `archive` into the workspace folder `folder`, replacing what was there."""
-    encoded = base64.b64encode(archive).decode()
-    lines = "\n".join(encoded[i : i + BASE64_LINE] for i in range(0, len(encoded), BASE64_LINE))
-    target = shlex.quote(folder)
-    command = f"set -e\nrm -rf {target}\nmkdir -p {target}\nbase64 -d <<'__ARCHIVE__' | tar -xzf - -C {target}\n{lines}\n__ARCHIVE__\n"
-    result = await slot.exec(key, command, timeout_s=120)
-    if not result.ok:
-        raise TaskError(f"copying the repository into the slot failed: {result.output[-500:]}")
+async def share_entries(slot: SlotHandle, bundle: Path | None, wheelhouse: str) -> tuple[str | None, str]:
+    """Put the repository (when local) and the wheels into the slot's container cache, each once per
+    container; (repository entry or None, wheels entry)."""
+    wheels_name, wheels_archive = await asyncio.to_thread(wheels_entry, wheelhouse)
+    await slot.share(wheels_name, wheels_archive)
+    if bundle is None:
+        return None, wheels_name
+    repo_name, repo_archive = await asyncio.to_thread(repository_entry, bundle)
+    await slot.share(repo_name, repo_archive)
+    return repo_name, wheels_name
 
 
 def fetch_commands(instance: SweInstance, repo_base_url: str, git_dir: str) -> str:

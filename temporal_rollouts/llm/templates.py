@@ -10,6 +10,7 @@ machine without internet give a folder.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +20,9 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message, ToolSpec
 
 _MARK = "\u2063MARK\u2063"  # invisible separators: text no template adds on its own
+_LOADING = threading.Lock()
+"""transformers' lazy import is not thread-safe: two activity threads loading a tokenizer at once
+made the second fail with "cannot import name 'AutoTokenizer'" (a group's first turns run together)."""
 
 
 class ChatTemplate:
@@ -30,14 +34,15 @@ class ChatTemplate:
 
     @classmethod
     def load(cls, tokenizer: str, chat_template: str | None = None) -> ChatTemplate:
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as exc:
-            raise ConfigError("token-level policies need transformers: pip install 'temporal-rollouts[rl]'") from exc
-        try:
-            loaded = AutoTokenizer.from_pretrained(tokenizer)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load tokenizer {tokenizer!r}: {exc}") from exc
+        with _LOADING:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError as exc:
+                raise ConfigError("token-level policies need transformers: pip install 'temporal-rollouts[rl]'") from exc
+            try:
+                loaded = AutoTokenizer.from_pretrained(tokenizer)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot load tokenizer {tokenizer!r}: {exc}") from exc
         template = None
         if chat_template:
             path = Path(chat_template)

@@ -26,6 +26,8 @@ from temporal_rollouts.core.errors import (
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     AcquireRequest,
+    CacheEntry,
+    CacheQuery,
     DrainRequest,
     DrainResult,
     ExecOp,
@@ -165,6 +167,27 @@ class SandboxClient:
             raise SandboxUnreachable(f"sandbox {self.base_url} did not send the download in time: {err!r}") from err
         except httpx.TransportError as err:
             raise SandboxUnreachable(f"download from sandbox {self.base_url} failed: {err!r}") from err
+
+    async def cache_get(self, query: CacheQuery) -> CacheEntry:
+        """Whether the container's shared cache holds an entry."""
+        try:
+            response = await self._http.get("/cache", params=query.model_dump(mode="json"))
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
+        return _parse(CacheEntry, _payload_or_raise(response, "GET /cache", self.base_url))
+
+    async def cache_put(self, query: CacheQuery, source: Path) -> CacheEntry:
+        """Stream a local tar.gz into the container's shared cache as one entry (a no-op if it is there)."""
+        try:
+            response = await self._http.put(
+                "/cache", params=query.model_dump(mode="json"), content=_file_chunks(source),
+                timeout=self._transfer_timeout(),
+            )
+        except httpx.TimeoutException as err:
+            raise SandboxUnreachable(f"sandbox {self.base_url} did not take the cache entry in time: {err!r}") from err
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"cache put to sandbox {self.base_url} failed: {err!r}") from err
+        return _parse(CacheEntry, _payload_or_raise(response, "PUT /cache", self.base_url))
 
     async def list_files(self, query: ListQuery) -> FileListing:
         params = query.model_dump(mode="json")

@@ -3,7 +3,8 @@
 Setup and verify get one `LeasedSlot`: a one-shot `terminal`, the stateful terminal
 (`terminal_stateful`, `send_keys`, `screen`, `terminal_output`,
 `stop_terminal`), `read_file`, `write_file`, `search`,
-`upload`, `download` and `list_files`, all in the rollout's own slot, plus `meta`,
+`upload`, `download` and `list_files`, all in the rollout's own slot, `share` (the
+container's read-only cache, shared by its slots), plus `meta`,
 what setup returned (empty during setup). Env authors write
 `await slot.terminal("pytest -q")`, never HTTP.
 
@@ -25,6 +26,7 @@ key: an upload writes the same bytes again and a download only reads.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_COMMAND_TIMEOUT_S,
     DEFAULT_MAX_TRANSFER_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
+    CacheEntry,
     ExecOp,
     FileListing,
     Operation,
@@ -68,13 +71,19 @@ class LeasedSlot:
 
     # one-shot commands and files ------------------------------------------------------------
 
-    async def terminal(self, command: str, timeout: float = VERIFY_TIMEOUT_S, *, key: str | None = None) -> ToolOutput:
-        """Run `command` with bash in a fresh sandboxed shell in /workspace; output and exit code."""
-        return await self._run(key, ExecOp(command=command, timeout_s=timeout))
+    async def terminal(
+        self, command: str, timeout: float = VERIFY_TIMEOUT_S, *, key: str | None = None, cache: Sequence[str] = ()
+    ) -> ToolOutput:
+        """Run `command` with bash in a fresh sandboxed shell in /workspace; output and exit code.
+        `cache`: entries of the container's shared cache (see `share`) this command alone sees,
+        read-only, at /cache/<name>."""
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout, cache=list(cache)))
 
-    async def exec(self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> ToolOutput:
+    async def exec(
+        self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, *, cache: Sequence[str] = ()
+    ) -> ToolOutput:
         """`terminal` with its key first (the older form)."""
-        return await self._run(key, ExecOp(command=command, timeout_s=timeout_s))
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout_s, cache=list(cache)))
 
     async def read_file(self, *args: str, key: str | None = None) -> ToolOutput:
         """`read_file(path)`, or the older `read_file(key, path)`."""
@@ -124,6 +133,13 @@ class LeasedSlot:
     async def download(self, remote: str, local: str | Path) -> TransferResult:
         """Copy a file or folder of the slot to `local` on the worker (a folder is merged into it)."""
         return await self._pool.download(self._lease, remote, Path(local), self._max_transfer_bytes)
+
+    async def share(self, name: str, archive: str | Path) -> CacheEntry:
+        """Put a local tar.gz into the shared, read-only cache of the slot's container as entry `name`,
+        unless it is there (then nothing travels); concurrent puts of one name are serialised by the
+        server. Commands name the entries they need (`terminal(..., cache=[name])`); let `name` name
+        the content (a digest), as the first put of a name wins. Entries outlive the slot's lease."""
+        return await self._pool.share(self._lease.container_id, name, Path(archive), self._max_transfer_bytes)
 
     async def list_files(self, path: str = ".", max_entries: int = 1000) -> FileListing:
         """The files under a folder of the slot: its artifacts."""

@@ -50,6 +50,8 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_TRANSFER_BYTES,
+    CacheEntry,
+    CacheQuery,
     FileListing,
     Holder,
     ListQuery,
@@ -232,6 +234,17 @@ class SandboxPool:
                 await asyncio.to_thread(transfer.move_into_place, spool, local)
                 entries = 1
         return TransferResult(path=str(local), bytes=size, entries=entries)
+
+    async def share(
+        self, container_id: str, name: str, archive: Path, max_bytes: int = DEFAULT_MAX_TRANSFER_BYTES
+    ) -> CacheEntry:
+        """Put a local tar.gz into a container's shared, read-only cache as entry `name`, unless it holds
+        it already (then nothing is sent). Names should name their content: the first put of one wins."""
+        query = CacheQuery(name=name, max_bytes=max_bytes)
+        found = await self.call(container_id, lambda c: c.cache_get(query))
+        if found.present:
+            return found
+        return await self.call(container_id, lambda c: c.cache_put(query, Path(archive)))
 
     async def list_files(self, lease: SlotRef, path: str = ".", max_entries: int = 1000) -> FileListing:
         """The files under a folder of the slot (its artifacts), links not followed."""

@@ -56,6 +56,7 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
+    CacheQuery,
     DrainRequest,
     ExecuteRequest,
     ListQuery,
@@ -160,6 +161,13 @@ def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAU
         query = _parse_query(request, ListQuery)
         return await asyncio.to_thread(transfer.list_entries, manager.leased_slot(query.slot, query.lease_id), query)
 
+    async def cache_get(request: Request) -> BaseModel:
+        return manager.cache.get(_parse_query(request, CacheQuery).name)
+
+    async def cache_put(request: Request) -> BaseModel:
+        query = _parse_query(request, CacheQuery)
+        return await manager.cache.put(query.name, request.stream(), min(query.max_bytes, max_transfer_bytes))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with manager:
@@ -178,6 +186,8 @@ def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAU
         Route("/files", endpoint(upload), methods=["PUT"]),
         Route("/files", endpoint(download), methods=["GET"]),
         Route("/files/list", endpoint(list_files), methods=["GET"]),
+        Route("/cache", endpoint(cache_get), methods=["GET"]),
+        Route("/cache", endpoint(cache_put), methods=["PUT"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 

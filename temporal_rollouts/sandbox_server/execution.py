@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
@@ -45,8 +46,10 @@ class Slot:
 
 class CallRunner:
     def __init__(
-        self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int, confinement: Confinement
+        self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int, confinement: Confinement,
+        cache: SharedCache | None = None,
     ) -> None:
+        self.cache = cache
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
         self.confinement = confinement
@@ -79,7 +82,7 @@ class CallRunner:
         async with slot.lock:
             context = SlotContext(
                 slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation,
-                self.confinement.with_limits(slot.limits), slot.index,
+                self.confinement.with_limits(slot.limits), slot.index, self.cache,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):

@@ -1,7 +1,7 @@
 """Run one shell command for a slot, inside bubblewrap when the host has it.
 
 The slot's workspace is the only writable place the command sees (at /workspace), besides a
-private, size-limited /tmp; the system directories are read-only and nothing else of the host
+private, size-limited /tmp (and, read-only, the container cache entries the command named); the system directories are read-only and nothing else of the host
 is visible. Every mount is nosuid,nodev, and the command runs as an unprivileged uid with no
 capabilities (see `temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group and
 pid namespace (and, where available, the slot's cgroups), so when it exits or times out
@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +32,8 @@ from temporal_rollouts.sandbox_server.output import BoundedOutput
 log = logging.getLogger(__name__)
 
 WORKSPACE_MOUNT = "/workspace"
+CACHE_MOUNT = "/cache"
+"""Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.cache`)."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_ONLY_DIRS = ("/usr", "/etc")
 SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -60,7 +63,7 @@ def sandbox_environment(home: str) -> dict[str, str]:
 
 def bubblewrap_argv(
     bwrap: str, workspace: Path, command: list[str], *, allow_network: bool, as_root: bool | None = None,
-    tmp_bytes: int = 0,
+    tmp_bytes: int = 0, cache: Sequence[Path] = (),
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
@@ -89,6 +92,10 @@ def bubblewrap_argv(
     if tmp_bytes and bubblewrap_sizes_tmpfs():
         argv += ["--size", str(tmp_bytes)]
     argv += ["--tmpfs", "/tmp"]
+    if cache:  # a folder every uid may search (bwrap's own would be root's alone), then each entry read-only
+        argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
+    for entry in cache:
+        argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
     argv += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     return [*argv, *command]
 
@@ -193,12 +200,13 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
 
 def command_launch(
     script: list[str], workspace: Path, *, allow_network: bool, require_isolation: bool,
-    confinement: Confinement | None = None, slot: int = 0,
+    confinement: Confinement | None = None, slot: int = 0, cache: Sequence[Path] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
     terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
-    `start_new_session=True` and `cwd=workspace`."""
+    `start_new_session=True` and `cwd=workspace`. `cache`: host folders of cache entries the command
+    sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself."""
     mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()
@@ -216,10 +224,17 @@ def command_launch(
         outer, inner = ([], drop) if as_root else (drop, [])
         argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
             bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
-            tmp_bytes=confinement.limits.tmp_bytes,
+            tmp_bytes=confinement.limits.tmp_bytes, cache=cache,
         )
-        return argv, sandbox_environment(WORKSPACE_MOUNT)
-    return prefix + drop + confinement.die_with_server() + script, sandbox_environment(str(workspace))
+        return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
+    environment = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
+    return prefix + drop + confinement.die_with_server() + script, environment
+
+
+def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, str]:
+    if folder is not None:
+        environment["SANDBOX_CACHE"] = folder
+    return environment
 
 
 async def run_command(
@@ -232,6 +247,7 @@ async def run_command(
     require_isolation: bool = True,
     confinement: Confinement | None = None,
     slot: int = 0,
+    cache: Sequence[Path] = (),
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
@@ -246,7 +262,7 @@ async def run_command(
     script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
     try:
         argv, env = command_launch(script, workspace, allow_network=allow_network, require_isolation=require_isolation,
-                                   confinement=confinement, slot=slot)
+                                   confinement=confinement, slot=slot, cache=cache)
     except BaseException:
         os.close(script_fd)
         raise

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.files import (
     read_text,
@@ -38,6 +39,7 @@ class SlotContext:
     require_isolation: bool
     confinement: Confinement | None = None
     slot: int = 0
+    cache: SharedCache | None = None
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -70,6 +72,9 @@ async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -
 async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
     if op.timeout_s <= 0:
         raise BadToolRequest("timeout_s must be positive")
+    if op.cache and slot.cache is None:
+        raise BadToolRequest("this sandbox has no shared cache")
+    cache = [slot.cache.path(name) for name in dict.fromkeys(op.cache)] if slot.cache is not None else []
     result = await run_command(
         op.command,
         slot.workspace,
@@ -79,6 +84,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         require_isolation=slot.require_isolation,
         confinement=slot.confinement,
         slot=slot.slot,
+        cache=cache,
     )
     output, over_disk = result.output, await _over_disk(slot, 0)
     if over_disk:

@@ -129,6 +129,11 @@ class ExecOp(BaseModel):
     op: Literal["exec"] = "exec"
     command: str
     timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
+    cache: list[str] = Field(
+        default_factory=list,
+        description="Entries of the container's shared cache this one command sees, read-only, at "
+        "/cache/<name> (also $SANDBOX_CACHE/<name>); no other command of the slot sees them.",
+    )
 
 
 class ReadFileOp(BaseModel):
@@ -196,6 +201,25 @@ class TransferQuery(LeaseRequest):
     )
     max_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0, description="Refuse payloads larger than this.")
     replace: bool = Field(default=False, description="Upload of a folder: empty the target folder first.")
+
+
+CACHE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class CacheQuery(BaseModel):
+    """Query parameters of `GET /cache` and `PUT /cache` (whose body is the entry as a tar.gz)."""
+
+    name: str = Field(pattern=CACHE_NAME_PATTERN, description="The entry's name; by convention it names its content.")
+    max_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0, description="Refuse payloads larger than this.")
+
+
+class CacheEntry(BaseModel):
+    """One entry of a container's shared, read-only cache."""
+
+    name: str
+    present: bool = Field(description="Whether the container holds the entry (after a put: always).")
+    created: bool = Field(default=False, description="This put made it; False: it was there already.")
+    bytes: int = Field(default=0, description="Bytes this put received (0 when it was there already).")
 
 
 class TransferResult(BaseModel):

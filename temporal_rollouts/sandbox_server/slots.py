@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
 from temporal_rollouts.sandbox_server.files import leftover_trash, prepare_workspace, remove_tree, reset_workspace
@@ -92,7 +93,9 @@ class SlotManager:
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
-        self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit, self.confinement)
+        self.cache = SharedCache(root)
+        """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.cache`)."""
+        self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache)
         self._quarantine_retry_at = 0.0
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None

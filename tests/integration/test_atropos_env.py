@@ -40,8 +40,11 @@ def smol(settings: Settings, smollm2_server: GenerateServerProcess) -> Iterator[
     settings.policies.pop("smol", None)
 
 
-def run_env(command: str, settings: Settings, tokenizer: Path, tmp_path: Path, **env_fields) -> subprocess.Popen:
-    """`python -m temporal_rollouts.integrations.atropos.env COMMAND --config run.yaml`, configured as a user would."""
+def run_env(
+    command: str, settings: Settings, tokenizer: Path, tmp_path: Path, *arguments: str, **env_fields
+) -> subprocess.Popen:
+    """`python -m temporal_rollouts.integrations.atropos.env COMMAND --config run.yaml [ARGUMENTS]`, configured
+    as a user would."""
     fields = {
         "task_env": "echo_chain", "env_config": {"steps": 1}, "policy": "smol", "group_size": 2,
         "max_agent_turns": 3, "agent_max_tokens": 6, "use_wandb": False, "tokenizer_name": str(tokenizer),
@@ -51,8 +54,8 @@ def run_env(command: str, settings: Settings, tokenizer: Path, tmp_path: Path, *
     config.write_text(yaml.safe_dump({"env": fields}))
     environment = {**os.environ, **settings_environment(settings), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     log = open(tmp_path / f"{command}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "temporal_rollouts.integrations.atropos.env", command, "--config", str(config)],
-                            cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    argv = [sys.executable, "-m", "temporal_rollouts.integrations.atropos.env", command, "--config", str(config), *arguments]
+    return subprocess.Popen(argv, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
 
 
 async def finish(proc: subprocess.Popen, tmp_path: Path, command: str) -> None:
@@ -117,6 +120,43 @@ async def test_process_writes_jsonl_and_html_that_atropos_reads(
     # Atropos' viewer reads the file the same way a second time
     again = generate_html(str(out), str(tmp_path / "again.html"))
     assert Path(again or tmp_path / "again.html").read_text().count("reward-") >= 2
+
+
+SWE_ITEMS = ("pypi__idna-3.10.swap_arguments__5eab2555", "pypi__idna-3.10.change_operator__ef8a45be")
+"""Two idna instances: 32 tests each, the quickest of the shipped set to grade."""
+
+
+async def test_process_runs_swe_smith_on_two_items(
+    settings: Settings, worker, smol: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    """`process --env.task_env swe_smith` on two items: each group's rollouts set up a real slot from
+    the container's repository cache, play the reference patch (the demo policy steering SmolLM2) and
+    are graded by pytest in the slot, so every score is 1.0."""
+    from envs.swe_smith.config import SHIPPED_INSTANCES
+
+    dataset = tmp_path / "two.jsonl"
+    chosen = [line for line in Path(SHIPPED_INSTANCES).read_text().splitlines() if json.loads(line)["instance_id"] in SWE_ITEMS]
+    dataset.write_text("\n".join(chosen) + "\n")
+    out = tmp_path / "out" / "swe.jsonl"
+    proc = run_env(
+        "process", settings, smollm2_server.tokenizer_dir, tmp_path, "--env.task_env", "swe_smith",
+        env_config={"dataset": str(dataset), "shuffle": False}, total_steps=2, group_size=2, max_agent_turns=5,
+        ensure_scores_are_not_same=False, data_path_to_save_groups=str(out),
+    )
+    await finish(proc, tmp_path, "process")
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 2, (tmp_path / "process.log").read_text()[-3000:]
+    for group in groups:
+        assert group["scores"] == [1.0, 1.0], group["scores"]
+        assert len(group["tokens"]) == len(group["masks"]) == 2
+        assert all(len(t) == len(m) for t, m in zip(group["tokens"], group["masks"]))
+    played = [{o["rollout_id"].removeprefix("atropos-train-").rsplit("-", 1)[0] for o in g["overrides"]} for g in groups]
+    assert played == [{instance_id} for instance_id in SWE_ITEMS], played
+    for group in groups:  # each rollout made the reference's three tool calls, the last applying the patch
+        assert group["group_overrides"]["tool_stats"]["executed_ok"] == 6, group["group_overrides"]
+        assert all(override["stop_reason"] == "completed" for override in group["overrides"])
+        assert "git apply" in json.dumps(group["messages"])
+    assert out.with_suffix(".html").read_text().count("Reward:") >= 4
 
 
 async def test_evaluate_writes_metrics(
