@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import uuid
@@ -69,13 +70,17 @@ async def main(argv: list[str] | None = None) -> None:
             transcripts = TranscriptStore(object_client(stack.settings), stack.settings.storage.bucket)
             print(f"{'turns':>5} {'outputs':>7} {'context KB':>10} {'events':>6} {'ours KB':>8} "
                   f"{'ours B/turn':>11} {'naive KB':>9} {'naive B/turn':>12}")
+            rows = []
             for turns in lengths:
                 for label, chars in SIZES.items():
                     row = await measure(turns, chars, stack, client, transcripts)
                     assert row["score"] == 1.0, row
+                    rows.append({"turns": row["turns"], "outputs": label, "ours_bytes_per_turn": round(row["ours"] / row["turns"]),
+                                 "naive_bytes_per_turn": round(row["naive"] / row["turns"])})
                     print(f"{row['turns']:>5} {label:>7} {row['context_bytes'] / 1024:>10.1f} {row['events']:>6} "
                           f"{row['ours'] / 1024:>8.1f} {row['ours'] / row['turns']:>11.0f} "
                           f"{row['naive'] / 1024:>9.1f} {row['naive'] / row['turns']:>12.0f}")
+    print(json.dumps({"rows": rows}))
 
 
 if __name__ == "__main__":

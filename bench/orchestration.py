@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -118,6 +119,7 @@ def summary(rows: list[dict]) -> None:
     cpu = rows[-1]["cpu"]
     print(f"  {TARGET_STEPS_S:.0f} steps/s on {os.cpu_count()} CPUs leaves {budget:.1f} CPU-ms per step for every process; at "
           f"concurrency {rows[-1]['c']} the asyncio variant used {cpu['asyncio']:.1f}, the Temporal one {cpu['temporal']:.1f}")
+    print(json.dumps({"cpus": os.cpu_count(), "levels": rows}))
 
 
 async def amain(args, data_dir: Path) -> None:

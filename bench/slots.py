@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -37,9 +38,16 @@ def holder() -> Holder:
     return Holder(workflow_id=f"bench-{uuid.uuid4().hex[:8]}", run_id="r")
 
 
-def ms(values: list[float]) -> str:
+FIGURES: dict[str, float] = {}
+"""The headline figures, printed as the last line (JSON)."""
+
+
+def ms(values: list[float], name: str | None = None) -> str:
     values = sorted(values)
     p95 = values[int(0.95 * (len(values) - 1))]
+    if name:
+        FIGURES[f"{name}_median_ms"] = round(statistics.median(values) * 1000, 2)
+        FIGURES[f"{name}_p95_ms"] = round(p95 * 1000, 2)
     return f"median {statistics.median(values) * 1000:6.1f} ms   p95 {p95 * 1000:6.1f} ms   n={len(values)}"
 
 
@@ -105,19 +113,21 @@ async def main(argv: list[str] | None = None) -> None:
             await pool.ensure_running()
             root = backend.container_dir(container.container_id) / "root"
             print(f"sandbox: 1 container x {args.slots} slots (isolation: {(await (await pool.client(container.container_id)).health()).isolation})")
-            print(f"acquire, free slot:       {ms(await free_slot_latency(pool, rounds))}")
-            print(f"hand-over, client side:   {ms(await hand_over_latency(pool, args.slots, rounds))}")
+            print(f"acquire, free slot:       {ms(await free_slot_latency(pool, rounds), 'acquire')}")
+            print(f"hand-over, client side:   {ms(await hand_over_latency(pool, args.slots, rounds), 'hand_over')}")
             print(f"hand-over, server log:    {ms(hand_over_latencies(read_lease_events(root)))}")
             before = len(read_lease_events(root))
             start, end, done = await saturate(pool, args.holders, seconds, args.work_s)
             events = read_lease_events(root)[before:]
             print(f"saturation: {args.holders} holders on {args.slots} slots for {end - start:.1f} s, {done} leases")
-            print(f"  utilisation             {utilisation(events, args.slots, start, end) * 100:6.1f} %")
+            FIGURES["utilisation"] = round(utilisation(events, args.slots, start, end), 4)
+            print(f"  utilisation             {FIGURES['utilisation'] * 100:6.1f} %")
             print(f"  slot free while waiting {idle_while_waiting(events):6.3f} s in total")
             print(f"  hand-over (server log)  {ms(hand_over_latencies(events))}")
         finally:
             await pool.aclose()
             await backend.stop_container(container.container_id)
+    print(json.dumps({"slots": args.slots, "holders": args.holders, **FIGURES}))
 
 
 if __name__ == "__main__":
