@@ -116,6 +116,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         activities=build_activities(client, parts),
         **task_slots(settings.worker),
         max_cached_workflows=settings.worker.max_cached_workflows,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.worker.sticky_queue_timeout_s),
         workflow_runner=SandboxedWorkflowRunner() if settings.worker.sandboxed_workflows else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from temporalio.api.enums.v1 import TimeoutType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -88,6 +89,7 @@ class Level:
         return (f"{self.concurrency:6d}{self.wall_s:8.1f}{100 * self.efficiency:6.0f}%{self.steps_per_s:8.1f} |{cpu}"
                 f"{self.cpu_ms_per_step():8.2f}{100 * self.host_busy:6.0f}% | {rss:>19} |{self.requests - self.turns:7d}"
                 f"{self.history.get('llm_turn_retries', 0):7d}{self.history.get('workflow_task_timeouts', 0):7d}"
+                f"{self.history.get('sticky_schedule_to_start_timeouts', 0):7d}"
                 f"{self.failed:6d}")
 
     def figures(self) -> dict:
@@ -99,8 +101,8 @@ class Level:
 
 
 HEADER = ("  at once  wall s   eff  steps/s | CPU ms per step, by process" + " " * 26 + "host | peak RSS MiB        "
-          "| retried  turn   WFT  failed\n" + " " * 34 + "|" + "".join(f"{r:>8}" for r in ROLES) + "   total  busy"
-          " | wrk/tmp/sbx/pol     | reqs   tries  t/o")
+          "| retried  turn   WFT sticky failed\n" + " " * 34 + "|" + "".join(f"{r:>8}" for r in ROLES) + "   total  busy"
+          " | wrk/tmp/sbx/pol     | reqs   tries  t/o    t/o")
 
 
 def _peak_rss_reset(pid: int) -> None:
@@ -124,7 +126,8 @@ async def _policy_requests(stack: Stack) -> int:
 
 async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[str, int]:
     """Timed-out workflow tasks (the batch's and every rollout's) and model-turn attempts past the first."""
-    counts = {"workflow_task_timeouts": 0, "llm_turn_retries": 0, "activity_timeouts": 0}
+    counts = {"workflow_task_timeouts": 0, "sticky_schedule_to_start_timeouts": 0, "llm_turn_retries": 0,
+              "activity_timeouts": 0}
     gate = asyncio.Semaphore(HISTORY_READERS)
 
     async def read(workflow_id: str) -> None:
@@ -134,6 +137,10 @@ async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[st
         for event in history.events:
             if event.HasField("workflow_task_timed_out_event_attributes"):
                 counts["workflow_task_timeouts"] += 1
+                # A task that waited on the worker's sticky queue too long (the worker was behind), as
+                # opposed to one the worker took and did not finish in time.
+                if event.workflow_task_timed_out_event_attributes.timeout_type == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                    counts["sticky_schedule_to_start_timeouts"] += 1
             elif event.HasField("activity_task_timed_out_event_attributes"):
                 counts["activity_timeouts"] += 1
             elif event.HasField("activity_task_scheduled_event_attributes"):
