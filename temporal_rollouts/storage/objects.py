@@ -28,12 +28,15 @@ class LocalObjectClient(S3StorageDriverClient):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._resolved_root = os.path.realpath(self.root)
 
     def _path(self, bucket: str, key: str) -> Path:
-        path = (self.root / bucket / key).resolve()
-        if not path.is_relative_to(self.root.resolve()):
+        # A lexical check (no realpath per object: every step writes several). The store's own
+        # folders hold no symlinks; only `..` in a key or bucket could lead out of it.
+        path = os.path.normpath(os.path.join(self._resolved_root, bucket, key))
+        if not path.startswith(self._resolved_root + os.sep):
             raise ValueError(f"object key escapes the store: {key!r}")
-        return path
+        return Path(path)
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
         await asyncio.to_thread(self._write, self._path(bucket, key), data)
