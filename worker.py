@@ -20,7 +20,13 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
-from temporalio.worker import ResourceBasedSlotConfig, UnsandboxedWorkflowRunner, Worker, WorkerTuner
+from temporalio.worker import (
+    FixedSizeSlotSupplier,
+    ResourceBasedSlotConfig,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkerTuner,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.envs import EnvActivities
@@ -38,6 +44,7 @@ from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
 from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.logs import one_line_activity_failures
+from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect
@@ -128,6 +135,18 @@ def task_slots(worker: WorkerSettings) -> dict:
         return {"max_concurrent_activities": worker.max_concurrent_activities,
                 "max_concurrent_local_activities": worker.max_concurrent_local_activities,
                 "max_concurrent_workflow_tasks": worker.max_concurrent_workflow_tasks}  # fmt: skip
+    if worker.slot_supplier == "loop_lag":
+        lag = LoopLag()
+
+        def keeping_up(most: int) -> LoopLagSlotSupplier:
+            return LoopLagSlotSupplier(lag, most, max_lag_s=worker.max_loop_lag_s)
+
+        return {"tuner": WorkerTuner.create_composite(
+            workflow_supplier=keeping_up(worker.max_concurrent_workflow_tasks),
+            activity_supplier=keeping_up(worker.max_concurrent_activities),
+            local_activity_supplier=keeping_up(worker.max_concurrent_local_activities),
+            nexus_supplier=FixedSizeSlotSupplier(1),
+        )}  # fmt: skip
 
     def upto(most: int) -> ResourceBasedSlotConfig:
         return ResourceBasedSlotConfig(minimum_slots=min(2, most), maximum_slots=most)
