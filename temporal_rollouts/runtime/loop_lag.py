@@ -15,6 +15,7 @@ process, so other jobs on a shared machine do not starve it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 from temporalio.worker import (
@@ -26,7 +27,7 @@ from temporalio.worker import (
 )
 
 TICK_S = 0.05
-WAIT_S = 0.02
+RECHECK_S = 0.1
 
 
 class LoopLag:
@@ -56,6 +57,8 @@ class LoopLagSlotSupplier(CustomSlotSupplier):
         self._lag, self._maximum, self._minimum, self._max_lag_s = lag, maximum, min(minimum, maximum), max_lag_s
         self._used = 0
         self._lock = threading.Lock()  # release_slot may come from the SDK's own thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._released: asyncio.Event | None = None
 
     def _take(self) -> bool:
         with self._lock:
@@ -66,8 +69,15 @@ class LoopLagSlotSupplier(CustomSlotSupplier):
 
     async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
         self._lag.ensure_started()
+        if self._released is None:
+            self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
         while not self._take():
-            await asyncio.sleep(WAIT_S)
+            # Woken by a release; a loop that has caught up is noticed at the next look.
+            released = self._released
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RECHECK_S):
+                    await released.wait()
+            released.clear()
         return SlotPermit()
 
     def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
@@ -79,4 +89,5 @@ class LoopLagSlotSupplier(CustomSlotSupplier):
     def release_slot(self, ctx: SlotReleaseContext) -> None:
         with self._lock:
             self._used = max(self._used - 1, 0)
-
+        if self._loop is not None and self._released is not None:
+            self._loop.call_soon_threadsafe(self._released.set)
