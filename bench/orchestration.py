@@ -16,18 +16,16 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, kill_leftover_children, services  # noqa: E402
+from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import SLOT_STEPS, AsyncioRunner, Tally, TemporalRunner  # noqa: E402
 
 ROLES = ("bench", "worker", "temporal", "sandbox", "policy")
@@ -174,26 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
-    code = 0
-    try:
-        asyncio.run(amain(args, data_dir))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted; every process this benchmark started was stopped", file=sys.stderr)
-        code = 130
-    finally:
-        kill_leftover_children(data_dir)
-        if args.keep:
-            print(f"data directory kept: {data_dir}", file=sys.stderr)
-        else:
-            for _ in range(10):  # a just-stopped server may still be emptying a workspace
-                shutil.rmtree(data_dir, ignore_errors=True)
-                if not data_dir.exists():
-                    break
-                time.sleep(0.5)
-            else:
-                print(f"could not remove the data directory {data_dir}", file=sys.stderr)
-    return code
+    return run_in_data_dir("bench-orchestration-", args.keep, lambda data_dir: amain(args, data_dir))
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +95,31 @@ def kill_leftover_children(data_dir: Path | None = None) -> None:
     for pid in pids - {os.getpid()}:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def run_in_data_dir(prefix: str, keep: bool, amain: Callable[[Path], Awaitable[object]]) -> int:
+    """Run `amain(data_dir)` in a fresh temporary folder; whatever happens, stop every process it
+    started and remove the folder (unless `keep`). 0, or 130 after Ctrl-C or SIGTERM."""
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    code = 0
+    try:
+        asyncio.run(amain(data_dir))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted; every process this benchmark started was stopped", file=sys.stderr)
+        code = 130
+    finally:
+        kill_leftover_children(data_dir)
+        if keep:
+            print(f"data directory kept: {data_dir}", file=sys.stderr)
+        else:
+            for _ in range(10):  # a just-stopped server may still be emptying a workspace
+                shutil.rmtree(data_dir, ignore_errors=True)
+                if not data_dir.exists():
+                    break
+                time.sleep(0.5)
+            else:
+                print(f"could not remove the data directory {data_dir}", file=sys.stderr)
+    return code
 
 
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -30,10 +30,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,7 +42,7 @@ from temporalio.api.enums.v1 import TimeoutType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, kill_leftover_children, services  # noqa: E402
+from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import limits_for  # noqa: E402
 from temporal_rollouts.core.records import BatchInput, BatchResult  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
@@ -259,20 +257,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    code = 0
-    try:
-        print(json.dumps(asyncio.run(amain(args, data_dir))))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted; every process this benchmark started was stopped", file=sys.stderr)
-        code = 130
-    finally:
-        kill_leftover_children(data_dir)
-        if args.keep:
-            print(f"data directory kept: {data_dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
-    return code
+
+    async def measured(data_dir: Path) -> None:
+        print(json.dumps(await amain(args, data_dir)))
+
+    return run_in_data_dir("bench-scale-", args.keep, measured)
 
 
 if __name__ == "__main__":

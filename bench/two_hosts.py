@@ -36,7 +36,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.procs import cpu_seconds, host_cpu, kill_leftover_children, temporal_dev_server  # noqa: E402
+from bench.procs import cpu_seconds, host_cpu, run_in_data_dir, temporal_dev_server  # noqa: E402
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits  # noqa: E402
 from temporal_rollouts.core.settings import Settings  # noqa: E402
 from temporal_rollouts.runtime.temporal import connect  # noqa: E402
@@ -257,20 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-two-hosts-"))
-    code = 0
-    try:
-        asyncio.run(amain(args, data_dir))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted; every process this benchmark started was stopped", file=sys.stderr)
-        code = 130
-    finally:
-        kill_leftover_children(data_dir)
-        if args.keep:
-            print(f"data directory kept: {data_dir}", file=sys.stderr)
-        else:
-            shutil.rmtree(data_dir, ignore_errors=True)
-    return code
+    return run_in_data_dir("bench-two-hosts-", args.keep, lambda data_dir: amain(args, data_dir))
 
 
 if __name__ == "__main__":

@@ -315,7 +315,7 @@ class WorkerSettings(BaseModel):
     """Worker processes `python worker.py` runs on this machine (one uses about one core): the first starts the local services and keeps the others running (runtime/worker_processes.py)."""
     slot_supplier: Literal["loop_lag", "fixed", "resource"] = "loop_lag"
     """How many tasks the worker takes at once, up to the max_concurrent_* counts: `loop_lag` takes another only while its event loop runs within max_loop_lag_s of time (runtime/loop_lag.py), so an overloaded worker leaves work waiting in Temporal's task queues instead of falling behind on it; `fixed` takes up to the counts whatever its load; `resource` is Temporal's resource-based tuner (the whole machine's CPU and memory under target_cpu and target_memory)."""
-    max_loop_lag_s: float = Field(default=0.2, gt=0)
+    max_loop_lag_s: float = Field(default=1.0, gt=0)
     """With `slot_supplier = "loop_lag"`: how late the worker's event loop may run before it takes no more tasks."""
     target_cpu: float = Field(default=0.85, gt=0, le=1)
     """With `slot_supplier = "resource"`: the machine's CPU use (0-1) past which the worker takes no more tasks."""

@@ -53,7 +53,7 @@ class LoopLag:
 
 
 class LoopLagSlotSupplier(CustomSlotSupplier):
-    def __init__(self, lag: LoopLag, maximum: int, *, minimum: int = 2, max_lag_s: float = 0.2) -> None:
+    def __init__(self, lag: LoopLag, maximum: int, *, minimum: int = 2, max_lag_s: float = 1.0) -> None:
         self._lag, self._maximum, self._minimum, self._max_lag_s = lag, maximum, min(minimum, maximum), max_lag_s
         self._used = 0
         self._lock = threading.Lock()  # release_slot may come from the SDK's own thread

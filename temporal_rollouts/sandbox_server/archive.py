@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import stat
 import tarfile
+from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,6 +29,19 @@ from temporal_rollouts.sandbox_server.files import remove_tree
 
 PERMISSION_BITS = 0o777
 COPY_CHUNK = 1024 * 1024
+
+
+async def spool_body(body: AsyncIterable[bytes], fd: int, limit: int, what: str) -> int:
+    """Write a request body to the open file `fd` (closed after), refusing it once it passes `limit`
+    bytes (TransferTooLarge naming `what`); the bytes received."""
+    received = 0
+    with os.fdopen(fd, "wb") as out:
+        async for chunk in body:
+            received += len(chunk)
+            if received > limit:
+                raise TransferTooLarge(f"{what} passed its limit of {limit} bytes")
+            out.write(chunk)
+    return received
 
 
 def pack_folder(folder: Path, out: BinaryIO, mode: str, max_bytes: int, too_large: type[Exception]) -> None:

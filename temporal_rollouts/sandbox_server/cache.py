@@ -36,8 +36,8 @@ import tempfile
 from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.archive import unpack_archive
-from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
+from temporal_rollouts.sandbox_server.archive import spool_body, unpack_archive
+from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.schema import CACHE_NAME_PATTERN, CacheEntry
 
 CACHE_FOLDER = "cache"
@@ -70,13 +70,7 @@ class SharedCache:
         _checked(name)
         fd, spool = tempfile.mkstemp(dir=self.folder, prefix=TEMP_PREFIX)
         try:
-            received = 0
-            with os.fdopen(fd, "wb") as out:
-                async for chunk in body:
-                    received += len(chunk)
-                    if received > max_bytes:
-                        raise TransferTooLarge(f"the cache entry {name!r} passed its limit of {max_bytes} bytes")
-                    out.write(chunk)
+            received = await spool_body(body, fd, max_bytes, f"the cache entry {name!r}")
             created = await asyncio.to_thread(self._place, name, Path(spool), max_bytes)
         finally:
             with contextlib.suppress(FileNotFoundError):

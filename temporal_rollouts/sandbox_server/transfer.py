@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.archive import pack_folder, unpack_archive
+from temporal_rollouts.sandbox_server.archive import pack_folder, spool_body, unpack_archive
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.execution import Slot
 from temporal_rollouts.sandbox_server.files import (
@@ -66,13 +66,7 @@ async def receive(
     target = resolve_in_workspace(slot.workspace, query.path)
     fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="up-")
     try:
-        received = 0
-        with os.fdopen(fd, "wb") as out:
-            async for chunk in body:
-                received += len(chunk)
-                if received > limit:
-                    raise TransferTooLarge(f"the upload to {query.path!r} passed its limit of {limit} bytes")
-                out.write(chunk)
+        received = await spool_body(body, fd, limit, f"the upload to {query.path!r}")
         async with slot.lock:
             if query.format == "file":
                 await asyncio.to_thread(_place_file, Path(spool), target, slot.workspace, owner)
