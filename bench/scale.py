@@ -52,6 +52,7 @@ from workflows.batch import BatchWorkflow, rollout_id  # noqa: E402
 
 ROLES = ("worker", "temporal", "sandbox", "policy", "bench")
 HISTORY_READERS = 16
+WARMUP_ROLLOUTS = 20
 
 
 @dataclass
@@ -215,7 +216,8 @@ async def amain(args, data_dir: Path) -> dict:
                   f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
                   f"{args.delay:g} s; sandbox 1 x {max(args.concurrency)} slots; worker settings {args.set or 'defaults'}",
                   flush=True)  # fmt: skip
-            await run_level(stack, min(args.concurrency), 2, 0.0, histories=False)  # warm-up: imports, pools, caches
+            # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
+            await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
             print(HEADER)
             levels = []
             for concurrency in args.concurrency:
