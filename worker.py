@@ -61,8 +61,6 @@ from workflows.trajectory import TrajectoryWorkflow
 log = logging.getLogger("temporal_rollouts.worker")
 
 WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, SlotPoolMaintenanceWorkflow]
-LOOP_LAG_MINIMUM_SLOTS = 8
-"""Slots of each kind a lagging worker still takes, so that its tasks go out in batches, not one by one."""
 
 
 class Parts:
@@ -141,7 +139,7 @@ def task_slots(worker: WorkerSettings) -> dict:
         lag = LoopLag()
 
         def keeping_up(most: int) -> LoopLagSlotSupplier:
-            return LoopLagSlotSupplier(lag, most, minimum=LOOP_LAG_MINIMUM_SLOTS, max_lag_s=worker.max_loop_lag_s)
+            return LoopLagSlotSupplier(lag, most, max_lag_s=worker.max_loop_lag_s)
 
         return {"tuner": WorkerTuner.create_composite(
             workflow_supplier=keeping_up(worker.max_concurrent_workflow_tasks),

@@ -84,8 +84,6 @@ class SinkActivities:
             return WriteGroupResult(status="pending")
         with activity_boundary():
             path = results_path(self._settings.results_dir, input.path, "output")
-            # Any worker may write the group; on another host the folder open_sink made is not there.
-            path.parent.mkdir(parents=True, exist_ok=True)
             api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)

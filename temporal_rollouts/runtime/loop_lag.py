@@ -28,6 +28,8 @@ from temporalio.worker import (
 
 TICK_S = 0.05
 RECHECK_S = 0.1
+MINIMUM_SLOTS = 8
+"""Slots of each kind a lagging worker still takes, so that its tasks go out in batches, not one by one."""
 
 
 class LoopLag:
@@ -51,9 +53,8 @@ class LoopLag:
             self.lag_s = late if late > self.lag_s else 0.8 * self.lag_s + 0.2 * late
 
 
-
 class LoopLagSlotSupplier(CustomSlotSupplier):
-    def __init__(self, lag: LoopLag, maximum: int, *, minimum: int = 2, max_lag_s: float = 1.0) -> None:
+    def __init__(self, lag: LoopLag, maximum: int, *, minimum: int = MINIMUM_SLOTS, max_lag_s: float = 1.0) -> None:
         self._lag, self._maximum, self._minimum, self._max_lag_s = lag, maximum, min(minimum, maximum), max_lag_s
         self._used = 0
         self._lock = threading.Lock()  # release_slot may come from the SDK's own thread

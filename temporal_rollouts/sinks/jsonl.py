@@ -24,7 +24,9 @@ def _beside(path: Path, suffix: str) -> Path:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """The file lock every writer of `path` and its indexes holds (workers, retries)."""
+    """The file lock every writer of `path` and its indexes holds (workers, retries). The folder is
+    made here: any worker may write a group, and on another host the folder open_sink made is not there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(_beside(path, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
