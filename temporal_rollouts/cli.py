@@ -72,7 +72,7 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     fields = {
         "env": known_env(args.env), "num_items": args.items, "group_size": args.group_size,
         "item_offset": args.offset, "policy": resolve_policy(settings, args.policy), "limits": limits,
-        "max_concurrency": args.max_concurrency, "output": args.output,
+        "max_concurrency": args.max_concurrency, "start_rate": args.start_rate, "output": args.output,
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: the config's default_policy")
     batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
     batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
+    batch.add_argument("--start-rate", type=float, default=0,
+                       help="rollouts started per second at most; 0 starts them as fast as the batch can")
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
     batch.add_argument("--output", default=None, help="JSONL path for scored groups")
     batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")

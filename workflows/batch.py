@@ -14,6 +14,7 @@ the env's size and the output path by its first two steps, whose refusal fails i
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
@@ -51,6 +52,13 @@ with workflow.unsafe.imports_passed_through():
 
 ITEM_PAGE = 100
 """Items read per load_items call: a batch holds one page of items, never its whole list."""
+
+
+def start_window(rate: float, group_size: int) -> tuple[float, int]:
+    """Pacing at `rate` rollouts a second: (window in seconds, groups started per window). A
+    window is a second, or longer when a whole group takes more than a second's share."""
+    window_s = max(1.0, group_size / rate)
+    return window_s, max(1, int(rate * window_s + 1e-9) // group_size)
 
 
 def _parse(model, raw, what):
@@ -106,6 +114,7 @@ class BatchWorkflow:
     def __init__(self) -> None:
         self._progress: BatchProgress | None = None
         self._active = 0
+        self._window: tuple[datetime, int] | None = None  # start_rate: when the current window began, groups started in it
 
     @workflow.query
     def progress(self) -> BatchProgress | None:
@@ -154,6 +163,8 @@ class BatchWorkflow:
                 if workflow.info().is_continue_as_new_suggested():
                     break
                 await workflow.wait_condition(lambda: self._active + input.group_size <= room)
+                if input.start_rate:
+                    await self._pace(input.start_rate, input.group_size)
                 _reap(groups)
                 index = cursor.next_item
                 if index >= page_start + len(page):
@@ -178,6 +189,18 @@ class BatchWorkflow:
             output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
+
+    async def _pace(self, rate: float, group_size: int) -> None:
+        """At most `rate` rollouts started per second, a group at a time: one timer per window
+        (a second, or one group's share when the rate is below a group a second), not per start."""
+        window_s, per_window = start_window(rate, group_size)
+        began, started = self._window or (workflow.now(), 0)
+        left = window_s - (workflow.now() - began).total_seconds()
+        if left > 0 and started >= per_window:
+            await workflow.sleep(left)
+        if left <= 0 or started >= per_window:
+            began, started = workflow.now(), 0
+        self._window = (began, started + 1)
 
     async def _page(self, input: BatchInput, index: int) -> list[Item]:
         """The page of items that starts at batch item `index`."""

@@ -80,6 +80,8 @@ MAX_ITEM_OFFSET = 10**12
 """No task set is this large; an offset past it is a typo, never a silent wrap."""
 MAX_BATCH_CONCURRENCY = 100_000
 """The most `max_concurrency` any worker may allow (settings max_batch_concurrency sets the working limit)."""
+MAX_START_RATE = 10_000.0
+"""Rollouts a batch may start per second at most, when it paces its starts (`start_rate`)."""
 
 
 class BatchInput(BaseModel):
@@ -100,6 +102,11 @@ class BatchInput(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
     max_concurrency: int = Field(default=32, ge=1, le=MAX_BATCH_CONCURRENCY,
                                  description="Trajectories running at once; capped by settings max_batch_concurrency.")
+    start_rate: float = Field(
+        default=0, ge=0, le=MAX_START_RATE, allow_inf_nan=False,
+        description="Rollouts started per second at most; 0 starts them as fast as the batch's workflow task allows. "
+                    "Spreads a large first wave, so its model turns and sandbox setups do not all arrive at once.",
+    )
     output: str | None = Field(
         default=None, description="JSONL file for scored groups, inside the results folder (a relative name is taken "
                                   "relative to it); results/<batch id>.jsonl when unset."

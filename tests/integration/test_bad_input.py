@@ -77,6 +77,8 @@ CASES: list[tuple[str, str, str | None, list[str]]] = [
      ["echo_chain: `steps` must be a positive integer, got 'three'"]),
     ("zero max_concurrency", "BatchWorkflow", '{"env": "echo_chain", "max_concurrency": 0}',
      ["max_concurrency: must be at least 1 (got 0)"]),
+    ("negative start_rate", "BatchWorkflow", '{"env": "echo_chain", "start_rate": -1}',
+     ["start_rate: must be at least 0.0 (got -1)"]),
     ("max_concurrency over the worker's limit", "BatchWorkflow", '{"env": "echo_chain", "max_concurrency": 50000}',
      ["max_concurrency: 50000 rollouts at once is over this worker's limit of 2000 (settings max_batch_concurrency)"]),
     ("unknown env", "BatchWorkflow", '{"env": "no_such_env"}', ["unknown env 'no_such_env'", "terminal_tasks"]),

@@ -72,3 +72,22 @@ async def test_unknown_env_fails_the_batch_with_the_known_names(client: Client, 
         await run_batch(client, settings, BatchInput(env="no_such_env", num_items=1, group_size=1))
     message = str(caught.value.cause)  # the batch's own error, not a wrapped activity failure
     assert "no_such_env" in message and "terminal_tasks" in message
+
+
+async def test_start_rate_spreads_the_rollouts_starts(client: Client, settings: Settings) -> None:
+    from temporal_rollouts.core import search_attributes as sa
+
+    workflow_id = batch_id("paced")
+    batch = BatchInput(env="echo_chain", num_items=6, group_size=1, max_concurrency=6, start_rate=2,
+                       env_config={"steps": 1})
+    result = await client.execute_workflow(BatchWorkflow.run, batch, id=workflow_id,
+                                           task_queue=settings.temporal.task_queue)
+
+    assert (result.completed, result.failed) == (6, 0)
+    children = [wf async for wf in client.list_workflows(
+        f'{sa.BATCH_ID.name}="{workflow_id}" AND WorkflowId != "{workflow_id}"')]
+    starts = sorted(wf.start_time for wf in children)
+    assert len(starts) == 6
+    # Two a second: three windows, so the last start comes at least two seconds after the first
+    # (unpaced, all six start from one workflow task).
+    assert (starts[-1] - starts[0]).total_seconds() >= 1.9, starts
