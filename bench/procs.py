@@ -58,12 +58,25 @@ def _stat(pid: int) -> list[str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its reaped children (the sandbox's bwrap/bash)."""
-    try:
-        fields = _stat(pid)
-    except OSError:
-        return 0.0
-    return sum(int(value) for value in fields[11:15]) / CLOCK_TICKS
+    """User + system CPU of a process, its reaped children (the sandbox's bwrap/bash) and its live
+    descendants (`python worker.py --processes N`'s other worker processes): a child's CPU moves
+    from the live ones to the reaped ones when it exits, so the sum only grows. This process's
+    live children are the services it measures, so for itself it counts only its own CPU."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if pid != os.getpid() else ():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parents.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = _stat(current)
+        except OSError:
+            continue
+        total += sum(int(value) for value in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
+        todo.extend(parents.get(current, []))
+    return total
 
 
 def host_cpu() -> tuple[float, float]:

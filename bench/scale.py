@@ -5,6 +5,7 @@
     python bench/scale.py --quick                          # 10 and 100 at once, 4 steps, 1 s turns
     python bench/scale.py --set WORKER__TUNER=fixed        # a worker setting (ROLLOUTS_<NAME>) under test
     python bench/scale.py --acquire-only                   # only the acquire cost at 1x8 and 4x500 slots
+    python bench/scale.py --cores 1 2 --concurrency 200    # steps/s as the processes get more cores
 
 Each level is one BatchWorkflow of N `echo_chain` rollouts with `max_concurrency` N, so all
 N start at once, as a trainer submits one step's rollouts. The demo policy answers every
@@ -69,6 +70,7 @@ class Level:
     requests: int
     turns: int
     history: dict[str, int] = field(default_factory=dict)
+    cores: int | None = None  # the CPUs the processes were confined to (--cores); None: all
 
     @property
     def efficiency(self) -> float:
@@ -92,7 +94,7 @@ class Level:
                 f"{self.failed:6d}")
 
     def figures(self) -> dict:
-        return {"concurrency": self.concurrency, "wall_s": round(self.wall_s, 2), "efficiency": round(self.efficiency, 3),
+        return {"concurrency": self.concurrency, "cores": self.cores, "wall_s": round(self.wall_s, 2), "efficiency": round(self.efficiency, 3),
                 "steps_per_s": round(self.steps_per_s, 1), "cpu_ms_per_step": round(self.cpu_ms_per_step(), 2),
                 "cpu_ms_per_step_by_process": {r: round(self.cpu_ms_per_step(r), 2) for r in ROLES},
                 "peak_rss_mib": self.peak_rss_mib, "retried_requests": self.requests - self.turns,
@@ -205,26 +207,55 @@ async def acquire_cost(data_dir: Path, containers: int, slots: int, rounds: int)
             await backend.stop_container(info.container_id)
 
 
+async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]) -> list[Level]:
+    """Every level against one fresh set of processes; with `cores`, all of them (and this
+    process) confined to the first `cores` of `every_cpu`, with as many worker processes."""
+    worker_env = dict(("ROLLOUTS_" + name, value) for name, _, value in (s.partition("=") for s in args.set))
+    if cores is not None:
+        os.sched_setaffinity(0, sorted(every_cpu)[:cores])  # the processes started next inherit it
+        worker_env.setdefault("ROLLOUTS_WORKER__PROCESSES", str(cores))
+    where = f"{cores} of {os.cpu_count()} CPUs" if cores else f"{os.cpu_count()} CPUs"
+    folder = data_dir / f"cores-{cores or 'all'}"
+    folder.mkdir()
+    async with services(folder, slots=max(args.concurrency), worker="process",
+                        db_file=args.db_file, policy_args=("--delay-s", str(args.delay)),
+                        worker_env=worker_env) as stack:  # fmt: skip
+        print(f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
+              f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
+              f"{args.delay:g} s; sandbox 1 x {max(args.concurrency)} slots; worker settings "
+              f"{sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
+        # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
+        await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
+        print(HEADER)
+        levels = []
+        for concurrency in args.concurrency:
+            level = await run_level(stack, concurrency, args.steps, args.delay, histories=not args.no_histories)
+            level.cores = cores
+            levels.append(level)
+            print(level.row(), flush=True)
+    return levels
+
+
 async def amain(args, data_dir: Path) -> dict:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     figures: dict = {"cpus": os.cpu_count(), "steps": args.steps, "delay_s": args.delay, "settings": args.set}
     if not args.acquire_only:
-        worker_env = dict(("ROLLOUTS_" + name, value) for name, _, value in (s.partition("=") for s in args.set))
-        async with services(data_dir, slots=max(args.concurrency), worker="process", db_file=args.db_file,
-                            policy_args=("--delay-s", str(args.delay)), worker_env=worker_env) as stack:  # fmt: skip
-            print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
-                  f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
-                  f"{args.delay:g} s; sandbox 1 x {max(args.concurrency)} slots; worker settings {args.set or 'defaults'}",
-                  flush=True)  # fmt: skip
-            # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
-            await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
-            print(HEADER)
-            levels = []
+        every_cpu = os.sched_getaffinity(0)
+        levels = []
+        try:
+            for cores in args.cores or [None]:
+                levels += await run_stack(args, data_dir, cores, every_cpu)
+                print(flush=True)
+        finally:
+            os.sched_setaffinity(0, every_cpu)
+        figures["levels"] = [level.figures() for level in levels]
+        if args.cores and len(args.cores) > 1:
+            print("steps/s by CPUs (as many worker processes), against the fewest:")
             for concurrency in args.concurrency:
-                level = await run_level(stack, concurrency, args.steps, args.delay, histories=not args.no_histories)
-                levels.append(level)
-                print(level.row(), flush=True)
-            figures["levels"] = [level.figures() for level in levels]
+                rates = {lv.cores: lv.steps_per_s for lv in levels if lv.concurrency == concurrency}
+                base = rates[min(rates)]
+                print(f"  {concurrency:6d} at once: " + ", ".join(
+                    f"{cores} CPU{'s' if cores > 1 else ''} {rate:.1f} (x{rate / base:.2f})" for cores, rate in sorted(rates.items())))
     print("\nacquire + release, worker CPU-ms each (half the slots leased):", flush=True)
     figures["acquire_cpu_ms"] = {}
     for containers, slots in ((1, 8), (4, 500)):
@@ -242,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--delay", type=float, help="seconds the policy takes per model turn (default 2; 1 with --quick)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a worker setting as its ROLLOUTS_ variable without the prefix, e.g. WORKER__TUNER=fixed")
+    parser.add_argument("--cores", type=int, nargs="+", help="run every level once per value, all processes confined "
+                        "to that many CPUs and the worker started with that many processes (e.g. --cores 1 2)")
     parser.add_argument("--db-file", action="store_true", help="dev server on an SQLite file instead of in memory")
     parser.add_argument("--no-histories", action="store_true", help="skip reading the rollouts' histories")
     parser.add_argument("--acquire-only", action="store_true", help="only the acquire cost at 1x8 and 4x500 slots")
@@ -254,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.delay = args.delay if args.delay is not None else (1.0 if args.quick else 2.0)
     if any("=" not in s for s in args.set):
         parser.error("--set takes NAME=VALUE")
+    if args.cores and not all(1 <= cores <= len(os.sched_getaffinity(0)) for cores in args.cores):
+        parser.error(f"--cores takes 1 to {len(os.sched_getaffinity(0))} (the CPUs this process may use)")
     return args
 
 
