@@ -94,7 +94,8 @@ class Level:
                 f"{self.failed:6d}")
 
     def figures(self) -> dict:
-        return {"concurrency": self.concurrency, "cores": self.cores, "wall_s": round(self.wall_s, 2), "efficiency": round(self.efficiency, 3),
+        return {"concurrency": self.concurrency, "cores": self.cores, "wall_s": round(self.wall_s, 2),
+                "efficiency": round(self.efficiency, 3),
                 "steps_per_s": round(self.steps_per_s, 1), "cpu_ms_per_step": round(self.cpu_ms_per_step(), 2),
                 "cpu_ms_per_step_by_process": {r: round(self.cpu_ms_per_step(r), 2) for r in ROLES},
                 "peak_rss_mib": self.peak_rss_mib, "retried_requests": self.requests - self.turns,
@@ -254,8 +255,8 @@ async def amain(args, data_dir: Path) -> dict:
             for concurrency in args.concurrency:
                 rates = {lv.cores: lv.steps_per_s for lv in levels if lv.concurrency == concurrency}
                 base = rates[min(rates)]
-                print(f"  {concurrency:6d} at once: " + ", ".join(
-                    f"{cores} CPU{'s' if cores > 1 else ''} {rate:.1f} (x{rate / base:.2f})" for cores, rate in sorted(rates.items())))
+                shares = (f"{n} CPU{'s' if n > 1 else ''} {rate:.1f} (x{rate / base:.2f})" for n, rate in sorted(rates.items()))
+                print(f"  {concurrency:6d} at once: " + ", ".join(shares))
     print("\nacquire + release, worker CPU-ms each (half the slots leased):", flush=True)
     figures["acquire_cpu_ms"] = {}
     for containers, slots in ((1, 8), (4, 500)):
