@@ -13,6 +13,7 @@ compose command; two `python worker.py` processes. Compose host names (`temporal
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -102,7 +103,8 @@ def start_temporal(stack: Stack) -> None:
     """A dev server with the compose dynamic config and no search attributes: the job registers them."""
     port = free_port()
     config = yaml.safe_load((REPO / SERVICES["temporal"]["volumes"][0].split(":")[0]).read_text())
-    flags = [arg for key, values in config.items() for arg in ("--dynamic-config-value", f"{key}={values[0]['value']}")]
+    flags = [arg for key, values in config.items()  # the dev server reads KEY=JSON_VALUE
+             for arg in ("--dynamic-config-value", f"{key}={json.dumps(values[0]['value'])}")]
     argv = [temporal_binary(), "server", "start-dev", "--ip", HOST, "--port", str(port), "--headless",
             "--db-filename", str(stack.tmp / "temporal.db"), "--log-level", "warn", *flags]  # fmt: skip
     proc, log = stack.launch("temporal", argv, base_env())
