@@ -352,7 +352,7 @@ class Settings(BaseSettings):
     max_batch_rollouts: int = Field(default=1_000_000, ge=1)
     """A batch of more rollouts (items x group size) than this is refused before it starts."""
     max_batch_concurrency: int = Field(default=2_000, ge=1, le=MAX_BATCH_CONCURRENCY)
-    """A batch asking for more rollouts at once (`max_concurrency`) than this is refused before it starts; past what the workers and sandboxes can serve, more only queues in Temporal. Above 2,000 the Temporal server's own limits bind too: `limit.numPendingChildExecutions.error` (2,000 by default) refuses more children, and a batch whose history passes `limit.historyCount.suggestContinueAsNew` (about 4,000 events, two per started child) stops starting rollouts until the running ones end and it continues as new; for more at once, raise those on the server or run several batches."""
+    """A batch asking for more rollouts at once (`max_concurrency`) than this is refused before it starts; past what the workers and sandboxes can serve, more only queues in Temporal. Above 2,000 the Temporal server's own limits bind too: `limit.numPendingChildExecutions.error` (2,000 by default) refuses more children, and a batch whose history passes `limit.historyCount.suggestContinueAsNew` (4,096 events by default, 20,000 on the embedded server and in the compose stack; about 10 per rollout) stops starting rollouts until the running ones end and it continues as new; for more at once, raise those on the server or run several batches."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
