@@ -9,6 +9,7 @@ tuned so that one step costs milliseconds, not the defaults' ~40 ms per task.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -34,18 +35,35 @@ log = logging.getLogger(__name__)
 
 SUGGEST_CONTINUE_AS_NEW = "limit.historyCount.suggestContinueAsNew"
 
-FAST_STEP_FLAGS = [
-    "--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000",
+DYNAMIC_CONFIG: dict[str, Any] = {
+    # Short activities chain quickly only when the transfer queue is polled often.
+    "history.transferProcessorMaxPollRPS": 10000,
     # A model turn scheduled by a workflow task goes back to the worker in that task's reply
     # instead of through the matching service and an activity poll (less server CPU per step).
-    "--dynamic-config-value", "system.enableActivityEagerExecution=true",
+    "system.enableActivityEagerExecution": True,
     # A batch continues as new when the server suggests it, and first waits for its running
     # rollouts; at the default 4,096 events (about 10 per rollout) that wait came every ~400
     # rollouts. The hard limit (51,200) still leaves room for 2,000 rollouts' events after it.
-    "--dynamic-config-value", f"{SUGGEST_CONTINUE_AS_NEW}=20000",
-    "--sqlite-pragma", "journal_mode=wal",
-    "--sqlite-pragma", "synchronous=normal",
-]
+    SUGGEST_CONTINUE_AS_NEW: 20000,
+}
+"""The embedded dev server's tuning; the compose stack's docker/temporal/dynamicconfig.yaml holds the same."""
+
+
+def dynamic_config_flags(config: dict[str, Any]) -> list[str]:
+    """Dev-server flags for dynamic config values, as KEY=JSON_VALUE (the form it reads)."""
+    return [arg for key, value in config.items() for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}")]
+
+
+def fast_step_flags(overrides: dict[str, Any] | None = None) -> list[str]:
+    """The dev server's tuning as flags; `overrides` replace or add dynamic config values."""
+    return [
+        *dynamic_config_flags({**DYNAMIC_CONFIG, **(overrides or {})}),
+        "--sqlite-pragma", "journal_mode=wal",
+        "--sqlite-pragma", "synchronous=normal",
+    ]
+
+
+FAST_STEP_FLAGS = fast_step_flags()
 
 
 def temporal_binary() -> str:

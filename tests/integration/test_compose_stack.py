@@ -13,7 +13,6 @@ compose command; two `python worker.py` processes. Compose host names (`temporal
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shutil
@@ -33,7 +32,7 @@ from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.services import wait_for_port
-from temporal_rollouts.runtime.temporal import connect, temporal_binary
+from temporal_rollouts.runtime.temporal import connect, dynamic_config_flags, temporal_binary
 from tests.support import REPO
 from tests.support.compose import load_compose
 from tests.support.sandbox_process import free_port_on
@@ -103,8 +102,7 @@ def start_temporal(stack: Stack) -> None:
     """A dev server with the compose dynamic config and no search attributes: the job registers them."""
     port = free_port()
     config = yaml.safe_load((REPO / SERVICES["temporal"]["volumes"][0].split(":")[0]).read_text())
-    flags = [arg for key, values in config.items()  # the dev server reads KEY=JSON_VALUE
-             for arg in ("--dynamic-config-value", f"{key}={json.dumps(values[0]['value'])}")]
+    flags = dynamic_config_flags({key: values[0]["value"] for key, values in config.items()})
     argv = [temporal_binary(), "server", "start-dev", "--ip", HOST, "--port", str(port), "--headless",
             "--db-filename", str(stack.tmp / "temporal.db"), "--log-level", "warn", *flags]  # fmt: skip
     proc, log = stack.launch("temporal", argv, base_env())

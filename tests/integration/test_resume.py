@@ -159,14 +159,12 @@ async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Setting
     several runs; every rollout is counted once and every group written once."""
     from temporalio.testing import WorkflowEnvironment
 
-    from temporal_rollouts.runtime.temporal import FAST_STEP_FLAGS, SUGGEST_CONTINUE_AS_NEW, temporal_binary
+    from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, fast_step_flags, temporal_binary
     from worker import build_worker
 
-    pairs = [FAST_STEP_FLAGS[i:i + 2] for i in range(0, len(FAST_STEP_FLAGS), 2)]
-    flags = [arg for pair in pairs if not pair[1].startswith(SUGGEST_CONTINUE_AS_NEW) for arg in pair]
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(), search_attributes=sa.ALL,
-        dev_server_extra_args=[*flags, "--dynamic-config-value", f"{SUGGEST_CONTINUE_AS_NEW}=60"],
+        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 60}),
     )
     try:
         own = settings.model_copy(update={"temporal": settings.temporal.model_copy(

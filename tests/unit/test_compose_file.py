@@ -15,7 +15,7 @@ import yaml
 from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.sandbox_backends import StaticBackendConfig
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.temporal import FAST_STEP_FLAGS
+from temporal_rollouts.runtime.temporal import DYNAMIC_CONFIG
 from temporal_rollouts.sandbox_server.app import parse_args
 from tests.support import REPO
 from tests.support.compose import compose_spec_schema, load_compose
@@ -120,11 +120,9 @@ def test_temporal_gets_the_embedded_servers_tuning() -> None:
     source, target, _ = temporal["volumes"][0].split(":")
     assert target.endswith(environment("temporal")["DYNAMIC_CONFIG_FILE_PATH"])
     config = yaml.safe_load((REPO / source).read_text())
-    wanted = [FAST_STEP_FLAGS[i + 1] for i, flag in enumerate(FAST_STEP_FLAGS) if flag == "--dynamic-config-value"]
-    assert wanted
-    for value in wanted:
-        key, _, raw = value.partition("=")
-        assert config[key] == [{"value": json.loads(raw)}]  # the dev server reads KEY=JSON_VALUE
+    assert DYNAMIC_CONFIG
+    for key, value in DYNAMIC_CONFIG.items():
+        assert config[key] == [{"value": value}]
 
 
 def test_images_are_pinned() -> None:
