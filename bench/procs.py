@@ -57,16 +57,22 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's pid under its parent's, from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parents.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    return parents
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process, its reaped children (the sandbox's bwrap/bash) and its live
     descendants (`python worker.py --processes N`'s other worker processes): a child's CPU moves
     from the live ones to the reaped ones when it exits, so the sum only grows. This process's
     live children are the services it measures, so for itself it counts only its own CPU."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir() if pid != os.getpid() else ():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                parents.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    parents = _children_by_parent() if pid != os.getpid() else {}
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
@@ -88,11 +94,9 @@ def host_cpu() -> tuple[float, float]:
 
 def _my_children() -> dict[int, str]:
     found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if int(_stat(int(entry.name))[1]) == os.getpid():
-                    found[int(entry.name)] = (entry / "comm").read_text().strip()
+    for pid in _children_by_parent().get(os.getpid(), []):
+        with contextlib.suppress(OSError):
+            found[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
     return found
 
 
