@@ -34,8 +34,15 @@ def children_of(pid: int) -> set[int]:
 
 
 def worker_children(pid: int) -> set[int]:
-    return {child for child in children_of(pid)
-            if b"worker.py" in Path(f"/proc/{child}/cmdline").read_bytes()}  # fmt: skip
+    """Live worker.py children of `pid`; one that exits between the listing and the read is not one."""
+    found = set()
+    for child in children_of(pid):
+        try:
+            if b"worker.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.add(child)
+        except OSError:
+            continue
+    return found
 
 
 async def test_two_worker_processes_share_the_queue_and_stop_together(
