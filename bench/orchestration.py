@@ -3,6 +3,7 @@
     python bench/orchestration.py                          # concurrency 1 and 200, 10 steps per trajectory
     python bench/orchestration.py --quick                  # a short run
     python bench/orchestration.py --concurrency 1 50 200 --trajectories 20 100 400 --repeat 3
+    python bench/orchestration.py --quick --floor          # also Temporal's floor (bench/floor.py)
 
 A step is one model turn or one tool call (a trajectory of N echo steps has N+1 turns and
 N tool calls); acquire, setup, verify and release run in both variants but are not counted
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.floor import FloorRunner  # noqa: E402
 from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import SLOT_STEPS, AsyncioRunner, Tally, TemporalRunner  # noqa: E402
 
@@ -88,18 +91,34 @@ async def run_level(stack: Stack, runners: dict, args, concurrency: int, traject
     print(f"\n== concurrency {concurrency}: {trajectories} trajectories x {args.steps} echo steps "
           f"({2 * args.steps + 1} steps each), load average {os.getloadavg()[0]:.2f}")
     print(HEADER)
-    results: dict[str, list[Measured]] = {"asyncio": [], "temporal": []}
+    variants = [name for name in ("asyncio", "temporal", "floor") if name in runners]
+    results: dict[str, list[Measured]] = {name: [] for name in variants}
     for repeat in range(args.repeat):
-        for name in ("asyncio", "temporal") if repeat % 2 == 0 else ("temporal", "asyncio"):
+        for name in variants if repeat % 2 == 0 else variants[::-1]:
             measured = await measure(name, runners[name], stack, concurrency, trajectories, args.steps)
             results[name].append(measured)
             print(measured.row(per_trajectory=name == "asyncio" or args.via == "direct"), flush=True)
     median = {name: sorted(runs, key=lambda m: m.wall_s)[len(runs) // 2] for name, runs in results.items()}
     if args.repeat > 1:
         print("  median:")
-        for name in ("asyncio", "temporal"):
+        for name in variants:
             print(median[name].row(per_trajectory=name == "asyncio" or args.via == "direct"))
-    return compare(median["asyncio"], median["temporal"], concurrency, args.steps)
+    row = compare(median["asyncio"], median["temporal"], concurrency, args.steps)
+    if "floor" in median:
+        row["floor"] = floor_figures(median["floor"], median["temporal"])
+    return row
+
+
+def floor_figures(floor: Measured, temporal: Measured) -> dict:
+    """Temporal's own cost per step (bench/floor.py), against what the rollouts' steps cost."""
+    n = floor.tally.steps
+    server = floor.cpu_s.get("temporal", 0.0) * 1000 / n
+    sdk = floor.cpu_s.get("bench", 0.0) * 1000 / n  # the floor's worker and client run in the bench process
+    total = server + sdk
+    rollouts = sum(temporal.cpu_s.values()) * 1000 / temporal.tally.steps
+    print(f"  => Temporal's floor: {total:.2f} CPU-ms per step ({server:.2f} server, {sdk:.2f} SDK worker + client), "
+          f"{floor.steps_per_s:.1f} steps/s; the rollouts' steps cost {rollouts:.2f}, {rollouts - total:+.2f} above it")
+    return {"cpu": total, "server": server, "sdk": sdk, "steps_per_s": floor.steps_per_s}
 
 
 def summary(rows: list[dict]) -> None:
@@ -130,17 +149,24 @@ async def amain(args, data_dir: Path) -> None:
         runners = {"asyncio": AsyncioRunner(stack.settings, stack.pool),
                    "temporal": TemporalRunner(stack.client, TASK_QUEUE, args.via)}
         try:
-            warm_c = max(args.concurrency)
-            print(f"warm-up: {args.warmup} trajectories x {args.warmup_steps} steps at concurrency {warm_c}, both variants",
-                  flush=True)
-            for runner in runners.values():
-                await runner.run(warm_c, args.warmup, args.warmup_steps)
-            counts = args.trajectories or [max(10, 2 * c) if not args.quick else max(5, c) for c in args.concurrency]
-            counts = counts * len(args.concurrency) if len(counts) == 1 else counts
-            rows = [await run_level(stack, runners, args, c, n) for c, n in zip(args.concurrency, counts, strict=True)]
-            summary(rows)
+            async with contextlib.AsyncExitStack() as floor:
+                if args.floor:
+                    runners["floor"] = await floor.enter_async_context(FloorRunner(stack.client))
+                await run_levels(stack, runners, args)
         finally:
             await runners["asyncio"].aclose()
+
+
+async def run_levels(stack: Stack, runners: dict, args) -> None:
+    warm_c = max(args.concurrency)
+    print(f"warm-up: {args.warmup} trajectories x {args.warmup_steps} steps at concurrency {warm_c}, "
+          f"each variant ({', '.join(runners)})", flush=True)
+    for runner in runners.values():
+        await runner.run(warm_c, args.warmup, args.warmup_steps)
+    counts = args.trajectories or [max(10, 2 * c) if not args.quick else max(5, c) for c in args.concurrency]
+    counts = counts * len(args.concurrency) if len(counts) == 1 else counts
+    rows = [await run_level(stack, runners, args, c, n) for c, n in zip(args.concurrency, counts, strict=True)]
+    summary(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,6 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=0, help="sandbox slots (default: max concurrency)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs, databases)")
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 200, one wave each, 4 steps")
+    parser.add_argument("--floor", action="store_true", help="also run bench/floor.py's no-op workflow of the same "
+                        "shape: what Temporal alone costs per step")
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or [1, 200]
     args.steps = args.steps or (4 if args.quick else 10)
