@@ -6,9 +6,10 @@
     python bench/scale.py --set WORKER__TUNER=fixed        # a worker setting (ROLLOUTS_<NAME>) under test
     python bench/scale.py --acquire-only                   # only the acquire cost at 1x8 and 4x500 slots
     python bench/scale.py --cores 1 2 --concurrency 200    # steps/s as the processes get more cores
+    python bench/scale.py --concurrency 2000 --start-rate 100  # the batch starts at most 100 rollouts a second
 
 Each level is one BatchWorkflow of N `echo_chain` rollouts with `max_concurrency` N, so all
-N start at once, as a trainer submits one step's rollouts. The demo policy answers every
+N start at once, as a trainer submits one step's rollouts (or at `--start-rate` a second). The demo policy answers every
 model turn after `--delay` seconds, so a rollout of S echo steps ideally takes (S + 1) x
 delay (its model turns; tool calls and slot steps are counted as free), and
 **efficiency** = that ideal / the wall time of the level. A step is one model turn or one
@@ -156,7 +157,8 @@ async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[st
     return counts
 
 
-async def run_level(stack: Stack, concurrency: int, steps: int, delay_s: float, histories: bool) -> Level:
+async def run_level(stack: Stack, concurrency: int, steps: int, delay_s: float, histories: bool,
+                    start_rate: float = 0.0) -> Level:
     pids = {"bench": os.getpid(), **stack.pids}
     for pid in pids.values():
         _peak_rss_reset(pid)
@@ -164,7 +166,7 @@ async def run_level(stack: Stack, concurrency: int, steps: int, delay_s: float, 
     requests_before, host_before = await _policy_requests(stack), host_cpu()
     batch_id = f"scale-{concurrency}-{uuid.uuid4().hex[:6]}"
     batch = BatchInput(env="echo_chain", num_items=concurrency, group_size=1, max_concurrency=concurrency,
-                       env_config={"steps": steps}, limits=limits_for(steps))  # fmt: skip
+                       env_config={"steps": steps}, limits=limits_for(steps), start_rate=start_rate)  # fmt: skip
     started = time.perf_counter()
     result = BatchResult.model_validate(
         await stack.client.execute_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=TASK_QUEUE)
@@ -223,14 +225,15 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
                         worker_env=worker_env) as stack:  # fmt: skip
         print(f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
               f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
-              f"{args.delay:g} s; sandbox 1 x {max(args.concurrency)} slots; worker settings "
+              f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; worker settings "
               f"{sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
         # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
         await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
         print(HEADER)
         levels = []
         for concurrency in args.concurrency:
-            level = await run_level(stack, concurrency, args.steps, args.delay, histories=not args.no_histories)
+            level = await run_level(stack, concurrency, args.steps, args.delay, histories=not args.no_histories,
+                                    start_rate=args.start_rate)
             level.cores = cores
             levels.append(level)
             print(level.row(), flush=True)
@@ -239,7 +242,8 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
 
 async def amain(args, data_dir: Path) -> dict:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-    figures: dict = {"cpus": os.cpu_count(), "steps": args.steps, "delay_s": args.delay, "settings": args.set}
+    figures: dict = {"cpus": os.cpu_count(), "steps": args.steps, "delay_s": args.delay, "settings": args.set,
+                     "start_rate": args.start_rate}
     if not args.acquire_only:
         every_cpu = os.sched_getaffinity(0)
         levels = []
@@ -277,6 +281,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cores", type=int, nargs="+", help="run every level once per value, all processes confined "
                         "to that many CPUs and the worker started with that many processes (e.g. --cores 1 2)")
     parser.add_argument("--db-file", action="store_true", help="dev server on an SQLite file instead of in memory")
+    parser.add_argument("--start-rate", type=float, default=0.0, metavar="PER_S",
+                        help="the batch's start_rate: rollouts started per second at most (default 0: all at once)")
     parser.add_argument("--no-histories", action="store_true", help="skip reading the rollouts' histories")
     parser.add_argument("--acquire-only", action="store_true", help="only the acquire cost at 1x8 and 4x500 slots")
     parser.add_argument("--acquire-rounds", type=int, default=200)
