@@ -9,11 +9,11 @@
     python bench/scale.py --concurrency 2000 --start-rate 100  # the batch starts at most 100 rollouts a second
 
 Each level is one BatchWorkflow of N `echo_chain` rollouts with `max_concurrency` N, so all
-N start at once, as a trainer submits one step's rollouts (or at `--start-rate` a second). The demo policy answers every
-model turn after `--delay` seconds, so a rollout of S echo steps ideally takes (S + 1) x
-delay (its model turns; tool calls and slot steps are counted as free), and
-**efficiency** = that ideal / the wall time of the level. A step is one model turn or one
-tool call. The processes are the real ones (bench/procs.py): `python worker.py`, the dev
+N start at once, as a trainer submits one step's rollouts (or `--start-rate` a second).
+The demo policy answers every model turn after `--delay` seconds, so a rollout of S echo
+steps ideally takes (S + 1) x delay (its model turns; tool calls and slot steps are
+counted as free), and **efficiency** = that ideal / the wall time of the level. A step
+is one model turn or one tool call. The processes are the real ones (bench/procs.py): `python worker.py`, the dev
 server with the project's tuning, one sandbox server with N slots, the demo policy.
 
 Per level it prints wall, efficiency, steps/s, CPU-ms per step by process, each process's
