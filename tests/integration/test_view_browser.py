@@ -66,6 +66,13 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+async def only_row_stopped(page, reason: str) -> None:
+    """Wait until the rollout list shows one row, stopped for `reason`."""
+    await page.wait_for_function(
+        "reason => { const rows = document.querySelectorAll('#rollout-rows tr.row');"
+        " return rows.length === 1 && rows[0].children[2].textContent === reason; }", arg=reason)
+
+
 async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: BatchResult, served: str, tmp_path: Path) -> None:
     assert (view_batch.completed, view_batch.failed) == (1, 1)
     async with playwright_api.async_playwright() as playwright:
@@ -80,11 +87,10 @@ async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: Batch
         rollouts = page.locator("#rollout-rows tr.row")
         await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 2")
         await page.select_option("#status-filter", "failed")
-        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
-        assert "model_rejected" in await rollouts.first.inner_text()
+        await only_row_stopped(page, "model_rejected")
         await page.select_option("#status-filter", "")
         await page.select_option("#reason-filter", "completed")
-        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
+        await only_row_stopped(page, "completed")  # not the failed row the previous filter left
         await rollouts.first.click()
 
         await page.locator("#messages .msg.tool").first.wait_for()
@@ -102,8 +108,41 @@ async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: Batch
         assert width >= 1600 and height >= 600 and shot.stat().st_size > 20_000
 
         await page.select_option("#reason-filter", "model_rejected")
-        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 1")
+        await only_row_stopped(page, "model_rejected")
         await rollouts.first.click()
         await page.wait_for_function("document.querySelector('#stop-reason')?.textContent.startsWith('model_rejected')")
         assert "failed" in await page.inner_text("#summary")
+        await browser.close()
+
+
+async def test_a_slow_answer_to_an_older_filter_does_not_replace_the_newer_one(
+    view_batch: BatchResult, served: str
+) -> None:
+    """The unfiltered list is answered 1 s late, after the list for the filter chosen next:
+    the page keeps showing what the newest filter asked for."""
+    async with playwright_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await browser.new_page()
+        await page.goto(served)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await page.wait_for_function("document.querySelectorAll('#rollout-rows tr.row').length === 2")
+        await page.select_option("#reason-filter", "completed")
+        await only_row_stopped(page, "completed")
+
+        slow: list[str] = []
+
+        async def late_when_unfiltered(route) -> None:
+            if "stop_reason=" not in route.request.url:
+                slow.append(route.request.url)
+                await asyncio.sleep(1.0)
+            await route.continue_()
+
+        await page.route("**/rollouts?*", late_when_unfiltered)
+        await page.select_option("#reason-filter", "")  # asks for both rows; answered late
+        await page.select_option("#reason-filter", "model_rejected")  # asks for the failed row; answered at once
+        await only_row_stopped(page, "model_rejected")
+        await page.wait_for_timeout(2000)  # the late answer has arrived by now
+        assert slow, "the unfiltered request was not the one delayed"
+        rows = await page.locator("#rollout-rows tr.row").all_inner_texts()
+        assert len(rows) == 1 and "model_rejected" in rows[0], rows
         await browser.close()
