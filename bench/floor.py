@@ -37,7 +37,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.procs import cpu_seconds, host_cpu, run_in_data_dir, temporal_dev_server  # noqa: E402
-from bench.runs import SLOT_STEPS, Tally, _bounded  # noqa: E402
+from bench.runs import SLOT_STEPS, Tally, run_bounded  # noqa: E402
 
 FLOOR_QUEUE = "bench-floor"
 _OPTIONS = {"start_to_close_timeout": timedelta(minutes=10)}
@@ -104,7 +104,7 @@ class FloorRunner:
         tally.add(steps + 1, done - steps - 1, started)
 
     async def run(self, concurrency: int, trajectories: int, steps: int) -> Tally:
-        return await _bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
+        return await run_bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
 
     async def batch(self, rollouts: int, steps: int) -> int:
         return await self.client.execute_workflow(FloorBatchWorkflow.run, args=[rollouts, steps, self.delay_s],
@@ -140,7 +140,8 @@ async def amain(args, data_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[150, 2000], help="rollouts at once, one level each")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[150, 2000],
+                        help="rollouts at once, one level each")
     parser.add_argument("--steps", type=int, default=10, help="echo-like steps per rollout (2 x steps + 1 counted)")
     parser.add_argument("--delay", type=float, default=2.0, help="seconds each model turn sleeps")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs)")

@@ -103,7 +103,7 @@ class AsyncioRunner:
         tally.add(turns, tool_calls, started)
 
     async def run(self, concurrency: int, trajectories: int, steps: int) -> Tally:
-        return await _bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
+        return await run_bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
 
 
 class TemporalRunner:
@@ -123,7 +123,7 @@ class TemporalRunner:
 
     async def run(self, concurrency: int, trajectories: int, steps: int) -> Tally:
         if self.via == "direct":
-            return await _bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
+            return await run_bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
         tally, started = Tally(), time.perf_counter()
         batch = BatchInput(env=ENV, num_items=trajectories, item_offset=next(_items), group_size=1,
                            env_config={"steps": steps}, limits=limits_for(steps), max_concurrency=concurrency)
@@ -136,7 +136,7 @@ class TemporalRunner:
         return tally
 
 
-async def _bounded(concurrency: int, trajectories: int, one) -> Tally:
+async def run_bounded(concurrency: int, trajectories: int, one) -> Tally:
     """Run `trajectories` calls of `one`, `concurrency` at a time (a new one starts as one ends)."""
     tally, gate = Tally(), asyncio.Semaphore(concurrency)
 

@@ -13,8 +13,9 @@ N start at once, as a trainer submits one step's rollouts (or `--start-rate` a s
 The demo policy answers every model turn after `--delay` seconds, so a rollout of S echo
 steps ideally takes (S + 1) x delay (its model turns; tool calls and slot steps are
 counted as free), and **efficiency** = that ideal / the wall time of the level. A step
-is one model turn or one tool call. The processes are the real ones (bench/procs.py): `python worker.py`, the dev
-server with the project's tuning, one sandbox server with N slots, the demo policy.
+is one model turn or one tool call. The processes are the real ones (bench/procs.py):
+`python worker.py`, the dev server with the project's tuning, one sandbox server with N
+slots, the demo policy.
 
 Per level it prints wall, efficiency, steps/s, CPU-ms per step by process, each process's
 peak RSS during the level, **retried turns** (model requests beyond the turns the
@@ -225,7 +226,8 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
                         worker_env=worker_env) as stack:  # fmt: skip
         print(f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
               f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
-              f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; worker settings "
+              f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; "
+              f"worker settings "
               f"{sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
         # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
         await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
