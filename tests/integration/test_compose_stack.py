@@ -35,6 +35,7 @@ from temporal_rollouts.runtime.services import wait_for_port
 from temporal_rollouts.runtime.temporal import connect, dynamic_config_flags, temporal_binary
 from tests.support import REPO
 from tests.support.compose import load_compose
+from tests.support.sandbox import executions_under
 from tests.support.sandbox_process import free_port_on
 from tests.support.servers.process import HOST, free_port
 from workflows.batch import BatchWorkflow
@@ -236,7 +237,7 @@ async def test_a_batch_runs_through_the_compose_services(stack, monkeypatch) -> 
     for name in SANDBOXES:
         address = stack.addresses[f"{name}:8080"]
         assert httpx.get(f"http://{address}/health", timeout=5).is_success
-        assert list((stack.tmp / name).rglob("executions.jsonl")), f"{name} ran no tool call"
+        assert executions_under(stack.tmp / name, ""), f"{name} ran no tool call"
 
 
 def failure_chain(err: BaseException | None) -> str:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from temporalio import activity
@@ -22,6 +20,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, wait_until
 from worker import WORKFLOWS, Parts, build_activities
@@ -196,7 +195,7 @@ async def test_tool_call_retried_after_timeout_is_not_executed_twice(
     assert result.score == 1.0 and result.tool_calls == 2, "each step appended exactly once"
     first_call = [(attempt, local, replayed) for key, attempt, local, replayed in attempts if key.endswith("turn-1/call-0")]
     assert first_call == [(1, True, False), (2, True, True)]
-    executions = _executions(settings, f"{result.rollout_id}/")
+    executions = executions_under(settings.data_dir, f"{result.rollout_id}/")
     first = [e for e in executions if e["call_id"].endswith("turn-1/call-0")]
     assert len(first) == 1, executions
 
@@ -221,16 +220,6 @@ async def test_a_rollout_history_replays_under_the_workflow_sandbox(client: Clie
                         data_converter=client.data_converter)
     replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, replayed.replay_failure
-
-
-def _executions(settings: Settings, prefix: str) -> list[dict]:
-    found = []
-    for log in Path(settings.data_dir).rglob("executions.jsonl"):
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            if entry["call_id"].startswith(prefix):
-                found.append(entry)
-    return found
 
 
 async def test_oversized_verifier_details_fail_once_with_an_explanation(

@@ -11,7 +11,6 @@ host A's worker stays dead, so host B's worker finishes everything.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import uuid
 from collections import Counter
@@ -27,6 +26,7 @@ from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sandbox.backends.tokens import derive_token
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.processes import WorkerProcess
+from tests.support.sandbox import executions_under
 from tests.support.sandbox_process import SandboxProcess
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.process import HOST, LoopbackServer
@@ -104,12 +104,7 @@ async def workers(tmp_path, temporal_env, demo_policy, s3_endpoint, sandboxes, m
 
 
 def executions(sandboxes: dict[str, SandboxProcess], prefix: str) -> Counter[str]:
-    ran: Counter[str] = Counter()
-    for server in sandboxes.values():
-        for log in server.root.rglob("executions.jsonl"):
-            ran.update(e["call_id"] for line in log.read_text().splitlines()
-                       if (e := json.loads(line))["call_id"].startswith(prefix))  # fmt: skip
-    return ran
+    return Counter(e["call_id"] for server in sandboxes.values() for e in executions_under(server.root, prefix))
 
 
 async def test_a_batch_on_two_hosts_survives_losing_one(tmp_path, workers, sandboxes, demo_policy) -> None:

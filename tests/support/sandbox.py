@@ -56,8 +56,13 @@ def execution_log(container_root: Path) -> list[dict]:
 def executions_under(folder: Path, prefix: str) -> list[dict]:
     """Every operation any sandbox server under `folder` really ran whose call id starts with `prefix`."""
     found = []
-    for log in Path(folder).rglob("executions.jsonl"):
-        found += [e for line in log.read_text().splitlines() if (e := json.loads(line))["call_id"].startswith(prefix)]
+    # Logs sit at a server's root, never in a slot: skip the slots, whose trees the server deletes while we walk
+    # (os.walk, unlike rglob, also passes over a folder that vanishes under it).
+    for parent, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith("slot-")]
+        if "executions.jsonl" in files:
+            entries = execution_log(Path(parent))
+            found += [entry for entry in entries if entry["call_id"].startswith(prefix)]
     return found
 
 
