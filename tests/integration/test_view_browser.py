@@ -150,10 +150,12 @@ async def test_a_slow_answer_to_an_older_filter_does_not_replace_the_newer_one(
             await route.continue_()
 
         await page.route("**/rollouts?*", late_when_unfiltered)
-        await page.select_option("#reason-filter", "")  # asks for both rows; answered late
-        await page.select_option("#reason-filter", "model_rejected")  # asks for the failed row; answered at once
-        await only_row_stopped(page, "model_rejected")
-        await page.wait_for_timeout(2000)  # the late answer has arrived by now
+        async with page.expect_response(lambda r: "/rollouts?" in r.url and "stop_reason=" not in r.url) as late:
+            await page.select_option("#reason-filter", "")  # asks for both rows; answered late
+            await page.select_option("#reason-filter", "model_rejected")  # asks for the failed row; answered at once
+            await only_row_stopped(page, "model_rejected")
+        await late.value  # the late answer has reached the page, so the check below is not made too early
+        await page.wait_for_timeout(500)  # time for the page's handler of that answer to run
         assert slow, "the unfiltered request was not the one delayed"
         rows = await page.locator("#rollout-rows tr.row").all_inner_texts()
         assert len(rows) == 1 and "model_rejected" in rows[0], rows
