@@ -227,8 +227,7 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
         print(f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
               f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
               f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; "
-              f"worker settings "
-              f"{sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
+              f"worker settings {sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
         # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
         await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
         print(HEADER)
