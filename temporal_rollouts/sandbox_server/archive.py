@@ -6,17 +6,18 @@ venv's `bin/python -> /usr/bin/python3` is resolved inside the sandbox, where `/
 the sandbox's root). Other entries (FIFOs, sockets, devices) are skipped when saving
 and refused when restoring, and a file with several names is saved once per name.
 
-The host never follows a link of the workspace: saving reads links with readlink and
-opens files with O_NOFOLLOW; restoring creates every entry itself (never through
-tarfile's extraction), refuses names that are absolute, hold `..`, or pass through a
-link, and replaces an existing file or link instead of writing through it, so an archive
-can never write outside its folder. Permission bits are kept without setuid, setgid or sticky bits, and a
-root-run server gives every restored entry to the slot's uid. Both walks are
-iterative, so no depth of tree can make them fail.
+The host never follows a link of the workspace, even one swapped in while it works: both
+directions go by descriptor (`beneath`). Saving walks folders opened with O_NOFOLLOW from
+their parent's descriptor and reads links with readlinkat; restoring creates every entry
+itself (never through tarfile's extraction), refuses names that are absolute, hold `..`, or
+pass through a link, and replaces an existing file or link instead of writing through it,
+so an archive can never write outside its folder. Permission bits are kept without setuid,
+setgid or sticky bits, and a root-run server gives every restored entry to the slot's uid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tarfile
@@ -24,8 +25,9 @@ from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import BinaryIO
 
+from temporal_rollouts.sandbox_server.beneath import chmod_at, describe, folder_beneath, list_names, lstat_at, walk
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
-from temporal_rollouts.sandbox_server.files import remove_tree
+from temporal_rollouts.sandbox_server.files import Trash
 
 PERMISSION_BITS = 0o777
 COPY_CHUNK = 1024 * 1024
@@ -44,66 +46,65 @@ async def spool_body(body: AsyncIterable[bytes], fd: int, limit: int, what: str)
     return received
 
 
-def pack_folder(folder: Path, out: BinaryIO, mode: str, max_bytes: int, too_large: type[Exception]) -> None:
-    """Write `folder` as a tar (`mode` w: or w:gz) to `out`: files, folders and links as links, walked
-    without recursion and without following a link; `too_large` once the archive passes `max_bytes`."""
+def pack_folder(dir_fd: int, out: BinaryIO, mode: str, max_bytes: int, too_large: type[Exception]) -> None:
+    """Write the folder `dir_fd` as a tar (`mode` w: or w:gz) to `out`: files, folders and links as links,
+    walked by descriptor without recursion and without following a link; `too_large` once the archive
+    passes `max_bytes`."""
     with tarfile.open(fileobj=out, mode=mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-        for relative, info in _walk(folder):
-            _add(tar, folder, relative, info)
+        for relative, parent_fd, name, info in walk(dir_fd):
+            _add(tar, relative, parent_fd, name, info)
             if out.tell() > max_bytes:
                 raise too_large(f"the archive of the folder passed {max_bytes} bytes")
 
 
-def _walk(workspace: Path) -> list[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every entry, parents before children, in sorted order; iterative."""
-    found: list[tuple[str, os.stat_result]] = []
-    stack = [""]
-    while stack:
-        relative = stack.pop()
-        directory = os.path.join(workspace, relative) if relative else str(workspace)
-        with os.scandir(directory) as entries:
-            children = sorted(entries, key=lambda entry: entry.name, reverse=True)
-        for entry in children:
-            name = f"{relative}/{entry.name}" if relative else entry.name
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(info.st_mode):
-                found.append((name, info))
-                stack.append(name)
-            elif stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
-                found.append((name, info))
-    found.sort(key=lambda item: item[0].split("/"))
-    return found
-
-
-def _add(tar: tarfile.TarFile, workspace: Path, relative: str, info: os.stat_result) -> None:
+def _add(tar: tarfile.TarFile, relative: str, parent_fd: int, name: str, info: os.stat_result) -> None:
     member = tarfile.TarInfo(relative)
     member.mode = info.st_mode & PERMISSION_BITS
     member.mtime = int(info.st_mtime)
-    path = os.path.join(workspace, relative)
     if stat.S_ISDIR(info.st_mode):
         member.type = tarfile.DIRTYPE
         tar.addfile(member)
     elif stat.S_ISLNK(info.st_mode):
         member.type = tarfile.SYMTYPE
-        member.linkname = os.readlink(path)
+        member.linkname = os.readlink(name, dir_fd=parent_fd)
         tar.addfile(member)
-    else:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    elif stat.S_ISREG(info.st_mode):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent_fd)
+        except OSError:  # swapped for a link or removed since it was listed: not saved
+            return
         with os.fdopen(fd, "rb") as file:
             opened = os.fstat(file.fileno())
             if not stat.S_ISREG(opened.st_mode):
                 return
             member.type = tarfile.REGTYPE
             member.size = opened.st_size
-            tar.addfile(member, file)
+            tar.addfile(member, _Exactly(file, opened.st_size))
+
+
+class _Exactly:
+    """A file read as exactly `size` bytes (zeros after an end that came early), so a file the agent
+    truncates or grows while it is packed cannot break the archive."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self._file, self._left = file, size
+
+    def read(self, count: int = -1) -> bytes:
+        count = self._left if count < 0 else min(count, self._left)
+        data = self._file.read(count) if count else b""
+        data += b"\0" * (count - len(data))
+        self._left -= count
+        return data
 
 
 def unpack_archive(
-    tar: tarfile.TarFile, target: Path, owner: tuple[int, int] | None, *, replace: bool, limit: int = 0
+    tar: tarfile.TarFile, target_fd: int, owner: tuple[int, int] | None, *, trash: Trash, replace: bool,
+    limit: int = 0,
 ) -> int:
-    """Write the archive's files, folders and links under `target` (emptied first with `replace`):
-    every entry is checked before anything is written, links are kept as links and never written
-    through, and with `owner` everything made belongs to the slot's uid. `limit` bounds the bytes
+    """Write the archive's files, folders and links under the folder `target_fd` (emptied first with
+    `replace`): every entry is checked before anything is written, links are kept as links and never
+    written through, entries are made by descriptor below `target_fd` only, and with `owner` everything
+    made belongs to the slot's uid. Entries moved out of the way go to `trash`. `limit` bounds the bytes
     unpacked (0: none). Returns the number of entries."""
     try:
         members = tar.getmembers()
@@ -114,22 +115,15 @@ def unpack_archive(
             if limit and unpacked > limit:
                 raise TransferTooLarge(f"the archive unpacks to more than the limit of {limit} bytes")
         if replace:
-            _empty(target)
+            for name in list_names(target_fd):
+                _remove(target_fd, name, trash)
         for member in members:
-            _restore(tar, target, member, owner)
+            _restore(tar, target_fd, member, owner, trash)
+    except BadToolRequest:
+        raise
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise BadToolRequest(f"the archive cannot be unpacked: {err}") from err
+        raise BadToolRequest(f"the archive cannot be unpacked: {describe(err) if isinstance(err, OSError) else err}") from err
     return len(members)
-
-
-def _empty(workspace: Path) -> None:
-    with os.scandir(workspace) as entries:
-        children = list(entries)
-    for child in children:
-        if child.is_dir(follow_symlinks=False):
-            remove_tree(Path(child.path))
-        else:
-            os.unlink(child.path)
 
 
 def _check(member: tarfile.TarInfo) -> None:
@@ -142,58 +136,52 @@ def _check(member: tarfile.TarInfo) -> None:
         raise BadToolRequest(f"archive entry {member.name!r} holds a NUL character")
 
 
-def _restore(tar: tarfile.TarFile, workspace: Path, member: tarfile.TarInfo, owner: tuple[int, int] | None) -> None:
+def _remove(dir_fd: int, name: str, trash: Trash) -> None:
+    info = lstat_at(dir_fd, name)
+    if info is None:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        trash.discard(dir_fd, name)
+    else:
+        os.unlink(name, dir_fd=dir_fd)  # a file or a link is removed, never written through
+
+
+def _restore(
+    tar: tarfile.TarFile, target_fd: int, member: tarfile.TarInfo, owner: tuple[int, int] | None, trash: Trash
+) -> None:
     parts = [part for part in Path(member.name).parts if part not in ("", ".")]
     if not parts:
-        return  # the workspace itself
-    parent = _parent_inside(workspace, parts[:-1], owner)
-    target = os.path.join(parent, parts[-1])
+        return  # the folder itself
+    try:
+        parent = folder_beneath(target_fd, parts[:-1], owner=owner)
+    except OSError as err:
+        raise BadToolRequest(f"archive entry {member.name!r} would pass through a link or a file") from err
+    try:
+        _make(tar, parent, parts[-1], member, owner, trash)
+    finally:
+        os.close(parent)
+
+
+def _make(
+    tar: tarfile.TarFile, parent: int, name: str, member: tarfile.TarInfo, owner: tuple[int, int] | None, trash: Trash
+) -> None:
     mode = member.mode & PERMISSION_BITS
-    existing = _lstat(target)
+    existing = lstat_at(parent, name)
     if existing is not None and not (member.isdir() and stat.S_ISDIR(existing.st_mode)):
-        if stat.S_ISDIR(existing.st_mode):
-            remove_tree(Path(target))
-        else:
-            os.unlink(target)  # a file or a link is replaced, never written through
+        _remove(parent, name, trash)
     if member.isdir():
-        if not os.path.isdir(target) or os.path.islink(target):
-            os.mkdir(target, 0o700)  # an existing link was removed above
-        os.chmod(target, mode | 0o700)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+        chmod_at(parent, name, mode | 0o700)
     elif member.issym():
-        os.symlink(member.linkname, target)
+        os.symlink(member.linkname, name, dir_fd=parent)
     else:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as file:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(name, flags, 0o600, dir_fd=parent), "wb") as file:
             source = tar.extractfile(member)
             assert source is not None
             while chunk := source.read(COPY_CHUNK):
                 file.write(chunk)
             os.fchmod(file.fileno(), mode)
     if owner is not None:
-        os.lchown(target, *owner)
-
-
-def _lstat(path: str) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
-
-
-def _parent_inside(workspace: Path, parts: list[str], owner: tuple[int, int] | None) -> str:
-    """The host folder for these path parts, made where missing; refuses a part that is not a real folder
-    (a link restored earlier, a file), so nothing is ever written through a link."""
-    current = str(workspace)
-    for part in parts:
-        current = os.path.join(current, part)
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            os.mkdir(current, 0o755)
-            if owner is not None:
-                os.lchown(current, *owner)
-            continue
-        if not stat.S_ISDIR(info.st_mode):
-            raise BadToolRequest(f"archive entry under {part!r} would pass through a link or a file")
-    return current
-
+        os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)

@@ -37,7 +37,9 @@ from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.archive import spool_body, unpack_archive
+from temporal_rollouts.sandbox_server.beneath import open_root
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
+from temporal_rollouts.sandbox_server.files import Trash
 from temporal_rollouts.sandbox_server.schema import CACHE_NAME_PATTERN, CacheEntry
 
 CACHE_FOLDER = "cache"
@@ -84,11 +86,15 @@ class SharedCache:
                 return False
             staging = Path(tempfile.mkdtemp(dir=self.folder, prefix=TEMP_PREFIX))
             try:
+                staging_fd = open_root(staging)
                 try:
                     with tarfile.open(spool, mode="r:gz") as tar:
-                        unpack_archive(tar, staging, None, replace=False, limit=max_bytes)
+                        unpack_archive(tar, staging_fd, None, trash=Trash(self.folder, TEMP_PREFIX), replace=False,
+                                       limit=max_bytes)
                 except tarfile.TarError as err:
                     raise BadToolRequest(f"the cache entry {name!r} cannot be unpacked: {err}") from err
+                finally:
+                    os.close(staging_fd)
                 _make_readable(staging)
                 os.rename(staging, target)
             except BaseException:

@@ -18,7 +18,7 @@ from pathlib import Path
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
-from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation
+from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SessionOp, SlotLease, ToolOutput
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
@@ -87,8 +87,11 @@ class CallRunner:
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
                 output = await self.sessions.run(
-                    slot.index, slot.workspace, request.lease_id, slot.allow_network, request.call_id, request.operation
+                    slot.index, slot.workspace, request.lease_id, slot.allow_network, request.call_id, request.operation,
+                    context.confinement,
                 )
+                if over_disk := await settle_after_command(context):
+                    output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             else:
                 output = await run_operation(request.call_id, request.operation, context)
             self._executions.record(

@@ -1,63 +1,42 @@
 """Workspace file access done by the server itself, on the host side of the sandbox.
 
-A sandboxed command can plant symlinks in its workspace, so every path a tool
-names is resolved on the host and refused unless it stays inside the workspace.
-Files are opened without following a final symlink and without blocking on
-FIFOs, so a planted special file cannot hang or redirect the server.
+A sandboxed command can plant symlinks in its workspace and swap folders for them at any
+moment, so every file a tool names is opened through `beneath`: from the workspace's
+descriptor, never through a link, never above it. Files are opened without blocking on
+FIFOs, so a planted special file cannot hang the server either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.errors import BadToolRequest
-from temporal_rollouts.sandbox_server.isolation import WORKSPACE_MOUNT
+from temporal_rollouts.sandbox_server.beneath import ToolPath, chmod_at, folder_beneath, move_aside, open_beneath, open_root, walk
 from temporal_rollouts.sandbox_server.output import BYTES_PER_CHAR, BoundedOutput
 
 TRASH_PREFIX = "trash-"
 REMOVE_TIMEOUT_S = 600.0
+PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 
 
-def resolve_in_workspace(workspace: Path, path: str) -> Path:
-    """Map a tool's path (relative, or absolute under /workspace) to a host path inside `workspace`."""
-    if "\0" in path:
-        raise BadToolRequest("path contains a NUL character")
-    if path == WORKSPACE_MOUNT or path.startswith(WORKSPACE_MOUNT + "/"):
-        relative = path[len(WORKSPACE_MOUNT) :].lstrip("/")
-    elif os.path.isabs(path):
-        raise BadToolRequest(f"path {path!r} is outside the workspace; use a path under {WORKSPACE_MOUNT}")
-    else:
-        relative = path
-    root = os.path.realpath(workspace)
-    resolved = os.path.realpath(os.path.join(root, relative))
-    if resolved != root and not resolved.startswith(root + os.sep):
-        raise BadToolRequest(f"path {path!r} leads outside the workspace")
-    return Path(resolved)
-
-
-def sandbox_view(workspace: Path, resolved: Path) -> str:
-    """How the command inside the sandbox sees a resolved host path."""
-    relative = os.path.relpath(resolved, os.path.realpath(workspace))
-    return WORKSPACE_MOUNT if relative == "." else f"{WORKSPACE_MOUNT}/{relative}"
-
-
-def relative_to_workspace(workspace: Path, resolved: Path) -> str:
-    return os.path.relpath(resolved, os.path.realpath(workspace))
-
-
-def read_text(path: Path, max_chars: int) -> tuple[str, bool]:
+def read_text(workspace: Path, path: ToolPath, max_chars: int) -> tuple[str, bool]:
     """Read a regular file as UTF-8, keeping head and tail of a long one; raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    root = open_root(workspace)
+    try:
+        fd = open_beneath(root, path.parts, os.O_RDONLY | os.O_NONBLOCK)
+    finally:
+        os.close(root)
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(file.fileno())
         if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(f"is a directory: {path.name}")
+            raise IsADirectoryError(f"is a directory: {path.shown}")
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"not a regular file: {path.name}")
+            raise OSError(f"not a regular file: {path.shown}")
         output = BoundedOutput(max_chars)
         half = max(max_chars, 1) * BYTES_PER_CHAR
         if info.st_size > 2 * half:
@@ -69,33 +48,36 @@ def read_text(path: Path, max_chars: int) -> tuple[str, bool]:
     return output.text()
 
 
-def write_text(path: Path, content: str, owner: tuple[int, int] | None = None) -> int:
-    """Create or replace a regular file, making parent directories; returns bytes written.
+def write_text(workspace: Path, path: ToolPath, content: str, owner: tuple[int, int] | None = None) -> int:
+    """Create or replace a regular file, making parent folders; returns bytes written.
 
-    `owner` (uid, gid) is given to the file and to every directory made for it, so a root-run
-    server writes files the slot's unprivileged uid can change."""
-    _make_parents(path.parent, owner)
+    `owner` (uid, gid) is given to the file and to every folder made for it, so a root-run
+    server writes files the slot's unprivileged uid can change. A file written here never keeps
+    a setuid or setgid bit."""
+    if not path.parts:
+        raise IsADirectoryError("the workspace itself is a folder")
     data = content.encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    root = open_root(workspace)
+    try:
+        parent = folder_beneath(root, path.parts[:-1], owner=owner)
+    finally:
+        os.close(root)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path.parts[-1], flags, 0o644, dir_fd=parent)
+    finally:
+        os.close(parent)
     with os.fdopen(fd, "wb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise OSError(f"not a regular file: {path.name}")
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"not a regular file: {path.shown}")
         if owner is not None:
             os.fchown(file.fileno(), *owner)
+        if info.st_mode & PRIVILEGE_BITS:
+            os.fchmod(file.fileno(), stat.S_IMODE(info.st_mode) & ~PRIVILEGE_BITS)
         file.truncate(0)
         file.write(data)
     return len(data)
-
-
-def _make_parents(directory: Path, owner: tuple[int, int] | None) -> None:
-    missing = []
-    while not os.path.lexists(directory):
-        missing.append(directory)
-        directory = directory.parent
-    for made in reversed(missing):
-        os.mkdir(made, 0o755)
-        if owner is not None:
-            os.lchown(made, *owner)
 
 
 def prepare_workspace(workspace: Path, owner: tuple[int, int] | None) -> None:
@@ -126,6 +108,40 @@ def reset_workspace(workspace: Path, owner: tuple[int, int] | None) -> Path | No
     return trash
 
 
+def settle(workspace: Path) -> int:
+    """After a command: take setuid and setgid bits off whatever the slot left (nothing it writes keeps
+    them on the host's disk), and return the bytes the workspace holds. Walked by descriptor."""
+    used = 0
+    root = open_root(workspace)
+    try:
+        for _, parent, name, info in walk(root):
+            used += info.st_blocks * 512
+            if info.st_mode & PRIVILEGE_BITS and not stat.S_ISLNK(info.st_mode):
+                with contextlib.suppress(OSError):  # gone or swapped meanwhile: the next settle sees it
+                    chmod_at(parent, name, stat.S_IMODE(info.st_mode) & ~PRIVILEGE_BITS)
+    finally:
+        os.close(root)
+    return used
+
+
+@dataclass(frozen=True)
+class Trash:
+    """Where entries taken out of an agent's tree go to be deleted: a server-owned folder on the same disk."""
+
+    folder: Path
+    prefix: str = TRASH_PREFIX
+
+    def discard(self, dir_fd: int, name: str) -> None:
+        """Move the entry `name` of the folder `dir_fd` here (one rename, never through a link) and delete it."""
+        aside = f"{self.prefix}{uuid.uuid4().hex}"
+        trash_fd = open_root(self.folder)
+        try:
+            move_aside(dir_fd, name, trash_fd, aside)
+        finally:
+            os.close(trash_fd)
+        remove_tree(self.folder / aside)
+
+
 def leftover_trash(parent: Path) -> list[Path]:
     return [Path(entry.path) for entry in os.scandir(parent) if entry.name.startswith(TRASH_PREFIX)]
 
@@ -142,13 +158,3 @@ def remove_tree(top: Path) -> None:
         done = subprocess.run(argv, capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
     if os.path.lexists(top):
         raise OSError(f"cannot remove {top}: {done.stderr.decode(errors='replace').strip()[-500:]}")
-
-
-def clear_directory(directory: Path) -> None:
-    """Remove everything inside `directory` (dotfiles included), keeping the directory; any depth."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for entry in os.scandir(directory):
-        if entry.is_dir(follow_symlinks=False):
-            remove_tree(Path(entry.path))
-        else:
-            os.unlink(entry.path)

@@ -8,16 +8,18 @@ Limits use the best mechanism the host has, and `/health` says which one is in f
 
 | limit            | mechanism, best first                                             |
 | ---------------- | ----------------------------------------------------------------- |
-| memory           | cgroup (v2 memory.max, v1 memory.limit_in_bytes); else RLIMIT_AS   |
+| memory           | cgroup (v2 memory.max, v1 memory.limit_in_bytes); else the watchdog |
+|                  | (the slot's processes added up) and RLIMIT_AS on each process      |
 | processes        | cgroup pids.max; else RLIMIT_NPROC (per slot with a dedicated uid; |
 |                  | with a shared uid: what the uid runs now plus the limit)           |
-| cpus             | cgroup cpu quota; else none                                        |
+| cpus             | cgroup cpu quota; else the watchdog pauses the slot past its share |
 | cpu time         | RLIMIT_CPU on every process of the command                         |
 | file size        | RLIMIT_FSIZE on every process of the command                       |
 | /tmp             | a tmpfs of that size, private to each command                      |
 | workspace disk   | checked after every command and before every file write (see below)|
 | wall time        | the command timeout; the whole tree is killed (process group, pid  |
-|                  | namespace, and every process left in the slot's cgroup)            |
+|                  | namespace, and every process left in the command's part of the     |
+|                  | slot's cgroup: the slot's session and other commands run on)       |
 
 The workspace disk limit is not a filesystem quota: one command can write past it
 (each file is capped at the file size limit, and the command at its timeout); the
@@ -27,6 +29,7 @@ agent frees space. A reset always empties the workspace.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -37,6 +40,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from temporal_rollouts.sandbox_server.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +189,8 @@ class Confinement:
     setpriv: str | None = None
     pdeathsig: str | None = None
     """setpriv, to make the command's outermost process die with the server (no cgroup needed)."""
+    watchdog: Watchdog | None = None
+    """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
 
     @classmethod
     def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
@@ -240,8 +247,13 @@ class Confinement:
     def _cgroup_name(self, slot: int) -> str:
         return "rollouts-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.container_id) + f"-slot-{slot}"
 
-    def _cgroup_dirs(self, slot: int) -> dict[str, Path]:
-        return self.cgroups.slot_dirs(self._cgroup_name(slot)) if self.cgroups else {}
+    def _cgroup_dirs(self, slot: int, part: str | None = None) -> dict[str, Path]:
+        """The slot's cgroup in each hierarchy, or one part of it: a command, or the session. Limits are set
+        on the slot and hold for all its parts together; a part is what is killed when its command ends."""
+        if not self.cgroups:
+            return {}
+        dirs = self.cgroups.slot_dirs(self._cgroup_name(slot))
+        return {controller: directory / part for controller, directory in dirs.items()} if part else dirs
 
     def prepare_slot(self, slot: int) -> None:
         """Make the slot's cgroups and write its limits into them (idempotent)."""
@@ -281,17 +293,39 @@ class Confinement:
             except OSError:
                 pass
 
-    def join_cgroups(self, slot: int) -> list[str]:
-        """An argv prefix that moves the command into the slot's cgroups before it starts (fails closed)."""
-        dirs = self._cgroup_dirs(slot)
+    def join_cgroups(self, slot: int, part: str) -> list[str]:
+        """An argv prefix that moves the command into its part of the slot's cgroups before it starts
+        (fails closed); the part's folders are made here."""
+        dirs = self._cgroup_dirs(slot, part)
         if not dirs:
             return []
+        for directory in set(dirs.values()):
+            directory.mkdir(exist_ok=True)
         procs = sorted({str(directory / "cgroup.procs") for directory in dirs.values()})
         joins = "; ".join(
             f'{{ echo $$ > {shlex.quote(p)}; }} 2>/dev/null || {{ echo "sandbox: cannot join {shlex.quote(p)}" >&2; exit 125; }}'
             for p in procs
         )
         return ["/bin/sh", "-c", f'{joins}; exec "$@"', "sandbox-limits"]
+
+    def end_part(self, slot: int, part: str) -> int:
+        """SIGKILL what a finished command (or a stopped session) left running and remove its part;
+        the slot's other parts run on. Returns how many processes were signalled."""
+        dirs = set(self._cgroup_dirs(slot, part).values())
+        killed = sum(_kill_cgroup(directory) for directory in dirs)
+        for directory in dirs:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        return killed
+
+    def watched(self, slot: int, pid: int) -> contextlib.AbstractContextManager[None]:
+        """While the block runs, `pid` and what it starts count against the slot's limits in the watchdog
+        (where no cgroup holds the slot's memory or CPU)."""
+        return self.watchdog.watch(slot, pid) if self.watchdog is not None else contextlib.nullcontext()
+
+    def notices(self, slot: int) -> str:
+        """What the watchdog did to the slot since last asked ("" if nothing), for the next result."""
+        return self.watchdog.take_notices(slot) if self.watchdog is not None else ""
 
     def rlimits(self) -> list[str]:
         """An argv prefix setting the per-process limits (prlimit from util-linux)."""
@@ -315,25 +349,23 @@ class Confinement:
         return set(self.cgroups.parents) if self.cgroups else set()
 
     def kill_slot(self, slot: int) -> int:
-        """SIGKILL every process left in the slot's cgroups; returns how many were signalled."""
+        """SIGKILL every process left in the slot's cgroups, every part included; returns how many were signalled."""
         killed = 0
         for directory in set(self._cgroup_dirs(slot).values()):
-            procs_file = directory / "cgroup.procs"
-            for _ in range(KILL_ROUNDS):
-                try:
-                    pids = [int(p) for p in procs_file.read_text().split()]
-                except (OSError, ValueError):
-                    break
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed += 1
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                time.sleep(0.01)
+            parts = [child for child in directory.iterdir() if child.is_dir()] if directory.is_dir() else []
+            for part in parts:
+                killed += _kill_cgroup(part)
+                with contextlib.suppress(OSError):
+                    part.rmdir()
+            killed += _kill_cgroup(directory)
         return killed
+
+    def unwatched_limits(self) -> set[str]:
+        """The slot-wide limits no cgroup holds here, which the watchdog must: "memory", "cpus"."""
+        cgroup = self._cgroup_controllers()
+        return {name for name, controller, value in (("memory", "memory", self.limits.memory_bytes),
+                                                      ("cpus", "cpu", self.limits.cpus))
+                if value and controller not in cgroup}
 
     def in_force(self, tmp_sized: bool) -> dict[str, str]:
         """For /health: each limit and the mechanism enforcing it ("off" when none)."""
@@ -352,17 +384,41 @@ class Confinement:
                 return f"cgroup-{version}"
             return fallback or "off"
 
+        watchdog = self.watchdog is not None
+        memory = "watchdog (slot total) + rlimit-as (each process)" if watchdog and rlimit else (
+            "watchdog (slot total)" if watchdog else "rlimit-as (each process)" if rlimit else None)
         return {
             "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
-            "memory": pick(limits.memory_bytes, "memory", "rlimit-as" if rlimit else None),
+            "memory": pick(limits.memory_bytes, "memory", memory),
             "processes": pick(limits.max_processes, "pids", nproc),
-            "cpus": pick(limits.cpus, "cpu", None),
+            "cpus": pick(limits.cpus, "cpu", "watchdog (pauses the slot past its share)" if watchdog else None),
             "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",
             "tmp": "tmpfs-size" if limits.tmp_bytes and tmp_sized else "off",
             "disk": "checked-after-command" if limits.disk_bytes else "off",
             "wall_time": "timeout kills the tree" + (" and the slot cgroup" if cgroup else ""),
         }
+
+
+def _kill_cgroup(directory: Path) -> int:
+    """SIGKILL the processes in one cgroup until it is empty (or stays unreadable); how many were signalled."""
+    killed = 0
+    procs_file = directory / "cgroup.procs"
+    for _ in range(KILL_ROUNDS):
+        try:
+            pids = [int(p) for p in procs_file.read_text().split()]
+        except (OSError, ValueError):
+            break
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+    return killed
 
 
 def _write(path: Path, value: object, optional: bool = False) -> None:
@@ -385,24 +441,3 @@ def processes_of_uid(uid: int) -> int:
             except (OSError, IndexError, ValueError):
                 pass
     return count
-
-
-def disk_usage(directory: Path, stop_above: int) -> int:
-    """Bytes allocated under `directory` (without following links), stopping once past `stop_above`."""
-    total, stack = 0, [str(directory)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += info.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-        if stop_above and total > stop_above:
-            break
-    return total

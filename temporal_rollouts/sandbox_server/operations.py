@@ -16,15 +16,10 @@ from pathlib import Path
 
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
-from temporal_rollouts.sandbox_server.files import (
-    read_text,
-    relative_to_workspace,
-    resolve_in_workspace,
-    sandbox_view,
-    write_text,
-)
+from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
+from temporal_rollouts.sandbox_server.files import read_text, settle, write_text
 from temporal_rollouts.sandbox_server.isolation import run_command
-from temporal_rollouts.sandbox_server.limits import MIB, Confinement, disk_usage
+from temporal_rollouts.sandbox_server.limits import MIB, Confinement
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
 
 SEARCH_TIMEOUT_S = 30.0
@@ -86,7 +81,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         slot=slot.slot,
         cache=cache,
     )
-    output, over_disk = result.output, await _over_disk(slot, 0)
+    output, over_disk = result.output, await settle_after_command(slot)
     if over_disk:
         output += over_disk
     return ToolOutput(
@@ -101,31 +96,33 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
 
 
 async def _read_file(call_id: str, op: ReadFileOp, slot: SlotContext) -> ToolOutput:
-    path = resolve_in_workspace(slot.workspace, op.path)
-    shown = sandbox_view(slot.workspace, path)
+    path = ToolPath.parse(op.path)
     try:
-        text, truncated = await asyncio.to_thread(read_text, path, slot.max_output_chars)
+        text, truncated = await asyncio.to_thread(read_text, slot.workspace, path, slot.max_output_chars)
     except FileNotFoundError:
-        return _failed(call_id, f"file not found: {shown}")
+        return _failed(call_id, f"file not found: {path.shown}")
     except IsADirectoryError:
-        return _failed(call_id, f"{shown} is a directory, not a file")
+        return _failed(call_id, f"{path.shown} is a directory, not a file")
     except OSError as err:
-        return _failed(call_id, f"cannot read {shown}: {err.strerror or err}")
+        if refused(err):
+            raise BadToolRequest(f"cannot read {path.shown}: {describe(err)}") from None
+        return _failed(call_id, f"cannot read {path.shown}: {describe(err)}")
     return ToolOutput(call_id=call_id, ok=True, output=text, truncated=truncated)
 
 
 async def _write_file(call_id: str, op: WriteFileOp, slot: SlotContext) -> ToolOutput:
-    path = resolve_in_workspace(slot.workspace, op.path)
-    shown = sandbox_view(slot.workspace, path)
+    path = ToolPath.parse(op.path)
     if over_disk := await _over_disk(slot, len(op.content.encode("utf-8", errors="surrogateescape"))):
-        return _failed(call_id, f"cannot write {shown}:{over_disk}")
+        return _failed(call_id, f"cannot write {path.shown}:{over_disk}")
     try:
-        written = await asyncio.to_thread(write_text, path, op.content, slot.owner)
+        written = await asyncio.to_thread(write_text, slot.workspace, path, op.content, slot.owner)
     except IsADirectoryError:
-        return _failed(call_id, f"cannot write {shown}: it is a directory")
+        return _failed(call_id, f"cannot write {path.shown}: it is a directory")
     except OSError as err:
-        return _failed(call_id, f"cannot write {shown}: {err.strerror or err}")
-    return ToolOutput(call_id=call_id, ok=True, output=f"wrote {written} bytes to {shown}")
+        if refused(err):
+            raise BadToolRequest(f"cannot write {path.shown}: {describe(err)}") from None
+        return _failed(call_id, f"cannot write {path.shown}: {describe(err)}")
+    return ToolOutput(call_id=call_id, ok=True, output=f"wrote {written} bytes to {path.shown}")
 
 
 async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
@@ -133,11 +130,8 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
         raise BadToolRequest("search pattern is empty")
     if op.max_matches < 1:
         raise BadToolRequest("max_matches must be at least 1")
-    path = resolve_in_workspace(slot.workspace, op.path)
-    if not path.exists():
-        return _failed(call_id, f"no such file or directory: {sandbox_view(slot.workspace, path)}")
-    relative = relative_to_workspace(slot.workspace, path)
-    argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--"] + ([] if relative == "." else [relative])
+    path = ToolPath.parse(op.path)  # grep runs in the sandbox, which resolves the path in the slot's own view
+    argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--"] + ([path.relative] if path.parts else [])
     result = await run_command(
         shlex.join(argv),
         slot.workspace,
@@ -161,13 +155,23 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
     return ToolOutput(call_id=call_id, ok=True, output="\n".join(shown), exit_code=0, truncated=truncated)
 
 
+async def settle_after_command(slot: SlotContext) -> str:
+    """After the slot's commands ran: strip privilege bits from what they left (`files.settle`); a notice
+    when the workspace is over the slot's disk limit, else ""."""
+    used = await asyncio.to_thread(settle, slot.workspace)
+    return _disk_notice(slot, used)
+
+
 async def _over_disk(slot: SlotContext, adding: int) -> str:
-    """A notice when the workspace (plus `adding` bytes) is over the slot's disk limit, else ""."""
-    limit = slot.disk_bytes
-    if not limit:
+    """A notice when the workspace plus `adding` bytes would be over the slot's disk limit, else ""."""
+    if not slot.disk_bytes:
         return ""
-    used = await asyncio.to_thread(disk_usage, slot.workspace, limit)
-    if used + adding <= limit:
+    return _disk_notice(slot, await asyncio.to_thread(settle, slot.workspace) + adding)
+
+
+def _disk_notice(slot: SlotContext, used: int) -> str:
+    limit = slot.disk_bytes
+    if not limit or used <= limit:
         return ""
     return (
         f"\n[sandbox: the workspace holds more than its disk limit of {limit // MIB} MiB; "

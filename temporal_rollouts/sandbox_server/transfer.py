@@ -7,8 +7,8 @@ file straight from an open descriptor, or a folder as a tar built into a spool f
 first. Memory stays at a chunk or two whatever the size; disk holds at most one spool
 per transfer, bounded by the same limit.
 
-Paths go through `files.resolve_in_workspace`, so a transfer can never reach outside
-the workspace, and unpacking refuses tar members that would (absolute paths, `..`,
+Paths are opened through `beneath` (by descriptor, never through a link), so a transfer
+can never reach outside the workspace, even while the agent swaps folders for links; unpacking refuses tar members that would (absolute paths, `..`,
 links pointing out, devices), as restoring a snapshot always did. A snapshot for resume
 is a download of the whole workspace as tar.gz, and its restore an upload with
 `replace`: one streaming path for both.
@@ -26,12 +26,10 @@ from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.archive import pack_folder, spool_body, unpack_archive
+from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, folder_beneath, lstat_at, open_beneath, open_root, walk
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.execution import Slot
-from temporal_rollouts.sandbox_server.files import (
-    resolve_in_workspace,
-    sandbox_view,
-)
+from temporal_rollouts.sandbox_server.files import Trash
 from temporal_rollouts.sandbox_server.schema import (
     FileEntry,
     FileListing,
@@ -63,74 +61,89 @@ async def receive(
 ) -> TransferResult:
     """Write an upload into the slot: a file at `query.path`, or a tar stream unpacked under it."""
     limit = min(query.max_bytes, max_bytes)
-    target = resolve_in_workspace(slot.workspace, query.path)
-    fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="up-")
+    target = ToolPath.parse(query.path)
+    spools = spool_dir(slot)
+    fd, spool = tempfile.mkstemp(dir=spools, prefix="up-")
     try:
-        received = await spool_body(body, fd, limit, f"the upload to {query.path!r}")
+        received = await spool_body(body, fd, limit, f"the upload to {target.shown!r}")
         async with slot.lock:
             if query.format == "file":
-                await asyncio.to_thread(_place_file, Path(spool), target, slot.workspace, owner)
+                await asyncio.to_thread(_place_file, spools, Path(spool).name, slot.workspace, target, owner)
                 entries = 1
             else:
                 entries = await asyncio.to_thread(
-                    _unpack, Path(spool), target, query.format, limit, query.replace, owner
+                    _unpack, Path(spool), slot.workspace, target, query.format, limit, query.replace, owner
                 )
+    except OSError as err:
+        raise BadToolRequest(f"cannot write {target.shown}: {describe(err)}") from err
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(spool)
-    return TransferResult(path=sandbox_view(slot.workspace, target), bytes=received, entries=entries)
+    return TransferResult(path=target.shown, bytes=received, entries=entries)
 
 
 async def send(slot: Slot, query: TransferQuery, max_bytes: int) -> tuple[AsyncIterator[bytes], int, str]:
     """What a download streams: (chunks, size, kind). A file comes as its bytes, read through a descriptor
     opened now, so a later change to the workspace cannot redirect it; a folder as a tar (gzipped when
-    the format says tar.gz), packed into a spool first."""
+    the format says tar.gz), packed into a spool first from the folder's descriptor."""
     limit = min(query.max_bytes, max_bytes)
-    target = resolve_in_workspace(slot.workspace, query.path)
-    shown = sandbox_view(slot.workspace, target)
-    if not target.exists():
-        raise BadToolRequest(f"no such file or folder: {shown}")
-    if target.is_dir():
-        fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="down-")
-        os.close(fd)
-        try:
-            async with slot.lock:
-                await asyncio.to_thread(_pack, target, Path(spool), query.format, limit)
-            source = os.open(spool, os.O_RDONLY)
-        finally:
-            os.unlink(spool)  # the open descriptor keeps the data until the stream ends
-        return _stream(source), os.fstat(source).st_size, "dir"
-    source = _open_regular(target, shown)
-    size = os.fstat(source).st_size
-    if size > limit:
-        os.close(source)
-        raise TransferTooLarge(f"{shown} is {size} bytes, over the download limit of {limit}")
-    return _stream(source), size, "file"
+    target = ToolPath.parse(query.path)
+    source = _open_in(slot.workspace, target, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(source)
+        if stat.S_ISDIR(info.st_mode):
+            fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="down-")
+            os.close(fd)
+            try:
+                async with slot.lock:
+                    await asyncio.to_thread(_pack, source, Path(spool), query.format, limit)
+                packed = os.open(spool, os.O_RDONLY | os.O_CLOEXEC)
+            finally:
+                os.unlink(spool)  # the open descriptor keeps the data until the stream ends
+            return _stream(packed), os.fstat(packed).st_size, "dir"
+        if not stat.S_ISREG(info.st_mode):
+            raise BadToolRequest(f"{target.shown} is not a regular file")
+        if info.st_size > limit:
+            raise TransferTooLarge(f"{target.shown} is {info.st_size} bytes, over the download limit of {limit}")
+        streamed, source = source, -1
+        return _stream(streamed), info.st_size, "file"
+    finally:
+        if source >= 0:
+            os.close(source)
 
 
 def list_entries(slot: Slot, query: ListQuery) -> FileListing:
-    """The files under a workspace folder (a slot's artifacts), without following links."""
-    top = resolve_in_workspace(slot.workspace, query.path)
-    shown = sandbox_view(slot.workspace, top)
-    if not top.is_dir():
-        raise BadToolRequest(f"{shown} is not a folder")
+    """The files under a workspace folder (a slot's artifacts), walked by descriptor, links not followed."""
+    top = ToolPath.parse(query.path)
+    folder = _open_in(slot.workspace, top, os.O_RDONLY | os.O_DIRECTORY)
     entries: list[FileEntry] = []
-    for parent, folders, files in os.walk(top):
-        folders.sort()
-        for name in sorted(folders) + sorted(files):
-            path = os.path.join(parent, name)
+    try:
+        for relative, _, _, info in walk(folder):
             if len(entries) >= query.max_entries:
-                return FileListing(path=shown, entries=entries, truncated=True)
-            info = os.lstat(path)
+                return FileListing(path=top.shown, entries=entries, truncated=True)
             kind = (
                 "link" if stat.S_ISLNK(info.st_mode)
                 else "dir" if stat.S_ISDIR(info.st_mode)
                 else "file" if stat.S_ISREG(info.st_mode)
                 else "other"
             )  # fmt: skip
-            size = info.st_size if kind == "file" else 0
-            entries.append(FileEntry(path=os.path.relpath(path, top), kind=kind, size=size))
-    return FileListing(path=shown, entries=entries)
+            entries.append(FileEntry(path=relative, kind=kind, size=info.st_size if kind == "file" else 0))
+    finally:
+        os.close(folder)
+    return FileListing(path=top.shown, entries=entries)
+
+
+def _open_in(workspace: Path, path: ToolPath, flags: int) -> int:
+    """Open a tool's path below the workspace, or refuse in the agent's words (no host path)."""
+    root = open_root(workspace)
+    try:
+        return open_beneath(root, path.parts, flags)
+    except FileNotFoundError:
+        raise BadToolRequest(f"no such file or folder: {path.shown}") from None
+    except OSError as err:
+        raise BadToolRequest(f"cannot open {path.shown}: {describe(err)}") from None
+    finally:
+        os.close(root)
 
 
 async def _stream(fd: int) -> AsyncIterator[bytes]:
@@ -141,46 +154,54 @@ async def _stream(fd: int) -> AsyncIterator[bytes]:
         os.close(fd)
 
 
-def _open_regular(path: Path, shown: str) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise BadToolRequest(f"{shown} is not a regular file")
-    return fd
+def _place_file(spools: Path, spool_name: str, workspace: Path, target: ToolPath, owner: tuple[int, int] | None) -> None:
+    """Move the finished spool into place: one rename between descriptors, which replaces a link itself
+    and never writes through it."""
+    if not target.parts:
+        raise BadToolRequest("cannot upload a file onto /workspace: it is a folder")
+    spool_fd = open_root(spools)
+    try:
+        os.chmod(spool_name, 0o644, dir_fd=spool_fd)
+        if owner is not None:  # a root-run server leaves what it places to the slot's uid
+            os.chown(spool_name, *owner, dir_fd=spool_fd)
+        root = open_root(workspace)
+        try:
+            parent = folder_beneath(root, target.parts[:-1], owner=owner)
+        finally:
+            os.close(root)
+        try:
+            existing = lstat_at(parent, target.parts[-1])
+            if existing is not None and stat.S_ISDIR(existing.st_mode):
+                raise BadToolRequest(f"cannot upload a file onto {target.shown}: it is a folder")
+            os.replace(spool_name, target.parts[-1], src_dir_fd=spool_fd, dst_dir_fd=parent)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(spool_fd)
 
 
-def _place_file(spool: Path, target: Path, workspace: Path, owner: tuple[int, int] | None) -> None:
-    if target.is_dir() and not target.is_symlink():
-        raise BadToolRequest(f"cannot upload a file onto {sandbox_view(workspace, target)}: it is a folder")
-    missing = [parent for parent in reversed(target.parents) if not parent.exists()]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(spool, 0o644)
-    if owner is not None:  # a root-run server leaves what it places to the slot's uid
-        os.chown(spool, *owner)
-        for made in missing:
-            os.lchown(made, *owner)
-    os.replace(spool, target)  # replaces a link itself, never writes through it
-
-
-def _pack(folder: Path, spool: Path, format: TransferFormat, limit: int) -> None:
+def _pack(folder_fd: int, spool: Path, format: TransferFormat, limit: int) -> None:
     with open(spool, "wb") as out:
-        pack_folder(folder, out, "w:gz" if format == "tar.gz" else "w:", limit, TransferTooLarge)
+        pack_folder(folder_fd, out, "w:gz" if format == "tar.gz" else "w:", limit, TransferTooLarge)
 
 
 def _unpack(
-    spool: Path, target: Path, format: TransferFormat, limit: int, replace: bool, owner: tuple[int, int] | None
+    spool: Path, workspace: Path, target: ToolPath, format: TransferFormat, limit: int, replace: bool,
+    owner: tuple[int, int] | None,
 ) -> int:
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise BadToolRequest("cannot unpack a folder onto a file or a link")
-    if not target.exists():
-        target.mkdir(parents=True)
-        if owner is not None:
-            os.lchown(target, *owner)
+    root = open_root(workspace)
+    try:
+        try:
+            folder = folder_beneath(root, target.parts, owner=owner)
+        except OSError as err:
+            raise BadToolRequest(f"cannot unpack a folder onto {target.shown}: {describe(err)}") from None
+    finally:
+        os.close(root)
     mode = "r:gz" if format == "tar.gz" else "r:"
     try:
         with tarfile.open(spool, mode=mode) as tar:  # type: ignore[call-overload]
-            return unpack_archive(tar, target, owner, replace=replace, limit=limit)
+            return unpack_archive(tar, folder, owner, trash=Trash(workspace.parent), replace=replace, limit=limit)
     except tarfile.TarError as err:
         raise BadToolRequest(f"the uploaded archive cannot be unpacked: {err}") from err
-
-
+    finally:
+        os.close(folder)

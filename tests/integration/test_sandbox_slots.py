@@ -108,10 +108,14 @@ async def test_symlinks_planted_in_the_workspace_cannot_reach_out(manager, lease
     assert not (outside / "new.txt").exists()
 
 
-async def test_inner_symlinks_that_stay_inside_are_followed(manager, lease):
+async def test_file_tools_refuse_even_inner_symlinks_which_commands_still_follow(manager, lease):
+    """The server's file tools never pass through a link (a link checked now may point elsewhere when
+    opened); the slot's commands resolve links in their own sandboxed view, as before."""
     await manager.execute(call(lease, "e", ExecOp(command="mkdir real && echo inside > real/f && ln -s real alias")))
-    read = await manager.execute(call(lease, "r", ReadFileOp(path="alias/f")))
-    assert read.ok and read.output == "inside\n"
+    with pytest.raises(BadToolRequest, match="symbolic link"):
+        await manager.execute(call(lease, "r", ReadFileOp(path="alias/f")))
+    shown = await manager.execute(call(lease, "cat", ExecOp(command="cat alias/f")))
+    assert shown.ok and shown.output == "inside\n"
 
 
 async def test_concurrent_repeats_of_a_call_id_run_once(manager, lease):
