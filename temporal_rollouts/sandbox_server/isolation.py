@@ -4,8 +4,9 @@ The slot's workspace is the only writable place the command sees (at /workspace)
 private, size-limited /tmp (and, read-only, the container cache entries the command named); the system directories are read-only and nothing else of the host
 is visible. Every mount is nosuid,nodev, and the command runs as an unprivileged uid with no
 capabilities (see `temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group and
-pid namespace (and, where available, the slot's cgroups), so when it exits or times out
-everything it started dies with it: no background process outlives the command that started it.
+pid namespace (and, where available, its own cgroup under the slot's), so when it exits or times
+out everything it started dies with it: no background process outlives the command that started
+it, and nothing else of the slot (its stateful terminal, another command) dies with it.
 Without bubblewrap a command is refused unless isolation was explicitly turned off.
 """
 
@@ -20,18 +21,19 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
 from temporal_rollouts.sandbox_server.errors import SandboxRequired
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 
 log = logging.getLogger(__name__)
 
-WORKSPACE_MOUNT = "/workspace"
 CACHE_MOUNT = "/cache"
 """Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.cache`)."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -200,13 +202,14 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
 
 def command_launch(
     script: list[str], workspace: Path, *, allow_network: bool, require_isolation: bool,
-    confinement: Confinement | None = None, slot: int = 0, cache: Sequence[Path] = (),
+    confinement: Confinement | None = None, slot: int = 0, cache: Sequence[Path] = (), part: str = "command",
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
     terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
     `start_new_session=True` and `cwd=workspace`. `cache`: host folders of cache entries the command
-    sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself."""
+    sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself.
+    `part`: the command's own cgroup under the slot's (`Confinement.end_part` ends it alone)."""
     mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()
@@ -214,7 +217,7 @@ def command_launch(
         if require_isolation:
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
-    prefix = confinement.join_cgroups(slot) + confinement.rlimits()
+    prefix = confinement.join_cgroups(slot, part) + confinement.rlimits()
     drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
@@ -260,9 +263,10 @@ async def run_command(
     # bash reads the command from the memory file and runs it as `bash -c` would (same $0, same messages),
     # closing the file first so that nothing the command starts holds it.
     script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
+    part = f"command-{uuid.uuid4().hex[:12]}"
     try:
         argv, env = command_launch(script, workspace, allow_network=allow_network, require_isolation=require_isolation,
-                                   confinement=confinement, slot=slot, cache=cache)
+                                   confinement=confinement, slot=slot, cache=cache, part=part)
     except BaseException:
         os.close(script_fd)
         raise
@@ -290,19 +294,21 @@ async def run_command(
     pump = asyncio.create_task(_pump(reader, output))
     timed_out = False
     try:
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
-            timed_out = True
-        _kill_group(proc.pid)
-        await proc.wait()
-        await asyncio.to_thread(confinement.kill_slot, slot)
+        with confinement.watched(slot, proc.pid):
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+            _kill_group(proc.pid)
+            await proc.wait()
+        await asyncio.to_thread(confinement.end_part, slot, part)
         await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
     finally:
         _kill_group(proc.pid)
         pump.cancel()
         transport.close()
     text, truncated = output.text()
+    text += confinement.notices(slot)
     return CommandResult(
         exit_code=proc.returncode,
         output=text,

@@ -55,8 +55,11 @@ START_TIMEOUT_S = 15.0
 SETTLE_S = 0.3
 INTERRUPT_GRACE_S = 1.0
 SCREEN_LINES = 40
+SCREEN_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
+OFF_LOOP_BYTES = 16 * 1024
 MARKER = re.compile(rb"\x1e([0-9a-f]{16}):(-?\d+)\x1e")
+CURSOR_MOVES = re.compile("([\r\b])")
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 KEY_NAMES = {
     "Enter": "\r", "C-m": "\r", "Tab": "\t", "Escape": "\x1b", "BSpace": "\x7f", "Space": " ",
@@ -64,6 +67,8 @@ KEY_NAMES = {
     "Up": "\x1b[A", "Down": "\x1b[B", "Right": "\x1b[C", "Left": "\x1b[D",
 }  # fmt: skip
 SESSION_FILE = "session.json"
+SESSION_PART = "session"
+"""The session's own cgroup under the slot's: one-shot commands end theirs, never this one."""
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Session:
     """Where the screen begins: after the shell's own setup."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     pump: asyncio.Task[None] | None = None
+    confinement: Confinement | None = None
+    """The limits it was started under: its part of the slot's cgroup ends with it, and so does the watch."""
+    watching: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def end(self) -> int:
@@ -128,8 +136,10 @@ class SlotSessions:
         self._sessions: dict[int, Session] = {}
 
     async def run(
-        self, index: int, workspace: Path, lease_id: str, allow_network: bool, call_id: str, op: SessionOp
+        self, index: int, workspace: Path, lease_id: str, allow_network: bool, call_id: str, op: SessionOp,
+        confinement: Confinement | None = None,
     ) -> ToolOutput:
+        """One action of the slot's session; `confinement`: this lease's (narrowed) limits, for a new session."""
         started = time.monotonic()
         session = self._sessions.get(index)
         record = workspace.parent / SESSION_FILE
@@ -155,7 +165,7 @@ class SlotSessions:
             return ToolOutput(call_id=call_id, ok=True, output="stopped the terminal session" if stopped
                               else "no terminal session was running")  # fmt: skip
         if session is None:
-            session = await self._start(index, workspace, lease_id, allow_network)
+            session = await self._start(index, workspace, lease_id, allow_network, confinement or self.confinement)
             if op.action == "start":
                 note = f"{lost}\n" if lost else ""
                 return ToolOutput(call_id=call_id, ok=True, output=f"{note}started a terminal session in /workspace")
@@ -168,9 +178,10 @@ class SlotSessions:
         elif op.action == "send_keys":
             output = await self._send_keys(session, call_id, op)
         elif op.action == "read":
-            output = self._read(session, call_id)
+            output = await self._read(session, call_id)
         else:
-            output = ToolOutput(call_id=call_id, ok=True, output=_screen(session))
+            shown, _ = session.take(max(session.screen_from, session.start, session.end - SCREEN_BYTES))
+            output = ToolOutput(call_id=call_id, ok=True, output=await asyncio.to_thread(_screen, shown))
         if not session.alive:  # the command ended the shell (`exit`): say so now, start afresh next time
             code = session.process.returncode
             await self.stop(index, workspace)
@@ -192,6 +203,9 @@ class SlotSessions:
         _kill_group(session.process.pid)
         with contextlib.suppress(ProcessLookupError):
             await session.process.wait()
+        session.watching.close()
+        if session.confinement is not None:
+            await asyncio.to_thread(session.confinement.end_part, index, SESSION_PART)
         if session.pump is not None:
             session.pump.cancel()
             await asyncio.gather(session.pump, return_exceptions=True)
@@ -200,16 +214,20 @@ class SlotSessions:
         for index in list(self._sessions):
             await self.stop(index, workspaces[index], forget=False)
 
-    async def _start(self, index: int, workspace: Path, lease_id: str, allow_network: bool) -> Session:
+    async def _start(
+        self, index: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement | None
+    ) -> Session:
         argv, env = command_launch(
             ["bash", "-c", LAUNCH], workspace, allow_network=allow_network, require_isolation=self.require_isolation,
-            confinement=self.confinement, slot=index,
+            confinement=confinement, slot=index, part=SESSION_PART,
         )
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             cwd=workspace, env=env, start_new_session=True,
         )  # fmt: skip
-        session = Session(process=process, lease_id=lease_id)
+        session = Session(process=process, lease_id=lease_id, confinement=confinement)
+        if confinement is not None:
+            session.watching.enter_context(confinement.watched(index, process.pid))
         session.pump = asyncio.create_task(_pump(session))
         self._sessions[index] = session
         nonce = secrets.token_hex(8)
@@ -231,19 +249,20 @@ class SlotSessions:
         session.write(op.text.rstrip("\n") + "\n" + f"printf '\\036%s:%d\\036' {nonce} \"$?\"\n")
         found = await _wait_for_marker(session, begin, nonce, op.timeout_s)
         if found is None and not session.alive:
-            text, truncated = self._capped(session.take(begin))
+            text, truncated = await self._capped(session.take(begin))
             return ToolOutput(call_id=call_id, ok=False, output=text, truncated=truncated)
         if found is None:
             session.write(b"\x03")  # as at a keyboard: interrupt the foreground command, drop typed-ahead input
             await asyncio.sleep(INTERRUPT_GRACE_S)
-            text, truncated = self._capped(session.take(begin))
+            end = session.end
+            text, truncated = await self._capped(session.take(begin, end))
             text = text.strip("\n")
-            session.read_mark = session.end
+            session.read_mark = end
             note = f"[still running after {op.timeout_s:g}s: sent Ctrl-C; background processes keep running]"
             return ToolOutput(call_id=call_id, ok=False, output=f"{text}\n{note}" if text else note,
                               timed_out=True, truncated=truncated)  # fmt: skip
         marker_at, marker_end, status = found
-        text, truncated = self._capped(session.take(begin, marker_at))
+        text, truncated = await self._capped(session.take(begin, marker_at))
         session.read_mark = marker_end
         return ToolOutput(call_id=call_id, ok=status == 0, output=text, exit_code=status, truncated=truncated)
 
@@ -258,21 +277,30 @@ class SlotSessions:
             if session.end == seen:
                 break
             seen = session.end
-        return self._read(session, call_id)
+        return await self._read(session, call_id)
 
-    def _read(self, session: Session, call_id: str) -> ToolOutput:
-        text, truncated = self._capped(session.take(session.read_mark))
-        session.read_mark = session.end
+    async def _read(self, session: Session, call_id: str) -> ToolOutput:
+        end = session.end
+        text, truncated = await self._capped(session.take(session.read_mark, end))
+        session.read_mark = end
         return ToolOutput(call_id=call_id, ok=True, output=text or "(no new output)", truncated=truncated)
 
-    def _capped(self, taken: tuple[bytes, bool]) -> tuple[str, bool]:
+    async def _capped(self, taken: tuple[bytes, bool]) -> tuple[str, bool]:
         data, lost = taken
-        output = BoundedOutput(self.max_output_chars)
-        output.feed(MARKER.sub(b"", data))
-        text, truncated = output.text()
+        if len(data) > OFF_LOOP_BYTES:  # up to a megabyte of output: rendered in a thread, the server keeps answering
+            text, truncated = await asyncio.to_thread(_render_capped, data, self.max_output_chars)
+        else:
+            text, truncated = _render_capped(data, self.max_output_chars)
         if lost:
             text = "[... earlier output dropped ...]\n" + text
-        return _plain(text), truncated or lost
+        return text, truncated or lost
+
+
+def _render_capped(data: bytes, max_chars: int) -> tuple[str, bool]:
+    output = BoundedOutput(max_chars)
+    output.feed(MARKER.sub(b"", data))
+    text, truncated = output.text()
+    return _plain(text), truncated
 
 
 async def _pump(session: Session) -> None:
@@ -318,24 +346,34 @@ def _lost_session(record: Path, lease_id: str) -> str | None:
             "processes are gone; files in /workspace remain. Call again to start a new session.")  # fmt: skip
 
 
-def _screen(session: Session) -> str:
-    data, _ = session.take(max(session.screen_from, session.start, session.end - 64 * 1024))
+def _screen(data: bytes) -> str:
     lines = _plain(MARKER.sub(b"", data).decode("utf-8", errors="replace")).split("\n")
     shown = "\n".join(lines[-SCREEN_LINES:]).rstrip()
     return shown or "(the screen is empty)"
 
 
 def _plain(text: str) -> str:
-    """Text as it would stand on a screen: escape sequences dropped, carriage returns and backspaces applied."""
+    """Text as it would stand on a screen: escape sequences dropped, carriage returns and backspaces
+    applied as a terminal applies them (they move the cursor; what follows overwrites). Linear in the
+    text's length, whatever mix of control characters it holds."""
     text = ESCAPES.sub("", text)
-    lines = []
-    for line in text.replace("\r\n", "\n").split("\n"):
-        if "\r" in line:
-            line = line.rsplit("\r", 1)[-1] or line.rstrip("\r").rsplit("\r", 1)[-1]
-        while "\b" in line:
-            line = re.sub(r"[^\b]\b", "", line, count=1) if re.search(r"[^\b]\b", line) else line.replace("\b", "")
-        lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(_render_line(line) for line in text.replace("\r\n", "\n").split("\n"))
+
+
+def _render_line(line: str) -> str:
+    if "\r" not in line and "\b" not in line:
+        return line
+    cells: list[str] = []
+    cursor = 0
+    for piece in CURSOR_MOVES.split(line):
+        if piece == "\r":
+            cursor = 0
+        elif piece == "\b":
+            cursor = max(cursor - 1, 0)
+        elif piece:
+            cells[cursor : cursor + len(piece)] = piece
+            cursor += len(piece)
+    return "".join(cells)
 
 
 def _failed(call_id: str, message: str) -> ToolOutput:

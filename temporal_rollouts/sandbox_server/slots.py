@@ -49,6 +49,7 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 from temporal_rollouts.sandbox_server.slotbook import SlotBook
 from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
+from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ class SlotManager:
             if blocked:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         await asyncio.to_thread(self._prepare_cgroups)
+        if self.confinement.unwatched_limits():
+            self.confinement.watchdog = Watchdog(self._watch_rule)
+            self.confinement.watchdog.start()
         await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
         for slot in self._slots:
             if slot.lease is not None:
@@ -138,6 +142,16 @@ class SlotManager:
                 self.confinement.cgroups = None
                 return
 
+    def _watch_rule(self, index: int) -> SlotRule:
+        """What the watchdog holds a slot to: this lease's limits, those no cgroup holds."""
+        confinement = self.confinement.with_limits(self._slots[index].limits)
+        unwatched = confinement.unwatched_limits()
+        return SlotRule(
+            uid=confinement.uid(index) if confinement.dedicated_uids else None,
+            memory_bytes=confinement.limits.memory_bytes if "memory" in unwatched else 0,
+            cpus=confinement.limits.cpus if "cpus" in unwatched else 0.0,
+        )
+
     def _owner(self, slot: Slot) -> tuple[int, int] | None:
         c = self.confinement
         return (c.uid(slot.index), c.gid(slot.index)) if c.dedicated_uids else None
@@ -152,6 +166,8 @@ class SlotManager:
         """Kill what the slot left running and empty its workspace; quarantine the slot if that fails."""
         try:
             await asyncio.to_thread(self.confinement.kill_slot, slot.index)
+            if self.confinement.watchdog is not None:
+                self.confinement.watchdog.forget(slot.index)
             if slot.limits is not None:  # the next lease starts from the server's limits
                 slot.limits = None
                 await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
@@ -190,6 +206,8 @@ class SlotManager:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
         await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
+        if self.confinement.watchdog is not None:
+            await self.confinement.watchdog.stop()
         for slot in self._slots:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
 

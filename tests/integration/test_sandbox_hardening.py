@@ -32,6 +32,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
     ReadFileOp,
     SlotLease,
+    SessionOp,
     SlotLimitsRequest,
     TransferQuery,
     TransferResult,
@@ -263,7 +264,7 @@ async def test_without_cgroups_rlimits_cap_memory_and_processes(rlimit_server):
     backend, info, client = rlimit_server
     slots = Slots(backend, info, client)
     health = await client.health()
-    assert health.limits["memory"] == "rlimit-as"
+    assert health.limits["memory"] == "watchdog (slot total) + rlimit-as (each process)"
     assert health.limits["processes"].startswith("rlimit-nproc")
     hog, bomb = await slots.take(), await slots.take()
     memory = await slots.run(hog, "python3 -c 'x = bytearray(1 << 30); print(\"GOT\", 6 * 7)'")
@@ -273,6 +274,76 @@ async def test_without_cgroups_rlimits_cap_memory_and_processes(rlimit_server):
     forked = int(forks.output.split("forked")[-1].split()[0])
     assert "stopped after" in forks.output and forked < 64, forks.output
     await slots.after_break(marker)
+
+
+async def session_outlives_one_shot_commands(slots: Slots) -> None:
+    lease = await slots.take()
+    marker = unique_sleep()
+
+    async def session(call_id: str, text: str):
+        return await slots.client.execute(lease.slot, lease.lease_id, call_id, SessionOp(action="run", text=text))
+
+    assert (await session("s1", f"sleep {marker} & echo started")).output.endswith("started\n")
+    for i in range(3):
+        assert (await slots.run(lease, f"echo one-shot {i}")).ok
+    still = await session("s2", "jobs -r | wc -l")
+    assert still.ok and still.output.strip() == "1", still.output
+    assert len(processes_running(marker)) == 1
+    await slots.after_break(marker)  # released: the session and its job end now
+
+
+async def test_one_shot_commands_never_end_the_slots_session_under_cgroups(slots):
+    """A one-shot command's cleanup kills its own part of the slot's cgroup, not the session's."""
+    assert (await slots.client.health()).limits["memory"].startswith("cgroup")
+    await session_outlives_one_shot_commands(slots)
+
+
+async def test_one_shot_commands_never_end_the_slots_session_without_cgroups(rlimit_server):
+    await session_outlives_one_shot_commands(Slots(*rlimit_server))
+
+
+async def test_no_setuid_or_setgid_bit_a_slot_sets_stays_on_the_host_disk(slots):
+    lease = await slots.take()
+    made = await slots.run(lease, "cp /bin/true suid && chmod 4755 suid && mkdir sgid && chmod 2775 sgid "
+                                  "&& cp /bin/true sgid/both && chmod 6755 sgid/both && stat -c %a suid")
+    assert made.ok, made.output
+    session = await slots.client.execute(lease.slot, lease.lease_id, "s", SessionOp(
+        action="run", text="cp /bin/true later && chmod u+s later"))
+    assert session.ok, session.output
+    workspace = slots.workspace(lease)
+    for name in ("suid", "sgid", "sgid/both", "later"):
+        assert not (workspace / name).lstat().st_mode & 0o6000, f"{name}: {oct((workspace / name).lstat().st_mode)}"
+    assert (workspace / "suid").lstat().st_mode & 0o777 == 0o755  # the rest of the mode is kept
+    await slots.after_break()
+
+
+HOLD_150_MB = "python3 -c 'import time; x = bytearray(150 << 20); x[::4096] = b\"x\" * len(x[::4096]); time.sleep(30)'"
+
+
+async def test_without_cgroups_the_memory_limit_holds_for_the_slot_as_a_whole(rlimit_server):
+    """Each process is under the slot's 256 MB, four at once are not: the watchdog kills until they fit."""
+    backend, info, client = rlimit_server
+    slots = Slots(backend, info, client)
+    lease = await slots.take()
+    held = await slots.run(
+        lease, f"for i in 1 2 3 4; do {HOLD_150_MB} & done; sleep 3; jobs -r | wc -l; wait; echo waited", timeout_s=60
+    )
+    running_after_3s = int(held.output.split("waited")[0].split()[-1])
+    assert running_after_3s <= 1, held.output
+    assert "went over its memory limit of 256 MiB" in held.output
+    await slots.after_break()
+
+
+async def test_without_cgroups_a_slot_gets_no_more_than_its_cpu_share(rlimit_server):
+    """--cpus 0.25 (narrowed for this lease): two seconds of a busy loop get about half a CPU-second."""
+    backend, info, client = rlimit_server
+    slots = Slots(backend, info, client)
+    lease = await slots.take()
+    await client.narrow(lease.slot, lease.lease_id, SlotLimitsRequest(cpus=0.25))
+    busy = "python3 -c 'import time; t = time.time()\nwhile time.time() - t < 2: pass\nprint(time.process_time())'"
+    used = float((await slots.run(lease, busy, timeout_s=60)).output.split()[-1])
+    assert used < 1.0, f"a 0.25-CPU slot used {used:.2f} CPU-s in 2 s"
+    await slots.after_break()
 
 
 async def test_files_tmp_and_workspace_are_size_capped(slots):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 
+import httpx
 import pytest
 
 from temporal_rollouts.sandbox.handle import LeasedSlot
@@ -135,3 +138,32 @@ def _exec(command: str):
     from temporal_rollouts.sandbox_server.schema import ExecOp
 
     return ExecOp(command=command, timeout_s=10)
+
+
+async def test_the_worst_output_at_the_cap_never_stalls_another_clients_health_check(leased):
+    """Output rendering (backspaces, carriage returns) is linear and runs off the server's event loop:
+    a megabyte of the worst mix never holds up another request (it took 15.7 s and blocked /health)."""
+    pool, lease, info = leased
+    latencies: list[float] = []
+
+    async def poll_health() -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            while True:
+                started = time.monotonic()
+                (await http.get(f"{info.url}/health")).raise_for_status()
+                latencies.append(time.monotonic() - started)
+                await asyncio.sleep(0.01)
+
+    poller = asyncio.create_task(poll_health())
+    try:
+        spaces = await pool.execute(lease, "w1", run("printf 'a\\b'; head -c 1000000 /dev/zero | tr '\\0' ' '; echo end"))
+        pairs = await pool.execute(lease, "w2", run("python3 -c \"import sys; sys.stdout.write('x\\b' * 500000 + 'y')\""))
+        bounds = await pool.execute(lease, "w4", run("printf '\\b'; python3 -c \"print(' x' * 200000)\""))
+        words = await pool.execute(lease, "w3", run("printf 'hello world\\b\\b\\b\\b\\bthere\\n'"))
+    finally:
+        poller.cancel()
+    assert spaces.ok and spaces.truncated and spaces.output.rstrip().endswith("end")
+    assert pairs.ok and pairs.output.endswith("y")
+    assert bounds.ok and bounds.output.rstrip().endswith(" x x")
+    assert words.output == "hello there\n"
+    assert len(latencies) > 5 and max(latencies) < 0.1, f"slowest /health: {max(latencies):.3f}s"

@@ -1,0 +1,200 @@
+"""Per-slot memory and CPU limits where no cgroup enforces them.
+
+Without delegated cgroups (most containers of the remote backends) the kernel only limits each
+process: RLIMIT_AS lets four 150 MB processes live in a slot of 256 MB, and nothing shares CPU
+between slots. This watchdog makes both limits hold for the slot as a whole, a few times a second:
+
+- a slot's processes are those of its uid where slots have their own uids (a root-run server),
+  else the descendants of the commands and the session it started (every command runs in its own
+  pid namespace, so nothing it starts can leave that tree);
+- memory: when their resident memory added up passes the slot's limit, the largest process is
+  killed, as the kernel's OOM killer would in a cgroup, until the rest fits; the next result of
+  the slot says so. Resident sizes of shared pages count once per process, so the sum errs high;
+- CPU: CPU time used beyond `cpus` cores over an interval is paid back by stopping the slot's
+  processes (SIGSTOP, then SIGCONT) for that long, a coarse version of the cgroup CPU quota.
+
+It costs one pass over /proc per interval, only while some slot runs something.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 0.2
+MAX_PAUSE_S = 1.0
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    parent: int
+    uid: int
+    rss_bytes: int
+    cpu_ticks: int
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    """What the watchdog holds one slot to: its uid (None when slots share the server's) and limits."""
+
+    uid: int | None
+    memory_bytes: int
+    cpus: float
+
+
+@dataclass
+class _Watched:
+    roots: set[int] = field(default_factory=set)
+    ticks: dict[int, int] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
+    paused_until: float = 0.0
+
+
+class Watchdog:
+    """Holds slots to `rule_of(slot)` while they have something running (`watch`)."""
+
+    def __init__(self, rule_of: Callable[[int], SlotRule], interval_s: float = INTERVAL_S) -> None:
+        self.rule_of = rule_of
+        self.interval_s = interval_s
+        self._slots: dict[int, _Watched] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @contextlib.contextmanager
+    def watch(self, slot: int, pid: int) -> Iterator[None]:
+        """Count `pid` (a command or the session, and what it starts) as the slot's while the block runs."""
+        watched = self._slots.setdefault(slot, _Watched())
+        watched.roots.add(pid)
+        self._wake.set()
+        try:
+            yield
+        finally:
+            watched.roots.discard(pid)
+
+    def take_notices(self, slot: int) -> str:
+        """What the watchdog did to the slot since it was last asked, as a line for the agent ("" if nothing)."""
+        watched = self._slots.get(slot)
+        if watched is None or not watched.notices:
+            return ""
+        notes, watched.notices = watched.notices, []
+        return "\n[sandbox: " + "; ".join(dict.fromkeys(notes)) + "]"
+
+    def forget(self, slot: int) -> None:
+        """The slot was reset: whatever it ran is gone, and so is what the watchdog knew of it."""
+        self._slots.pop(slot, None)
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not any(w.roots for w in self._slots.values()):
+                self._wake.clear()
+                await self._wake.wait()
+            await asyncio.sleep(self.interval_s)
+            try:
+                processes = await asyncio.to_thread(read_processes)
+                for slot, watched in list(self._slots.items()):
+                    if watched.roots:
+                        self._enforce(slot, watched, processes, loop)
+            except Exception:
+                log.exception("the slot watchdog's pass failed")
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def _enforce(self, slot: int, watched: _Watched, processes: dict[int, Process],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        rule = self.rule_of(slot)
+        mine = slot_processes(processes, watched.roots, rule.uid)
+        if rule.memory_bytes:
+            self._hold_memory(watched, mine, rule.memory_bytes)
+        if rule.cpus:
+            self._hold_cpu(watched, mine, rule.cpus, loop)
+
+    def _hold_memory(self, watched: _Watched, mine: list[Process], limit: int) -> None:
+        total = sum(p.rss_bytes for p in mine)
+        for process in sorted(mine, key=lambda p: p.rss_bytes, reverse=True):
+            if total <= limit:
+                return
+            if _signal(process.pid, signal.SIGKILL):
+                watched.notices.append(f"killed a process using {process.rss_bytes // MIB} MiB: the slot's "
+                                       f"processes went over its memory limit of {limit // MIB} MiB")
+            total -= process.rss_bytes
+
+    def _hold_cpu(self, watched: _Watched, mine: list[Process], cpus: float, loop: asyncio.AbstractEventLoop) -> None:
+        used = sum(max(p.cpu_ticks - watched.ticks.get(p.pid, 0), 0) for p in mine)
+        watched.ticks = {p.pid: p.cpu_ticks for p in mine}
+        allowed = cpus * self.interval_s * TICKS_PER_S
+        if used <= allowed or loop.time() < watched.paused_until:
+            return
+        pause = min((used - allowed) / (cpus * TICKS_PER_S), MAX_PAUSE_S)
+        stopped = [p.pid for p in mine if _signal(p.pid, signal.SIGSTOP)]
+        watched.paused_until = loop.time() + pause
+        loop.call_later(pause, _resume, stopped)
+
+
+def slot_processes(processes: dict[int, Process], roots: set[int], uid: int | None) -> list[Process]:
+    """A slot's processes: those of its uid, or (slots sharing a uid) the trees under its roots."""
+    if uid is not None:
+        return [p for p in processes.values() if p.uid == uid]
+    children: dict[int, list[int]] = {}
+    for process in processes.values():
+        children.setdefault(process.parent, []).append(process.pid)
+    found, pending = [], [pid for pid in roots if pid in processes]
+    seen = set(pending)
+    while pending:
+        pid = pending.pop()
+        found.append(processes[pid])
+        for child in children.get(pid, []):
+            if child not in seen:
+                seen.add(child)
+                pending.append(child)
+    return found
+
+
+def read_processes() -> dict[int, Process]:
+    """Every process of this host (or pid namespace) that can be read now."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+            uid = entry.stat().st_uid
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        pid = int(entry.name)
+        found[pid] = Process(pid=pid, parent=int(fields[1]), uid=uid, rss_bytes=int(fields[21]) * PAGE_BYTES,
+                             cpu_ticks=int(fields[11]) + int(fields[12]))
+    return found
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
