@@ -216,6 +216,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
     view.add_argument("--port", type=int, default=8300)
+    view.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
+                      help="another name the page is reached by (repeatable); it refuses every other Host header")
 
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
     cancel.add_argument("batch_id")
@@ -226,11 +228,13 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the web page of temporal_rollouts/view until Ctrl-C."""
     import uvicorn
 
+    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
     from temporal_rollouts.view.app import create_app
 
     client, transcripts = await inspection_client(settings)
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    config = uvicorn.Config(create_app(client, transcripts, origins), host=args.host, port=args.port, log_level="warning")
+    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     print(f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
           f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec", flush=True)
     await uvicorn.Server(config).serve()

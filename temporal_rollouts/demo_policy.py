@@ -46,17 +46,19 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from temporal_rollouts.core.tasks import ScriptedCall
+from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 
 log = logging.getLogger(__name__)
 
@@ -320,9 +322,12 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def build_app(faults: Faults | dict[str, Any] | None = None, *, enable_control: bool = False) -> Starlette:
+def build_app(
+    faults: Faults | dict[str, Any] | None = None, *, enable_control: bool = False, allowed_hosts: AllowedHosts | None = None
+) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
-    (/control, /stats/reset) exist only with `enable_control`."""
+    (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
+    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`)."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
     policy = DemoPolicy(faults)
@@ -337,7 +342,8 @@ def build_app(faults: Faults | dict[str, Any] | None = None, *, enable_control: 
             Route("/control", policy.control, methods=["GET", "POST"]),
             Route("/stats/reset", policy.reset_stats, methods=["POST"]),
         ]
-    app = Starlette(routes=routes)
+    allowed = allowed_hosts or AllowedHosts.for_bind("127.0.0.1")
+    app = Starlette(routes=routes, middleware=[Middleware(HostGuard, allowed=allowed)])
     app.state.policy = policy
     return app
 
@@ -355,9 +361,10 @@ async def serve(
     faults: Faults | dict[str, Any] | None = None,
     log_level: str = "warning",
     enable_control: bool = False,
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
-    """Serve until cancelled, in the running event loop."""
-    app = build_app(faults, enable_control=enable_control)
+    """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`."""
+    app = build_app(faults, enable_control=enable_control, allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts))
     await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
 
 
@@ -366,7 +373,7 @@ class BackgroundServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None,
                  *, enable_control: bool = False) -> None:
-        self.app = build_app(faults, enable_control=enable_control)
+        self.app = build_app(faults, enable_control=enable_control, allowed_hosts=AllowedHosts.for_bind(host))
         self.policy: DemoPolicy = self.app.state.policy
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -425,6 +432,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
+                        help="another name this server is reached by (repeatable; '.example.com' for subdomains)")
     parser.add_argument("--enable-control", action="store_true",
                         help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).")
     for name, field in Faults.model_fields.items():
@@ -446,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         asyncio.run(serve(args.host, args.port, faults=faults, log_level=args.log_level,
-                          enable_control=args.enable_control))
+                          enable_control=args.enable_control, allowed_hosts=args.allowed_hosts))
     except KeyboardInterrupt:
         pass
 

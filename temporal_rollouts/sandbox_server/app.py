@@ -32,11 +32,14 @@ from typing import TypeVar
 import uvicorn
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from temporal_rollouts.sandbox_server import transfer
+from temporal_rollouts.sandbox_server.beneath import describe
+from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.errors import (
     BadToolRequest,
     LeaseLost,
@@ -89,7 +92,12 @@ Model = TypeVar("Model", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel] | Response]]
 
 
-def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES) -> Starlette:
+def create_app(
+    manager: SlotManager, token: str, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
+    allowed_hosts: AllowedHosts | None = None,
+) -> Starlette:
+    """The server's routes; requests for another host than `allowed_hosts` (by default a loopback
+    server's names) are refused (`hosts`)."""
     expected = token.encode()
 
     def authorize(request: Request) -> None:
@@ -111,7 +119,7 @@ def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAU
                 return Response(status_code=499)
             except Exception as err:
                 log.exception("%s %s failed", request.method, request.url.path)
-                return _error_response(SandboxError(f"sandbox server error: {type(err).__name__}: {err}"), 500)
+                return _error_response(SandboxError(f"sandbox server error: {_without_host_paths(err)}"), 500)
 
         return respond
 
@@ -189,7 +197,8 @@ def create_app(manager: SlotManager, token: str, max_transfer_bytes: int = DEFAU
         Route("/cache", endpoint(cache_get), methods=["GET"]),
         Route("/cache", endpoint(cache_put), methods=["PUT"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    allowed = allowed_hosts or AllowedHosts.for_bind("127.0.0.1")
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostGuard, allowed=allowed)])
 
 
 async def _acquire_while_connected(manager: SlotManager, request: Request, body: AcquireRequest) -> SlotLease:
@@ -251,6 +260,14 @@ def _json_response(result: BaseModel | list[BaseModel]) -> Response:
     return Response(body, media_type="application/json")
 
 
+def _without_host_paths(err: Exception) -> str:
+    """What went wrong, for a caller that may relay it to the agent: the error's kind (and an OSError's
+    reason), never its message, which can name host paths. The server's log has the whole error."""
+    if isinstance(err, OSError):
+        return f"{type(err).__name__}: {describe(err)}"
+    return type(err).__name__
+
+
 def _error_response(err: RolloutError, status: int | None = None) -> Response:
     status = status or next((code for cls, code in STATUS_BY_ERROR.items() if isinstance(err, cls)), 500)
     return Response(json.dumps(err.to_payload()), status_code=status, media_type="application/json")
@@ -285,7 +302,8 @@ async def serve(args: argparse.Namespace) -> None:
         allow_network_unprotected=args.allow_network_unprotected,
         use_cgroups=args.cgroups,
     )
-    app = create_app(manager, read_token(args.token_file, args.token_env), args.max_transfer_bytes)
+    app = create_app(manager, read_token(args.token_file, args.token_env), args.max_transfer_bytes,
+                     AllowedHosts.for_bind(args.host, args.allowed_hosts))
     listener = _tcp_listener(args.host, args.port)
     config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -372,6 +390,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between lease expiry sweeps")
     parser.add_argument("--ready-file", type=Path, help="written as JSON {url, pid} once listening")
+    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
+                        help="another name the server is reached by (repeatable; '.example.com' for subdomains, "
+                        "'*' for any); by default it answers only to the names of --host")
     return parser.parse_args(argv)
 
 

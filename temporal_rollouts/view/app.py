@@ -21,6 +21,7 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 from temporalio.client import Client
 
+from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import StopReason
@@ -57,8 +58,13 @@ def rollouts_query(batch_id: str, status: str | None, stop_reason: str | None) -
     return " AND ".join(clauses)
 
 
-def create_app(client: Client, transcripts: TranscriptStore, ui_origins: list[str] | None = None) -> Starlette:
-    """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser."""
+def create_app(
+    client: Client, transcripts: TranscriptStore, ui_origins: list[str] | None = None,
+    allowed_hosts: AllowedHosts | None = None,
+) -> Starlette:
+    """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
+    `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
+    header is refused, so a web page cannot read the conversations through DNS rebinding."""
     async def page(request: Request) -> FileResponse:
         return FileResponse(PAGE, media_type="text/html")
 
@@ -103,6 +109,9 @@ def create_app(client: Client, transcripts: TranscriptStore, ui_origins: list[st
             Route("/codec/encode", encode, methods=["POST"]),
         ],
         exception_handlers={ConfigError: bad_request, ValueError: bad_request},
-        middleware=[Middleware(CORSMiddleware, allow_origins=ui_origins, allow_methods=["POST", "GET"],
-                               allow_headers=["*"], allow_credentials=True)] if ui_origins else [],
+        middleware=[
+            Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
+            *([Middleware(CORSMiddleware, allow_origins=ui_origins, allow_methods=["POST", "GET"],
+                          allow_headers=["*"], allow_credentials=True)] if ui_origins else []),
+        ],
     )

@@ -232,7 +232,7 @@ async def raw_post(server: BackgroundServer, path: str, body: dict) -> tuple[int
     """One HTTP/1.1 request on its own connection, without a client library's pool in the way."""
     reader, writer = await asyncio.open_connection(server.host, server.port)
     data = json.dumps(body).encode()
-    head = f"POST {path} HTTP/1.1\r\nHost: demo\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
     writer.write(head.encode() + data)
     response = await reader.read()
     writer.close()

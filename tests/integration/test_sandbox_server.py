@@ -82,7 +82,9 @@ async def test_health_is_public_and_everything_else_needs_the_token(multi):
             await wrong.acquire(holder("intruder"), wait_s=0)
     async with httpx.AsyncClient(base_url=info.url) as raw:
         missing = await raw.post("/execute", json={})
+        rebound = await raw.get("/health", headers={"Host": "attacker.example"})
     assert health.container_id == info.container_id and health.slots == 3
+    assert rebound.status_code == 421 and info.container_id not in rebound.text
     assert missing.status_code == 401
     assert missing.json()["error"]["type"] == "SandboxAuthError"
 

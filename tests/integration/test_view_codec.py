@@ -37,12 +37,13 @@ async def test_the_ui_can_expand_a_stored_reference(project_client: Client, sett
         assert big.encode() not in stored.data  # history holds a reference, not the input
         posted = {"payloads": [json_format.MessageToDict(stored)]}
 
-        with TestClient(create_app(project_client, transcripts, [UI])) as http:
+        with TestClient(create_app(project_client, transcripts, [UI]), base_url="http://127.0.0.1:8300") as http:
             answer = http.post("/codec/decode", json=posted, headers={"Origin": UI, "X-Namespace": "default"})
             preflight = http.options("/codec/decode", headers={
                 "Origin": UI, "Access-Control-Request-Method": "POST",
                 "Access-Control-Request-Headers": "content-type,x-namespace"})
             refused = http.post("/codec/decode", json={"nope": 1})
+            rebound = http.post("/codec/decode", json=posted, headers={"Host": "attacker.example:8300"})
         assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == UI
         [payload] = answer.json()["payloads"]
         value = json.loads(base64.b64decode(payload["data"]))
@@ -50,6 +51,7 @@ async def test_the_ui_can_expand_a_stored_reference(project_client: Client, sett
         assert base64.b64decode(payload["metadata"]["encoding"]) == b"json/plain"
         assert preflight.status_code == 200
         assert refused.status_code == 400
+        assert rebound.status_code == 421 and "x" * 100 not in rebound.text  # a DNS-rebinding page reads nothing
     finally:
         await handle.terminate("test over")
 
