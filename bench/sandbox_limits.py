@@ -30,14 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.local import LocalBackend, server_limit_args
+from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
+from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder
 
-LIMITS_OFF = [
-    "--memory-limit-mb", "0", "--max-processes", "0", "--cpus", "0", "--cpu-time-limit-s", "0",
-    "--file-size-limit-mb", "0", "--tmp-limit-mb", "0", "--disk-limit-mb", "0",
-]  # fmt: skip
+LIMITS_OFF = ServerOptions(limits=SlotLimits.off())
 FILES = 10_000
 
 
@@ -95,8 +93,8 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
-        on = LocalBackend(Path(tmp) / "on", slots_per_container=1, limit_args=server_limit_args(Settings()))
-        off = LocalBackend(Path(tmp) / "off", slots_per_container=1, limit_args=LIMITS_OFF)
+        on = LocalBackend(Path(tmp) / "on", slots_per_container=1, server=Settings().sandbox.options())
+        off = LocalBackend(Path(tmp) / "off", slots_per_container=1, server=LIMITS_OFF)
         started = []
         try:
             for backend in (on, off):

@@ -40,7 +40,7 @@ from envs.swe_smith.config import SHIPPED_INSTANCES  # noqa: E402
 from envs.swe_smith.loader import read_instances  # noqa: E402
 from temporal_rollouts.core.settings import Settings  # noqa: E402
 from temporal_rollouts.core.tasks import Item  # noqa: E402
-from temporal_rollouts.sandbox.backends.local import LocalBackend, server_limit_args  # noqa: E402
+from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.handle import LeasedSlot  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox_server.schema import Holder  # noqa: E402
@@ -106,7 +106,7 @@ async def main() -> None:
     args = parser.parse_args()
     ids = pick(args.instances)
     with tempfile.TemporaryDirectory(prefix="bench-swe-") as tmp:
-        backend = LocalBackend(Path(tmp), slots_per_container=1, limit_args=server_limit_args(Settings()))
+        backend = LocalBackend(Path(tmp), slots_per_container=1, server=Settings().sandbox.options())
         pool = SandboxPool(backend, slots_per_container=1)
         try:
             await pool.ensure_running()

@@ -19,7 +19,8 @@ COPY temporal_rollouts/sandbox_server temporal_rollouts/sandbox_server
 COPY docker/sandbox-entrypoint.sh /usr/local/bin/sandbox-entrypoint
 ENV PYTHONPATH=/opt/sandbox PYTHONUNBUFFERED=1
 
-RUN useradd --create-home sandbox && mkdir /data && chown sandbox /data
+# /data is every uid's: the compose stack runs each sandbox service as a uid of its own.
+RUN useradd --create-home sandbox && mkdir /data && chown sandbox /data && chmod 1777 /data
 USER sandbox
 EXPOSE 8080
 # With a token from the platform (Nomad Variables, Modal Secrets, Kubernetes): the server itself.

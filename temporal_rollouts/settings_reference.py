@@ -40,7 +40,7 @@ def field_docs(model: type[BaseModel]) -> dict[str, str]:
     """The docstring under each field of a model class (and its bases), by field name."""
     docs: dict[str, str] = {}
     for cls in reversed(model.__mro__):
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls.__module__ != settings_module.__name__:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or not cls.__module__.startswith("temporal_rollouts."):
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
         body = tree.body[0].body  # type: ignore[attr-defined]
@@ -99,9 +99,11 @@ def render() -> str:
     out = [HEADER]
     rows, sections = _rows(Settings, "", "ROLLOUTS_")
     out += _table("Top level", "", rows)
-    for prefix, model in sections:
-        section_rows, _ = _rows(model, f"{prefix}.", "ROLLOUTS_")
+    while sections:
+        prefix, model = sections.pop(0)
+        section_rows, inner = _rows(model, f"{prefix}.", "ROLLOUTS_")
         out += _table(f"`[{prefix}]`", " ".join((model.__doc__ or "").split()), section_rows)
+        sections[:0] = inner
     for model, title in ((ChatPolicy, "chat"), (GeneratePolicy, "sglang / vllm")):
         policy_rows, _ = _rows(model, "", None)
         intro = (f"`[policies.NAME]` with `type = \"{title.split(' ')[0]}\"`: " + " ".join((model.__doc__ or "").split()))

@@ -22,14 +22,8 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.inputs import describe_problem
 from temporal_rollouts.core.records import MAX_BATCH_CONCURRENCY
 from temporal_rollouts.core.sandbox_backends import LocalBackendConfig, SandboxBackendConfig
-from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
-from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
-from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_LEASE_TTL_S,
-    DEFAULT_MAX_ARCHIVE_BYTES,
-    DEFAULT_MAX_OUTPUT_CHARS,
-    DEFAULT_MAX_TRANSFER_BYTES,
-)
+from temporal_rollouts.sandbox_server.config import ServerOptions
+from temporal_rollouts.sandbox_server.schema import DEFAULT_LEASE_TTL_S, DEFAULT_MAX_ARCHIVE_BYTES
 
 DEMO_POLICY = "demo"
 CONFIG_FILE = "rollouts.toml"
@@ -81,10 +75,6 @@ def _has_key(table: Any, loc: tuple[str, ...]) -> bool:
             return False
         table = table[part]
     return bool(loc)
-
-
-_SLOT_LIMITS = SlotLimits()
-"""The sandbox server's own defaults, stated once there."""
 
 
 class TemporalSettings(BaseModel):
@@ -186,8 +176,12 @@ PolicyEndpoint = Annotated[
 ]
 
 
-class SandboxSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SandboxSettings(ServerOptions):
+    """The slot pool, and what each of its sandbox servers starts with (`ServerOptions`, in
+    `temporal_rollouts/sandbox_server/config.py`: isolation, slot uids, `[sandbox.limits]`, cgroups,
+    network, caps), which every backend passes to every server it starts."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     backend: SandboxBackendConfig = Field(default_factory=LocalBackendConfig)
     """Where sandbox containers run: `local`, `static`, `nomad` or `modal`, with that backend's own fields."""
@@ -201,40 +195,10 @@ class SandboxSettings(BaseModel):
     """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
     """Seconds between passes of the slot-pool maintenance workflow, which frees leases whose holder workflow has closed."""
-    require_isolation: bool = True
-    """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
-    instead (development only): the server then warns on every start."""
-    slot_uid_base: int = DEFAULT_UID_BASE
-    """A sandbox server run as root runs slot i as the unprivileged uid/gid `slot_uid_base + i`."""
-    memory_limit_mb: int = _SLOT_LIMITS.memory_bytes // MIB
-    """Memory of one slot (cgroup where the host delegates one, else RLIMIT_AS per process); 0 turns it off."""
-    max_processes: int = _SLOT_LIMITS.max_processes
-    """Processes of one slot (cgroup pids, else RLIMIT_NPROC of the slot's uid); 0 turns it off."""
-    cpus: float = _SLOT_LIMITS.cpus
-    """CPU share of one slot (cgroup cpu quota; no fallback); 0 turns it off."""
-    cpu_time_limit_s: int = _SLOT_LIMITS.cpu_time_s
-    """CPU seconds each process of a command may use (RLIMIT_CPU); 0 turns it off."""
-    file_size_limit_mb: int = _SLOT_LIMITS.file_size_bytes // MIB
-    """Largest file a command may write (RLIMIT_FSIZE); 0 turns it off."""
-    tmp_limit_mb: int = _SLOT_LIMITS.tmp_bytes // MIB
-    """Size of the private /tmp tmpfs of each command (counts as the slot's memory); 0 leaves it unsized."""
-    disk_limit_mb: int = _SLOT_LIMITS.disk_bytes // MIB
-    """Workspace size; checked after each command and before each file write, not a filesystem quota."""
-    use_cgroups: bool = True
-    """Enforce memory, processes and cpus with cgroups where the host delegates them (v1 or v2); false, or
-    a host without delegation, falls back to RLIMIT_AS and RLIMIT_NPROC (no cpu share). /health says which."""
-    allow_network_unprotected: bool = False
-    """Network-on slots share the sandbox host's network and can reach the control plane (Temporal,
-    sandbox servers, storage, policy servers): the server refuses them unless this is set."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """A slot lease not renewed for this long expires; longer than the longest step."""
     acquire_timeout_s: float = 600.0
     """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
-    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
-    """Tool output longer than this is cut, keeping head and tail."""
-    max_transfer_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0)
-    """Largest file or packed folder an env hook uploads to or downloads from a slot (1 GiB; each sandbox
-    server also has its own cap, `--max-transfer-bytes`, with the same default)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,6 @@ lease's expiry frees it if the holder never asks again.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hmac
@@ -52,8 +51,7 @@ from temporal_rollouts.sandbox_server.errors import (
     SnapshotTooLarge,
     TransferTooLarge,
 )
-from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
-from temporal_rollouts.sandbox_server.limits import MIB, SlotLimits
+from temporal_rollouts.sandbox_server.config import ServerConfig
 from temporal_rollouts.sandbox_server.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -289,29 +287,18 @@ def read_token(token_file: Path | None = None, token_env: str | None = None) -> 
     return token
 
 
-async def serve(args: argparse.Namespace) -> None:
-    manager = SlotManager(
-        args.root,
-        args.slots,
-        args.container_id,
-        require_isolation=args.require_isolation,
-        max_output_chars=args.max_output_chars,
-        sweep_interval_s=args.sweep_interval,
-        limits=limits_from_args(args),
-        uid_base=args.slot_uid_base,
-        allow_network_unprotected=args.allow_network_unprotected,
-        use_cgroups=args.cgroups,
-    )
-    app = create_app(manager, read_token(args.token_file, args.token_env), args.max_transfer_bytes,
-                     AllowedHosts.for_bind(args.host, args.allowed_hosts))
-    listener = _tcp_listener(args.host, args.port)
-    config = uvicorn.Config(
+async def serve(config: ServerConfig) -> None:
+    manager = SlotManager.from_config(config)
+    app = create_app(manager, read_token(config.token_file, config.token_env), config.max_transfer_bytes,
+                     AllowedHosts.for_bind(config.host, config.allowed_hosts))
+    listener = _tcp_listener(config.host, config.port)
+    uvicorn_config = uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # Longer than httpx's 5 s keep-alive expiry, so a client never reuses a connection the server is closing.
         timeout_keep_alive=KEEP_ALIVE_S,
     )
-    server = _SandboxServer(config, manager)
-    announcer = asyncio.create_task(_announce_when_started(server, listener, args))
+    server = _SandboxServer(uvicorn_config, manager)
+    announcer = asyncio.create_task(_announce_when_started(server, listener, config))
     try:
         await server.serve(sockets=[listener])
     finally:
@@ -342,74 +329,18 @@ def _tcp_listener(host: str, port: int) -> socket.socket:
     return listener
 
 
-async def _announce_when_started(server: uvicorn.Server, listener: socket.socket, args: argparse.Namespace) -> None:
+async def _announce_when_started(server: uvicorn.Server, listener: socket.socket, config: ServerConfig) -> None:
     while not server.started:
         await asyncio.sleep(0.02)
     port = listener.getsockname()[1]
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    log.info("sandbox %s serving %d slots at %s", args.container_id, args.slots, url)
-    if args.ready_file:
-        write_json_atomically(args.ready_file, {"url": url, "pid": os.getpid(), "container_id": args.container_id})
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m temporal_rollouts.sandbox_server", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--root", type=Path, required=True, help="slot workspaces, journals and logs live here")
-    token = parser.add_mutually_exclusive_group(required=True)
-    token.add_argument("--token-file", type=Path, help="file holding the bearer token")
-    token.add_argument("--token-env", help="environment variable holding the bearer token")
-    parser.add_argument("--container-id", default="local")
-    parser.add_argument(
-        "--require-isolation", action=argparse.BooleanOptionalAction, default=True,
-        help="refuse commands when bubblewrap cannot sandbox them (default); --no-require-isolation runs "
-        "them unisolated on the host, with a warning on every start",
-    )
-    parser.add_argument("--slot-uid-base", type=int, default=DEFAULT_UID_BASE,
-                        help="a root-run server runs slot i as uid/gid BASE+i")
-    defaults = SlotLimits()
-    parser.add_argument("--memory-limit-mb", type=int, default=defaults.memory_bytes // MIB, help="0: off")
-    parser.add_argument("--max-processes", type=int, default=defaults.max_processes, help="0: off")
-    parser.add_argument("--cpus", type=float, default=defaults.cpus, help="CPU share of one slot; 0: off")
-    parser.add_argument("--cpu-time-limit-s", type=int, default=defaults.cpu_time_s,
-                        help="CPU seconds per process of a command; 0: off")
-    parser.add_argument("--file-size-limit-mb", type=int, default=defaults.file_size_bytes // MIB, help="0: off")
-    parser.add_argument("--tmp-limit-mb", type=int, default=defaults.tmp_bytes // MIB, help="0: off")
-    parser.add_argument("--disk-limit-mb", type=int, default=defaults.disk_bytes // MIB, help="0: off")
-    parser.add_argument("--cgroups", action=argparse.BooleanOptionalAction, default=True,
-                        help="use cgroups for memory, processes and cpus where the host delegates them "
-                        "(default); --no-cgroups uses rlimits only")
-    parser.add_argument("--allow-network-unprotected", action="store_true",
-                        help="lease network-on slots although they share the host network (control plane included)")
-    parser.add_argument("--max-output-chars", type=int, default=DEFAULT_MAX_OUTPUT_CHARS)
-    parser.add_argument(
-        "--max-transfer-bytes", type=int, default=DEFAULT_MAX_TRANSFER_BYTES, help="largest upload or download"
-    )
-    parser.add_argument("--sweep-interval", type=float, default=2.0, help="seconds between lease expiry sweeps")
-    parser.add_argument("--ready-file", type=Path, help="written as JSON {url, pid} once listening")
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
-                        help="another name the server is reached by (repeatable; '.example.com' for subdomains, "
-                        "'*' for any); by default it answers only to the names of --host")
-    return parser.parse_args(argv)
-
-
-def limits_from_args(args: argparse.Namespace) -> SlotLimits:
-    return SlotLimits(
-        memory_bytes=args.memory_limit_mb * MIB,
-        max_processes=args.max_processes,
-        cpus=args.cpus,
-        cpu_time_s=args.cpu_time_limit_s,
-        file_size_bytes=args.file_size_limit_mb * MIB,
-        tmp_bytes=args.tmp_limit_mb * MIB,
-        disk_bytes=args.disk_limit_mb * MIB,
-    )
+    log.info("sandbox %s serving %d slots at %s", config.container_id, config.slots, url)
+    if config.ready_file:
+        write_json_atomically(config.ready_file, {"url": url, "pid": os.getpid(), "container_id": config.container_id})
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    config = ServerConfig.from_argv(argv, os.environ)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(args))
-
+    asyncio.run(serve(config))

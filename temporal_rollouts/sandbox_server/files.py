@@ -124,6 +124,19 @@ def settle(workspace: Path) -> int:
     return used
 
 
+def give_tree(workspace: Path, old_uid: int, owner: tuple[int, int]) -> None:
+    """Give what `old_uid` owns in a workspace to `owner` (a slot whose uid changed), by descriptor."""
+    root = open_root(workspace)
+    try:
+        os.chown(".", *owner, dir_fd=root, follow_symlinks=False)
+        for _, parent, name, info in walk(root):
+            if info.st_uid == old_uid:
+                with contextlib.suppress(OSError):
+                    os.chown(name, *owner, dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(root)
+
+
 @dataclass(frozen=True)
 class Trash:
     """Where entries taken out of an agent's tree go to be deleted: a server-owned folder on the same disk."""

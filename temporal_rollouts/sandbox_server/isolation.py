@@ -29,7 +29,8 @@ from typing import Literal
 
 from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
 from temporal_rollouts.sandbox_server.errors import SandboxRequired
-from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits, running_as_root
+from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
+from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
-DEFAULT_UID_BASE = 60000
 PROBE_UID = 65534
 OUTPUT_DRAIN_S = 2.0
 

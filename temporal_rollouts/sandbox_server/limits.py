@@ -41,63 +41,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, MIB, SlotLimits
 from temporal_rollouts.sandbox_server.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-MIB = 1024 * 1024
 KILL_ROUNDS = 50
-
-
-@dataclass(frozen=True)
-class SlotLimits:
-    """What one slot may use; 0 turns a limit off."""
-
-    memory_bytes: int = 2048 * MIB
-    max_processes: int = 256
-    cpus: float = 1.0
-    cpu_time_s: int = 600
-    file_size_bytes: int = 1024 * MIB
-    tmp_bytes: int = 256 * MIB
-    disk_bytes: int = 4096 * MIB
-
-    @classmethod
-    def off(cls) -> SlotLimits:
-        return cls(0, 0, 0, 0, 0, 0, 0)
-
-    def narrowed(self, requested: dict[str, float | None]) -> SlotLimits:
-        """These limits, each lowered to the requested one (in settings units, as `as_settings` gives);
-        a request can set a limit that is off here, but never raise or turn off one that is on."""
-        mine = self.as_settings()
-        values = {}
-        for key, value in mine.items():
-            wanted = requested.get(key)
-            values[key] = value if not wanted else wanted if not value else min(value, wanted)
-        return SlotLimits.from_settings(values)
-
-    def as_settings(self) -> dict[str, float]:
-        return {
-            "memory_limit_mb": self.memory_bytes // MIB,
-            "max_processes": self.max_processes,
-            "cpus": self.cpus,
-            "cpu_time_limit_s": self.cpu_time_s,
-            "file_size_limit_mb": self.file_size_bytes // MIB,
-            "tmp_limit_mb": self.tmp_bytes // MIB,
-            "disk_limit_mb": self.disk_bytes // MIB,
-        }
-
-    @classmethod
-    def from_settings(cls, values: dict[str, float]) -> SlotLimits:
-        return cls(
-            memory_bytes=int(values["memory_limit_mb"]) * MIB,
-            max_processes=int(values["max_processes"]),
-            cpus=float(values["cpus"]),
-            cpu_time_s=int(values["cpu_time_limit_s"]),
-            file_size_bytes=int(values["file_size_limit_mb"]) * MIB,
-            tmp_bytes=int(values["tmp_limit_mb"]) * MIB,
-            disk_bytes=int(values["disk_limit_mb"]) * MIB,
-        )
 
 
 @dataclass
@@ -181,7 +131,8 @@ class Confinement:
     """How every command of one server is confined; `for_slot` gives the parts of one slot."""
 
     limits: SlotLimits
-    uid_base: int = 60000
+    uid_base: int = DEFAULT_UID_BASE
+    uid_count: int = DEFAULT_UID_COUNT
     container_id: str = "local"
     dedicated_uids: bool = field(default_factory=running_as_root)
     cgroups: _Cgroups | None = None
@@ -191,9 +142,12 @@ class Confinement:
     """setpriv, to make the command's outermost process die with the server (no cgroup needed)."""
     watchdog: Watchdog | None = None
     """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
+    slot_uids: dict[int, int] = field(default_factory=dict)
+    """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
 
     @classmethod
-    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True) -> Confinement:
+    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True,
+               uid_count: int = DEFAULT_UID_COUNT) -> Confinement:
         wanted = set()
         if limits.memory_bytes:
             wanted.add("memory")
@@ -208,6 +162,7 @@ class Confinement:
         return cls(
             limits=limits,
             uid_base=uid_base,
+            uid_count=uid_count,
             container_id=container_id,
             dedicated_uids=root and setpriv is not None,
             cgroups=_detect_cgroups(wanted) if use_cgroups else None,
@@ -223,10 +178,10 @@ class Confinement:
     # --- who a slot runs as -------------------------------------------------------------
 
     def uid(self, slot: int) -> int:
-        return self.uid_base + slot if self.dedicated_uids else os.getuid()
+        return self.slot_uids.get(slot, self.uid_base + slot) if self.dedicated_uids else os.getuid()
 
     def gid(self, slot: int) -> int:
-        return self.uid_base + slot if self.dedicated_uids else os.getgid()
+        return self.uid(slot) if self.dedicated_uids else os.getgid()
 
     def drop_privileges(self, slot: int) -> list[str]:
         """The argv prefix that turns a root process into the slot's uid, with no capabilities left."""
@@ -335,8 +290,8 @@ class Confinement:
         options = ["--core=0"]
         if limits.file_size_bytes:
             options.append(f"--fsize={limits.file_size_bytes}")
-        if limits.cpu_time_s:
-            options.append(f"--cpu={limits.cpu_time_s}")
+        if limits.cpu_time_limit_s:
+            options.append(f"--cpu={limits.cpu_time_limit_s}")
         if limits.memory_bytes and "memory" not in cgroup:
             options.append(f"--as={limits.memory_bytes}")
         if limits.max_processes and "pids" not in cgroup:
@@ -367,6 +322,13 @@ class Confinement:
                                                       ("cpus", "cpu", self.limits.cpus))
                 if value and controller not in cgroup}
 
+    def _uids_in_force(self) -> str:
+        if not self.dedicated_uids:
+            return f"server uid {os.getuid()} (slots share it)"
+        last = self.uid_base + self.uid_count - 1
+        claimed = ", ".join(f"{slot}:{uid}" for slot, uid in sorted(self.slot_uids.items()))
+        return f"dedicated uid per slot, claimed on this host from {self.uid_base}-{last} (slot:uid {claimed})"
+
     def in_force(self, tmp_sized: bool) -> dict[str, str]:
         """For /health: each limit and the mechanism enforcing it ("off" when none)."""
         limits, cgroup = self.limits, self._cgroup_controllers()
@@ -388,11 +350,11 @@ class Confinement:
         memory = "watchdog (slot total) + rlimit-as (each process)" if watchdog and rlimit else (
             "watchdog (slot total)" if watchdog else "rlimit-as (each process)" if rlimit else None)
         return {
-            "uid": (f"dedicated uid {self.uid_base}+slot" if self.dedicated_uids else f"server uid {os.getuid()}"),
+            "uid": self._uids_in_force(),
             "memory": pick(limits.memory_bytes, "memory", memory),
             "processes": pick(limits.max_processes, "pids", nproc),
             "cpus": pick(limits.cpus, "cpu", "watchdog (pauses the slot past its share)" if watchdog else None),
-            "cpu_time": "rlimit-cpu" if limits.cpu_time_s and rlimit else "off",
+            "cpu_time": "rlimit-cpu" if limits.cpu_time_limit_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",
             "tmp": "tmpfs-size" if limits.tmp_bytes and tmp_sized else "off",
             "disk": "checked-after-command" if limits.disk_bytes else "off",

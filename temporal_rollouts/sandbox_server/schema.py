@@ -10,16 +10,19 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from temporal_rollouts.sandbox_server.config import (  # noqa: F401  (shared names, re-exported)
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_MAX_TRANSFER_BYTES,
+    SlotLimits,
+    SlotLimitsRequest,
+)
+
 DEFAULT_LEASE_TTL_S = 1800.0
 """A lease not renewed for this long lapses (settings: sandbox.lease_ttl_s)."""
 DEFAULT_COMMAND_TIMEOUT_S = 60.0
 """A command that names no timeout is killed after this (limits.command_timeout_s)."""
-DEFAULT_MAX_OUTPUT_CHARS = 50_000
-"""Tool output longer than this is cut, keeping head and tail (settings: sandbox.max_output_chars)."""
 DEFAULT_MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
 """A workspace snapshot larger than this is refused (settings: storage.max_snapshot_bytes)."""
-DEFAULT_MAX_TRANSFER_BYTES = 1024 * 1024 * 1024
-"""An upload or download larger than this is refused (settings: sandbox.max_transfer_bytes)."""
 DEFAULT_SESSION_TIMEOUT_S = 180.0
 """How long a stateful terminal command may run before the call returns (the command keeps the session)."""
 
@@ -91,21 +94,6 @@ class LeaseRequest(BaseModel):
 
 class RenewRequest(LeaseRequest):
     ttl_s: float = DEFAULT_LEASE_TTL_S
-
-
-class SlotLimitsRequest(BaseModel):
-    """Limits for one lease, in the units of `SandboxSettings`; they can only narrow the server's own
-    (a larger value, or 0, leaves the server's limit). Unset fields keep the server's limit."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    memory_limit_mb: int | None = Field(default=None, ge=0)
-    max_processes: int | None = Field(default=None, ge=0)
-    cpus: float | None = Field(default=None, ge=0)
-    cpu_time_limit_s: int | None = Field(default=None, ge=0)
-    file_size_limit_mb: int | None = Field(default=None, ge=0)
-    tmp_limit_mb: int | None = Field(default=None, ge=0)
-    disk_limit_mb: int | None = Field(default=None, ge=0)
 
 
 class NarrowRequest(LeaseRequest):
@@ -275,6 +263,13 @@ class HealthStatus(BaseModel):
         "wall_time) and the mechanism enforcing it here, or `off`.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
+    slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")
+    slot_uids: dict[int, int] = Field(
+        default_factory=dict, description="The uid each slot claimed on this host (a root-run server; else empty)."
+    )
+    uid_range: tuple[int, int] | None = Field(
+        default=None, description="First and last uid this server's slots may claim (a root-run server)."
+    )
 
 
 LeaseEventKind = Literal["queued", "granted", "released", "expired", "withdrawn", "reaped"]

@@ -31,9 +31,9 @@ from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import leftover_trash, prepare_workspace, remove_tree, reset_workspace
-from temporal_rollouts.sandbox_server.isolation import DEFAULT_UID_BASE
-from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
+from temporal_rollouts.sandbox_server.files import give_tree, leftover_trash, prepare_workspace, remove_tree, reset_workspace
+from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_CLAIMS, DEFAULT_UID_COUNT, ServerConfig, SlotLimits
+from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DrainResult,
@@ -48,6 +48,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ToolOutput,
 )
 from temporal_rollouts.sandbox_server.slotbook import SlotBook
+from temporal_rollouts.sandbox_server.uids import UidClaims, save_uid, saved_uid
 from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
 from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog
 
@@ -77,6 +78,8 @@ class SlotManager:
         uid_base: int = DEFAULT_UID_BASE,
         allow_network_unprotected: bool = False,
         use_cgroups: bool = True,
+        uid_count: int = DEFAULT_UID_COUNT,
+        uid_claims_dir: Path = DEFAULT_UID_CLAIMS,
     ) -> None:
         if slots < 1:
             raise ValueError("a sandbox container needs at least one slot")
@@ -89,8 +92,10 @@ class SlotManager:
         # own (and kills what was left in them), two servers never share one.
         cgroup_name = f"{container_id}-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}"
         self.confinement = Confinement.detect(
-            limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups
+            limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups, uid_count
         )
+        self.uid_claims_dir = uid_claims_dir
+        self._claims: UidClaims | None = None
         self._line = WaitLine()
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
@@ -103,8 +108,18 @@ class SlotManager:
         self._closing = False
         self._draining = False
 
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> SlotManager:
+        return cls(
+            config.root, config.slots, config.container_id, require_isolation=config.require_isolation,
+            max_output_chars=config.max_output_chars, sweep_interval_s=config.sweep_interval_s, limits=config.limits,
+            uid_base=config.slot_uid_base, uid_count=config.slot_uid_count, uid_claims_dir=config.uid_claims_dir,
+            allow_network_unprotected=config.allow_network_unprotected, use_cgroups=config.use_cgroups,
+        )
+
     async def start(self) -> None:
-        """Reset workspaces no live lease owns (left by an earlier process) and start the sweeper.
+        """Claim the slots' uids, reset workspaces no live lease owns (left by an earlier process) and
+        start the sweeper.
 
         A slot that cannot be reset is quarantined; it never stops the server from starting."""
         if self.isolation_mode == "none":
@@ -122,6 +137,8 @@ class SlotManager:
             blocked = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
             if blocked:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
+        if self.confinement.dedicated_uids:
+            await asyncio.to_thread(self._claim_uids)
         await asyncio.to_thread(self._prepare_cgroups)
         if self.confinement.unwatched_limits():
             self.confinement.watchdog = Watchdog(self._watch_rule)
@@ -141,6 +158,19 @@ class SlotManager:
                 log.warning("cannot set up cgroups for slot %d (%s); limits fall back to rlimits", slot.index, err)
                 self.confinement.cgroups = None
                 return
+
+    def _claim_uids(self) -> None:
+        """One uid per slot that no other slot on this host holds, the one it had before where it can."""
+        c = self.confinement
+        self._claims = UidClaims(self.uid_claims_dir, c.uid_base, c.uid_count)
+        for slot in self._slots:
+            folder = slot.workspace.parent
+            before = saved_uid(folder)
+            uid = c.slot_uids[slot.index] = self._claims.claim(before)
+            save_uid(folder, uid)
+            if before is not None and before != uid and slot.lease is not None:
+                log.warning("slot %d's uid %d is held elsewhere now; its workspace moves to uid %d", slot.index, before, uid)
+                give_tree(slot.workspace, before, (uid, uid))
 
     def _watch_rule(self, index: int) -> SlotRule:
         """What the watchdog holds a slot to: this lease's limits, those no cgroup holds."""
@@ -210,6 +240,8 @@ class SlotManager:
             await self.confinement.watchdog.stop()
         for slot in self._slots:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
+        if self._claims is not None:
+            self._claims.close()
 
     async def __aenter__(self) -> SlotManager:
         await self.start()
@@ -236,6 +268,9 @@ class SlotManager:
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
             limits=self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
             network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
+            slot_limits=self.confinement.limits,
+            slot_uids=dict(self.confinement.slot_uids),
+            uid_range=(c.uid_base, c.uid_base + c.uid_count - 1) if (c := self.confinement).dedicated_uids else None,
         )
 
     def slot_states(self) -> list[SlotState]:
@@ -323,11 +358,11 @@ class SlotManager:
         They last until the slot is released; a restarted server applies its own limits again."""
         target = self._leased(slot, lease_id)
         current = target.limits or self.confinement.limits
-        narrowed = current.narrowed(requested.model_dump())
+        narrowed = current.narrowed(requested)
         async with target.lock:
             await asyncio.to_thread(self.confinement.with_limits(narrowed).prepare_slot, target.index)
             target.limits = narrowed
-        return SlotLimitsRequest(**narrowed.as_settings())
+        return SlotLimitsRequest(**narrowed.model_dump())
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:
         """Run one operation in a leased slot, or answer a repeated call id from its stored result."""

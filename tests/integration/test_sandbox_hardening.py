@@ -25,7 +25,8 @@ from envs.terminal_tasks import bundled_tasks
 from envs.terminal_tasks.env import CHECK_PRELUDE
 from temporal_rollouts.core.errors import BadToolRequest, SandboxRequired, SlotUnavailable
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment, server_limit_args
+from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment
+from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.schema import (
@@ -52,23 +53,20 @@ from tests.support.sandbox import (
 pytestmark = needs_bubblewrap
 
 SLOTS = 3
-UID_BASE = 61000
-LIMITS = [
-    "--slot-uid-base", str(UID_BASE),
-    "--memory-limit-mb", "256",
-    "--max-processes", "64",
-    "--file-size-limit-mb", "64",
-    "--tmp-limit-mb", "16",
-    "--disk-limit-mb", "100",
-    "--cpu-time-limit-s", "60",
-]  # fmt: skip
+UID_BASE, UID_COUNT = 61000, 64
+SERVER = ServerOptions(
+    slot_uid_base=UID_BASE, slot_uid_count=UID_COUNT,
+    limits=SlotLimits(memory_limit_mb=256, max_processes=64, file_size_limit_mb=64, tmp_limit_mb=16,
+                      disk_limit_mb=100, cpu_time_limit_s=60),
+)
+NO_CGROUPS = SERVER.model_copy(update={"use_cgroups": False})
 AS_ROOT = os.geteuid() == 0
 
 
 @pytest.fixture(scope="module")
 async def backend(tmp_path_factory) -> LocalBackend:
     return LocalBackend(
-        tmp_path_factory.mktemp("hardening"), slots_per_container=SLOTS, sweep_interval_s=0.3, limit_args=LIMITS
+        tmp_path_factory.mktemp("hardening"), slots_per_container=SLOTS, sweep_interval_s=0.3, server=SERVER
     )
 
 
@@ -109,6 +107,12 @@ class Slots:
     def workspace(self, lease: SlotLease) -> Path:
         return workspace_of(self.backend, self.info.container_id, lease.slot)
 
+    def uid(self, lease: SlotLease) -> int:
+        """The uid the slot claimed on this host (its workspace is given to it), inside the range."""
+        uid = self.workspace(lease).stat().st_uid
+        assert UID_BASE <= uid < UID_BASE + UID_COUNT, uid
+        return uid
+
     async def release_all(self) -> None:
         for lease in self.taken:
             await self.client.release(lease.slot, lease.lease_id)
@@ -130,7 +134,9 @@ class Slots:
             assert listing.ok and lines[-1] == "alive", listing.output
             assert lines[-2] == "0", f"slot {lease.slot} was handed on dirty: {listing.output}"
             if AS_ROOT:
-                assert lines[0] == str(UID_BASE + lease.slot)
+                assert lines[0] == str(self.uid(lease))
+        if AS_ROOT:
+            assert len({self.uid(lease) for lease in fresh}) == SLOTS, "slots share a uid"
         await self.release_all()
 
 
@@ -154,7 +160,7 @@ def _slot_processes() -> list[int]:
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if UID_BASE <= uid < UID_BASE + SLOTS and state != "Z":
+            if UID_BASE <= uid < UID_BASE + UID_COUNT and state != "Z":
                 found.append(int(entry.name))
     return found
 
@@ -185,7 +191,7 @@ async def test_a_setuid_copy_never_gives_root(slots):
     copied = (slots.workspace(lease) / "rootshell").stat()
     assert copied.st_uid != 0, "a slot left a root-owned file on the host"
     if AS_ROOT:
-        assert copied.st_uid == UID_BASE + lease.slot
+        assert copied.st_uid == slots.uid(lease)
     await slots.after_break()
 
 
@@ -254,7 +260,7 @@ async def rlimit_server(tmp_path_factory):
     """A server told not to use cgroups: what a container without cgroup delegation gets."""
     backend = LocalBackend(
         tmp_path_factory.mktemp("rlimits"), slots_per_container=SLOTS, sweep_interval_s=0.3,
-        limit_args=[*LIMITS, "--no-cgroups"],
+        server=NO_CGROUPS,
     )
     async with running_container(backend) as (info, client):
         yield backend, info, client
@@ -449,7 +455,7 @@ async def test_a_deep_tree_is_reset_and_the_slot_handed_on_empty(slots):
 
 
 async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, limit_args=LIMITS)
+    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
     info = await backend.start_container()
     try:
         async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
@@ -475,7 +481,7 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
 
 @pytest.mark.skipif(not AS_ROOT, reason="chattr +i needs root")
 async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3, limit_args=LIMITS)
+    backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
     async with running_container(backend) as (info, client):
         lease = await client.acquire(holder("stuck"), ttl_s=60, wait_s=5)
         workspace = workspace_of(backend, info.container_id, lease.slot)
@@ -527,12 +533,12 @@ def test_network_is_the_envs_choice_on_the_worker_not_the_workflow_inputs():
     assert slot_terms(AcquireSlotInput(env="terminal_tasks", allow_network=True)) == (False, None)
 
 
-def test_network_acknowledgement_and_limits_reach_the_server_argv():
+def test_network_acknowledgement_and_limits_reach_the_server_argv(tmp_path):
     settings = Settings(sandbox={"allow_network_unprotected": True, "memory_limit_mb": 512})
-    argv = server_limit_args(settings)
+    argv = settings.sandbox.for_container(root=tmp_path, token_env="T").argv()
     assert "--allow-network-unprotected" in argv
     assert argv[argv.index("--memory-limit-mb") + 1] == "512"
-    assert "--allow-network-unprotected" not in server_limit_args(Settings())
+    assert "--no-allow-network-unprotected" in Settings().sandbox.for_container(root=tmp_path, token_env="T").argv()
 
 
 # --- 6. no silent fallback, no inherited secrets -----------------------------------------
@@ -559,7 +565,7 @@ def test_server_environment_keeps_only_what_it_needs(monkeypatch):
 
 def test_isolation_is_required_by_default():
     assert Settings().sandbox.require_isolation is True
-    assert LocalBackend(Path("/nonexistent")).require_isolation is True
+    assert LocalBackend(Path("/nonexistent")).server.require_isolation is True
 
 
 async def test_without_bubblewrap_commands_are_refused_unless_explicitly_allowed(tmp_path, monkeypatch, caplog):
@@ -677,13 +683,13 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
     the slot's uid instead: the command still runs unprivileged, inside and outside."""
     import tempfile
 
-    from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
+    from temporal_rollouts.sandbox_server.limits import Confinement
 
     monkeypatch.setattr(isolation, "bubblewrap_strategy", lambda: "userns")
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
         os.chmod(top, 0o755)
         workspace = Path(top) / "workspace"
-        confinement = Confinement.detect(SlotLimits(tmp_bytes=8 << 20), UID_BASE, "fallback", use_cgroups=False)
+        confinement = Confinement.detect(SlotLimits(tmp_limit_mb=8), UID_BASE, "fallback", use_cgroups=False)
         from temporal_rollouts.sandbox_server.files import prepare_workspace
 
         prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
@@ -700,7 +706,7 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
 async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
     """Without cgroups to sweep, the command still dies with its server (bwrap's --die-with-parent)."""
     backend = LocalBackend(
-        tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, limit_args=[*LIMITS, "--no-cgroups"]
+        tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=NO_CGROUPS
     )
     info = await backend.start_container()
     marker = unique_sleep()

@@ -12,6 +12,7 @@ import pytest
 from temporal_rollouts.core.errors import BadToolRequest, LeaseLost, SandboxAuthError, SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
+from temporal_rollouts.sandbox_server.config import ServerOptions
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, ReadFileOp, SlotLease, WriteFileOp
 from tests.support.sandbox import (
     host_listener,
@@ -32,8 +33,8 @@ async def backend(tmp_path_factory) -> LocalBackend:
     # Network-on slots reach the host network (control plane included), so a server refuses them unless
     # told otherwise; this container says so, for the test of what network on and off mean.
     return LocalBackend(
-        tmp_path_factory.mktemp("data"), slots_per_container=3, max_output_chars=OUTPUT_CAP, sweep_interval_s=0.3,
-        limit_args=["--allow-network-unprotected"],
+        tmp_path_factory.mktemp("data"), slots_per_container=3, sweep_interval_s=0.3,
+        server=ServerOptions(max_output_chars=OUTPUT_CAP, allow_network_unprotected=True),
     )
 
 

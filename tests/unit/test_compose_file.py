@@ -16,7 +16,7 @@ from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.sandbox_backends import StaticBackendConfig
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import DYNAMIC_CONFIG
-from temporal_rollouts.sandbox_server.app import parse_args
+from temporal_rollouts.sandbox_server.config import ServerConfig
 from tests.support import REPO
 from tests.support.compose import compose_spec_schema, load_compose
 
@@ -80,9 +80,10 @@ def test_the_worker_environment_is_valid_settings(monkeypatch, tmp_path) -> None
     for name in sandbox_services():
         assert environment(name)["SANDBOX_CONTAINER_ID"] == name and listed[name].startswith(f"http://{name}:")
         assert environment(name)["ROLLOUTS_SANDBOX_SECRET"] == environment("worker")[backend.secret_env]
-        served = parse_args([*SERVICES[name]["command"], "--token-env", "SANDBOX_TOKEN"])
+        served = ServerConfig.from_argv([*SERVICES[name]["command"], "--token-env", "SANDBOX_TOKEN"], environment(name))
         assert served.slots == settings.sandbox.slots_per_container
         assert listed[name].endswith(f":{served.port}")
+        assert served.options() == settings.sandbox.options(), "a sandbox service runs what the workers' settings say"
     assert settings.sandbox.max_containers == len(listed)
     policy_port = SERVICES["policy"]["command"][SERVICES["policy"]["command"].index("--port") + 1]
     assert settings.default_policy == f"http://policy:{policy_port}/v1"
@@ -94,10 +95,13 @@ def test_sandbox_servers_run_unprivileged_with_limits() -> None:
         assert service["build"]["dockerfile"] == "docker/sandbox.Dockerfile"
         assert not service.get("privileged") and service["user"] not in ("root", "0")
         assert service["cap_drop"] == ["ALL"] and not service.get("cap_add")
-        args = parse_args([*service["command"], "--token-env", "SANDBOX_TOKEN"])
-        assert args.memory_limit_mb > 0 and args.max_processes > 0 and args.cpus > 0 and args.disk_limit_mb > 0
-        assert args.require_isolation, "sandbox commands must not run unisolated"
+        served = ServerConfig.from_argv([*service["command"], "--token-env", "SANDBOX_TOKEN"], environment(name))
+        limits = served.limits
+        assert limits.memory_limit_mb > 0 and limits.max_processes > 0 and limits.cpus > 0 and limits.disk_limit_mb > 0
+        assert served.require_isolation, "sandbox commands must not run unisolated"
         assert service["entrypoint"] == ["sandbox-entrypoint"]
+    users = [SERVICES[name]["user"].split(":")[0] for name in sandbox_services()]
+    assert len(set(users)) == len(users), "each sandbox container runs as a uid of its own (process limits count per uid)"
 
 
 def test_jobs_fail_loudly() -> None:

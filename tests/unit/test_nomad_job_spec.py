@@ -2,10 +2,20 @@
 
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
 from temporal_rollouts.sandbox.backends.nomad import job_spec
+from temporal_rollouts.sandbox_server.config import ServerConfig, ServerOptions, SlotLimits
+
+OPTIONS = ServerOptions(max_output_chars=1000, slot_uid_base=70000, limits=SlotLimits(memory_limit_mb=300, cpus=0.5))
+
+
+def read_back(args: list[str], **filled: str) -> ServerConfig:
+    """What the server makes of its job's args, once Nomad has filled in the placeholders."""
+    for placeholder, value in filled.items():
+        args = [arg.replace("${" + placeholder + "}", value) for arg in args]
+    return ServerConfig.from_argv(args)
 
 
 def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> None:
-    spec = job_spec(NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), "rollouts-sandbox-3", 4, 1000, True)
+    spec = job_spec(NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), OPTIONS, "rollouts-sandbox-3", 4)
     group = spec["TaskGroups"][0]
     task = group["Tasks"][0]
     assert spec["Datacenters"] == ["dc9"] and spec["Namespace"] == "rl"
@@ -15,14 +25,21 @@ def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> No
     assert args[args.index("--root") + 1] == "${NOMAD_ALLOC_DIR}/data"
     assert args[args.index("--token-file") + 1] == "${NOMAD_SECRETS_DIR}/token"
     assert "--require-isolation" in args
+    served = read_back(args[2:], NOMAD_IP_http="10.0.0.7", NOMAD_PORT_http="23456", NOMAD_ALLOC_DIR="/a",
+                       NOMAD_SECRETS_DIR="/s")
+    assert served.options() == OPTIONS, "every server option reaches the job, limits and uid range included"
+    assert (served.host, served.port, served.slots) == ("10.0.0.7", 23456, 4)
     assert group["RestartPolicy"]["Attempts"] >= 1 and group["EphemeralDisk"]["Sticky"]
     assert task["Resources"] == {"CPU": 700, "MemoryMB": 900}
     assert 'nomadVar "nomad/jobs/rollouts-sandbox-3"' in task["Templates"][0]["EmbeddedTmpl"]
 
 
 def test_docker_variant_maps_the_dynamic_port_to_the_image_port() -> None:
-    spec = job_spec(NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), "rollouts-sandbox-0", 8, 1000, False)
+    options = OPTIONS.model_copy(update={"require_isolation": False})
+    spec = job_spec(NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), options, "rollouts-sandbox-0", 8)
     task = spec["TaskGroups"][0]["Tasks"][0]
     assert task["Config"]["image"] == "reg/sbx:1" and task["Config"]["privileged"] is True
     assert spec["TaskGroups"][0]["Networks"][0]["DynamicPorts"] == [{"Label": "http", "To": 8080}]
-    assert task["Config"]["args"][:4] == ["--host", "0.0.0.0", "--port", "8080"]
+    served = read_back(task["Config"]["args"], NOMAD_IP_http="10.0.0.7", NOMAD_ALLOC_DIR="/a", NOMAD_SECRETS_DIR="/s")
+    assert (served.host, served.port) == ("0.0.0.0", 8080)
+    assert served.options() == options and served.allowed_hosts == ["10.0.0.7"]

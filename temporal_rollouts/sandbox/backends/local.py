@@ -38,7 +38,8 @@ from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerStat
 from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
 from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
-from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS, SlotLease
+from temporal_rollouts.sandbox_server.config import ServerOptions
+from temporal_rollouts.sandbox_server.schema import SlotLease
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +58,17 @@ class LocalBackend(SandboxBackend):
         data_dir: Path,
         slots_per_container: int = 8,
         host: str = "127.0.0.1",
-        require_isolation: bool = True,
-        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        server: ServerOptions | None = None,
         start_timeout_s: float = 30.0,
         sweep_interval_s: float = 2.0,
-        limit_args: list[str] | None = None,
     ) -> None:
         self.directory = Path(data_dir).resolve() / "sandboxes"
         self.slots_per_container = slots_per_container
         self.host = host
-        self.require_isolation = require_isolation
-        self.max_output_chars = max_output_chars
+        self.server = server or ServerOptions()
+        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
         self.start_timeout_s = start_timeout_s
         self.sweep_interval_s = sweep_interval_s
-        self.limit_args = list(limit_args or [])
-        """Extra server options (limits, slot uids, network), from `server_limit_args`."""
         self.registry = ContainerRegistry(self.directory / "containers.json")
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -83,9 +80,7 @@ class LocalBackend(SandboxBackend):
             settings.data_dir,
             slots_per_container=sandbox.slots_per_container,
             host=host,
-            require_isolation=sandbox.require_isolation,
-            max_output_chars=sandbox.max_output_chars,
-            limit_args=server_limit_args(settings),
+            server=sandbox.options(),
         )
 
     def container_dir(self, container_id: str) -> Path:
@@ -216,21 +211,12 @@ class LocalBackend(SandboxBackend):
     def _spawn_server(
         self, container_id: str, directory: Path, token_file: Path, ready_file: Path
     ) -> subprocess.Popen[bytes]:
-        argv = [
-            sys.executable, "-m", "temporal_rollouts.sandbox_server",
-            "--host", self.host,
-            "--port", "0",
-            "--slots", str(self.slots_per_container),
-            "--root", str(directory / "root"),
-            "--token-file", str(token_file),
-            "--container-id", container_id,
-            "--max-output-chars", str(self.max_output_chars),
-            "--sweep-interval", str(self.sweep_interval_s),
-            "--ready-file", str(ready_file),
-        ]  # fmt: skip
-        argv.append("--require-isolation" if self.require_isolation else "--no-require-isolation")
-        argv += self.limit_args
-        if not self.require_isolation:
+        config = self.server.for_container(
+            root=directory / "root", slots=self.slots_per_container, container_id=container_id, host=self.host,
+            port=0, token_file=token_file, sweep_interval_s=self.sweep_interval_s, ready_file=ready_file,
+        )
+        argv = [sys.executable, "-m", "temporal_rollouts.sandbox_server", *config.argv()]
+        if not config.require_isolation:
             log.warning("starting sandbox %s with require_isolation off: commands may run UNISOLATED", container_id)
         env = server_environment()
         with (directory / "server.log").open("ab") as log_file:
@@ -267,26 +253,6 @@ def server_environment() -> dict[str, str]:
     env["PYTHONPATH"] = str(PROJECT_ROOT)
     env["PYTHONNOUSERSITE"] = "1"
     return env
-
-
-def server_limit_args(settings: Settings) -> list[str]:
-    """The sandbox settings a server takes on its command line."""
-    sandbox = settings.sandbox
-    argv = [
-        "--slot-uid-base", str(sandbox.slot_uid_base),
-        "--memory-limit-mb", str(sandbox.memory_limit_mb),
-        "--max-processes", str(sandbox.max_processes),
-        "--cpus", str(sandbox.cpus),
-        "--cpu-time-limit-s", str(sandbox.cpu_time_limit_s),
-        "--file-size-limit-mb", str(sandbox.file_size_limit_mb),
-        "--tmp-limit-mb", str(sandbox.tmp_limit_mb),
-        "--disk-limit-mb", str(sandbox.disk_limit_mb),
-    ]  # fmt: skip
-    if not sandbox.use_cgroups:
-        argv.append("--no-cgroups")
-    if sandbox.allow_network_unprotected:
-        argv.append("--allow-network-unprotected")
-    return argv
 
 
 def _ensure_token(token_file: Path) -> None:

@@ -39,13 +39,15 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
 from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
-from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS
+from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
 
 SERVER_PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_server"
 REMOTE_ROOT = "/opt/rollouts"
 TOKEN_ENV = "SANDBOX_TOKEN"
+TUNNEL_DOMAIN = ".modal.host"
+"""Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.hosts`)."""
 POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
 SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7")
@@ -68,8 +70,7 @@ class ModalBackend(RemoteBackend):
         *,
         slots_per_container: int = 8,
         max_containers: int = 4,
-        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        require_isolation: bool = True,
+        server: ServerOptions | None = None,
         modal_api: ModuleType | Any | None = None,
     ) -> None:
         if modal_api is None:
@@ -78,8 +79,8 @@ class ModalBackend(RemoteBackend):
         self.config = config
         self.slots_per_container = slots_per_container
         self.max_containers = max_containers
-        self.max_output_chars = max_output_chars
-        self.require_isolation = require_isolation
+        self.server = server or ServerOptions()
+        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
@@ -109,12 +110,11 @@ class ModalBackend(RemoteBackend):
         )
 
     def command(self, container_id: str) -> list[str]:
-        argv = [
-            "python", "-m", "temporal_rollouts.sandbox_server", "--host", "0.0.0.0", "--port", str(self.config.port),
-            "--slots", str(self.slots_per_container), "--root", f"{self.config.workspace_base}/root",
-            "--token-env", TOKEN_ENV, "--container-id", container_id, "--max-output-chars", str(self.max_output_chars),
-        ]  # fmt: skip
-        return [*argv, "--require-isolation"] if self.require_isolation else argv
+        config = self.server.for_container(
+            root=f"{self.config.workspace_base}/root", slots=self.slots_per_container, container_id=container_id,
+            host="0.0.0.0", port=self.config.port, token_env=TOKEN_ENV, allowed_hosts=[TUNNEL_DOMAIN],
+        )
+        return ["python", "-m", "temporal_rollouts.sandbox_server", *config.argv()]
 
     def create_options(self, container_id: str) -> dict[str, Any]:
         """Every keyword of the one `Sandbox.create` call (tests check them against the installed modal)."""

@@ -35,7 +35,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
 from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
-from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_OUTPUT_CHARS
+from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +45,23 @@ SECONDS = 1_000_000_000
 Result = TypeVar("Result")
 
 
-def job_spec(config: NomadBackendConfig, job_id: str, slots: int, max_output_chars: int, require_isolation: bool) -> dict[str, Any]:
-    """The Nomad job (JSON API form) that runs one sandbox server."""
-    server_args = [
-        "--slots", str(slots), "--root", "${NOMAD_ALLOC_DIR}/data", "--token-file", "${NOMAD_SECRETS_DIR}/token",
-        "--container-id", job_id, "--max-output-chars", str(max_output_chars),
-    ]  # fmt: skip
-    if require_isolation:
-        server_args.append("--require-isolation")
-    if config.driver == "raw_exec":
+def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int) -> dict[str, Any]:
+    """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options."""
+    where = {"slots": slots, "container_id": job_id, "root": "${NOMAD_ALLOC_DIR}/data",
+             "token_file": "${NOMAD_SECRETS_DIR}/token"}
+    if config.driver == "raw_exec":  # on the host itself: it binds the allocation's address and port
+        server_config = server.for_container(**where, host="${NOMAD_IP_http}")
         task_config: dict[str, Any] = {
             "command": config.python,
-            "args": ["-m", "temporal_rollouts.sandbox_server", "--host", "${NOMAD_IP_http}", "--port", "${NOMAD_PORT_http}",
-                     *server_args],
+            "args": ["-m", "temporal_rollouts.sandbox_server", *server_config.argv(port="${NOMAD_PORT_http}")],
         }  # fmt: skip
         env = {"PYTHONPATH": config.pythonpath} if config.pythonpath else {}
         ports = [{"Label": PORT_LABEL}]
-    else:
+    else:  # in a container: every address of it, reached through the host's address and a mapped port
+        server_config = server.for_container(**where, host="0.0.0.0", port=DOCKER_PORT, allowed_hosts=["${NOMAD_IP_http}"])
         task_config = {
             "image": config.image, "ports": [PORT_LABEL], "force_pull": False, "privileged": config.privileged,
-            "args": ["--host", "0.0.0.0", "--port", str(DOCKER_PORT), *server_args],
+            "args": server_config.argv(),
         }  # fmt: skip
         env = {}
         ports = [{"Label": PORT_LABEL, "To": DOCKER_PORT}]
@@ -102,8 +99,7 @@ class NomadBackend(RemoteBackend):
         *,
         slots_per_container: int = 8,
         max_containers: int = 4,
-        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        require_isolation: bool = True,
+        server: ServerOptions | None = None,
         acl_token: str | None = None,
     ) -> None:
         import nomad  # python-nomad, the `cluster` extra
@@ -112,8 +108,8 @@ class NomadBackend(RemoteBackend):
         self.config = config
         self.slots_per_container = slots_per_container
         self.max_containers = max_containers
-        self.max_output_chars = max_output_chars
-        self.require_isolation = require_isolation
+        self.server = server or ServerOptions()
+        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
         self._nomad = nomad
         self._client = nomad.Nomad(
             address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
@@ -241,7 +237,7 @@ class NomadBackend(RemoteBackend):
         elif _index_of(container_id, self.config.job_prefix + "-") is None:
             raise SandboxError(f"{container_id!r} is not a job of this pool ({self.config.job_prefix}-<index>)")
         await self._put_token(container_id)
-        spec = job_spec(self.config, container_id, self.slots_per_container, self.max_output_chars, self.require_isolation)
+        spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
         try:
             await self._nomad_call(lambda: self._client.job.register_job(
                 container_id, {"Job": spec, "EnforceIndex": True, "JobModifyIndex": 0}
@@ -257,7 +253,7 @@ class NomadBackend(RemoteBackend):
         """Re-register a dead job under an index check: one worker does it, the others wait for it."""
         job = await self._nomad_call(lambda: self._client.job.get_job(container_id))
         if job.get("Status") == "dead" and not job.get("Stop"):
-            spec = job_spec(self.config, container_id, self.slots_per_container, self.max_output_chars, self.require_isolation)
+            spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
             body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": job["JobModifyIndex"]}
             try:
                 await self._nomad_call(lambda: self._client.job.register_job(container_id, body))

@@ -70,6 +70,5 @@ def server_options(settings: Settings) -> dict[str, Any]:
     return {
         "slots_per_container": sandbox.slots_per_container,
         "max_containers": sandbox.max_containers,
-        "max_output_chars": sandbox.max_output_chars,
-        "require_isolation": sandbox.require_isolation,
+        "server": sandbox.options(),
     }

@@ -1,0 +1,87 @@
+"""Slot uids that no two slots on one host share, across servers and containers.
+
+The kernel counts RLIMIT_NPROC per uid, and files belong to uids: two slots with one uid share
+a process limit (one slot's processes starve another's verifier, which then fails with
+`setpriv: failed to execute bash: Resource temporarily unavailable`) and each other's files. A
+fixed `base + slot index` gives slot 2 of every container on a host the same uid.
+
+So a root-run server claims one uid per slot from a range every server of the host shares, by
+holding an exclusive `flock` on `<claims dir>/<uid>` for as long as it runs. The kernel drops the
+lock when the process dies, so a crashed server's uids come free by themselves and no claim can
+go stale. A slot keeps its uid across restarts of its server (written in `slot-<i>/uid`), so a
+lease that survives the restart keeps owning its files; if another server took that uid
+meanwhile, the slot gets another one (and `SlotManager` gives the workspace to it). Uids that
+name a user on this host (`nobody` among them) are never claimed.
+
+What the backends must guarantee: every root-run server on one host sees the same claims folder
+(processes on the host do; a container must mount the host's) and draws from the same range, or
+from ranges that do not overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+from pathlib import Path
+
+from temporal_rollouts.sandbox_server.errors import SandboxRequired
+
+
+class UidClaims:
+    def __init__(self, directory: Path, first: int, count: int) -> None:
+        self.directory, self.first, self.count = directory, first, count
+        self._held: dict[int, int] = {}
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as err:
+            raise SandboxRequired(f"cannot make the slot uid claims folder {directory} ({err.strerror}); "
+                                  "set sandbox.uid_claims_dir (--uid-claims-dir) to a folder every "
+                                  "sandbox server on this host shares") from None
+
+    def claim(self, preferred: int | None = None) -> int:
+        """A uid of the range that no other slot on this host holds, `preferred` if it is free."""
+        candidates = range(self.first, self.first + self.count)
+        order = ([preferred] if preferred in candidates else []) + list(candidates)
+        for uid in order:
+            if uid in self._held or _names_a_user(uid):
+                continue
+            fd = os.open(self.directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._held[uid] = fd
+            return uid
+        raise SandboxRequired(
+            f"every slot uid of {self.first}..{self.first + self.count - 1} is held by a sandbox server on this "
+            "host: raise sandbox.slot_uid_count, or run fewer slots here"
+        )
+
+    def close(self) -> None:
+        for fd in self._held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._held.clear()
+
+
+def saved_uid(slot_dir: Path) -> int | None:
+    try:
+        return int((slot_dir / "uid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_uid(slot_dir: Path, uid: int) -> None:
+    slot_dir.mkdir(parents=True, exist_ok=True)
+    (slot_dir / "uid").write_text(str(uid))
+
+
+def _names_a_user(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
