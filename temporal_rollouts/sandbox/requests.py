@@ -58,7 +58,7 @@ class SlotsQuery(BaseModel):
     """`GET /slots`: every slot with its lease, if any."""
 
 
-def no_extra_time(request: Any) -> float:
+def _no_extra_time(request: Any) -> float:
     return 0.0
 
 
@@ -67,12 +67,12 @@ class Route:
     method: Literal["GET", "POST", "PUT"]
     path: str
     reply: TypeAdapter[Any] = field(repr=False)
-    runs_for: Callable[[Any], float] = no_extra_time
+    runs_for: Callable[[Any], float] = _no_extra_time
     """Seconds the server may spend on the request beyond the client's own timeout."""
 
 
 def _route(method: Literal["GET", "POST", "PUT"], path: str, reply: Any,
-           runs_for: Callable[[Any], float] = no_extra_time) -> Route:  # fmt: skip
+           runs_for: Callable[[Any], float] = _no_extra_time) -> Route:  # fmt: skip
     return Route(method, path, TypeAdapter(reply), runs_for)
 
 
