@@ -168,8 +168,8 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     warn_about_local_storage(settings)
     try:
         await check_local_backend_is_alone(client, settings)
-        await parts.pool.backend.prepare()
-        await parts.pool.ensure_running(settings.sandbox.min_containers)
+        await parts.pool.fleet.backend.prepare()
+        await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
         async with build_worker(client, parts):
             await ensure_maintenance_workflow(client, settings)
             yield client

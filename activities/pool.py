@@ -61,7 +61,7 @@ class PoolActivities:
     @activity.defn(name="maintain_slot_pool")
     async def maintain_slot_pool(self) -> MaintenanceReport:
         with activity_boundary():
-            health = await self._pool.check_health()
+            health = await self._pool.fleet.check_health()
             reaped = await self._pool.reap(self.holder_closed, self.save_workspace)
-            stopped = await self._pool.scale_down(self._settings.min_containers, self._settings.idle_stop_s)
+            stopped = await self._pool.fleet.scale_down(self._settings.min_containers, self._settings.idle_stop_s)
             return MaintenanceReport(health=health.model_dump(mode="json"), reaped=reaped, stopped_containers=stopped)

@@ -56,14 +56,14 @@ class SlotActivities:
                     retryable=False,
                 ) from err
             if limits is not None:
-                await self._pool.narrow(lease.ref(), limits)
+                await self._pool.lease(lease).narrow(limits)
             return lease
 
     @activity.defn(name="release_slot")
     @checked_input
     async def release_slot(self, lease: SlotLease) -> ReleaseResult:
         with activity_boundary():
-            return await self._pool.release(lease, reset=True)
+            return await self._pool.release(lease)
 
 
 def slot_terms(input: AcquireSlotInput) -> tuple[bool, SlotLimitsRequest | None]:

@@ -34,7 +34,7 @@ class SnapshotActivities:
     async def save(self, lease: SlotRef, key: str) -> int:
         with temp_path(suffix=".tar.gz") as archive:
             try:
-                size = await self._pool.archive_to(lease, archive, self._settings.max_snapshot_bytes)
+                size = await self._pool.lease(lease).archive_to(archive, self._settings.max_snapshot_bytes)
             except (SnapshotTooLarge, TransferTooLarge) as err:
                 raise SnapshotTooLarge(
                     f"{err.message}: over storage.max_snapshot_bytes, so a resume of this rollout starts over"
@@ -45,7 +45,7 @@ class SnapshotActivities:
     async def load(self, lease: SlotRef, key: str) -> None:
         with temp_path(suffix=".tar.gz") as archive:
             await object_to_file(self._objects, bucket=self._settings.bucket, key=key, path=archive)
-            await self._pool.restore_from(lease, archive, self._settings.max_snapshot_bytes)
+            await self._pool.lease(lease).restore_from(archive, self._settings.max_snapshot_bytes)
 
     @activity.defn(name="snapshot_workspace")
     @checked_input

@@ -80,7 +80,7 @@ class ToolActivities:
             else:
                 info = activity.info()
                 call_id = f"{info.workflow_id}/{info.workflow_run_id}/{input.call_key}"
-                running = self._pool.execute(input.lease, call_id, parsed)
+                running = self._pool.lease(input.lease).execute(call_id, parsed)
                 try:
                     output: ToolOutput = await (running if info.is_local else heartbeating(running))
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake

@@ -62,7 +62,7 @@ async def local_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
     backend = LocalBackend(tmp, slots_per_container=slots)
     async with SandboxPool(backend, slots_per_container=slots) as pool:
         try:
-            await pool.ensure_running()
+            await pool.fleet.ensure_running()
             yield pool
         finally:
             await backend.shutdown()
@@ -87,9 +87,9 @@ async def nomad_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
                "python": sys.executable, "pythonpath": str(REPO), "job_prefix": "bench"}  # fmt: skip
     try:
         async with SandboxPool.from_settings(pool_settings(tmp, slots, backend)) as pool:
-            await pool.ensure_running()
+            await pool.fleet.ensure_running()
             yield pool
-            await pool.backend.shutdown()
+            await pool.fleet.backend.shutdown()
     finally:
         fake.stop()
 
@@ -100,9 +100,9 @@ async def modal_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
     settings = pool_settings(tmp, slots, {"type": "modal", "app_name": "bench", "secret_env": SECRET_ENV})
     try:
         async with SandboxPool.from_settings(settings, ModalBackend.from_settings(settings, modal_api=fake)) as pool:
-            await pool.ensure_running()
+            await pool.fleet.ensure_running()
             yield pool
-            await pool.backend.shutdown()
+            await pool.fleet.backend.shutdown()
     finally:
         fake.close()
 
@@ -114,7 +114,7 @@ async def measure(pool: SandboxPool, slots: int, rounds: int) -> dict[str, list[
         lease = await pool.acquire(holder(), ttl_s=600, wait_s=10)
         acquire.append(time.perf_counter() - started)
         started = time.perf_counter()
-        await pool.execute(lease, uuid.uuid4().hex, ExecOp(command="true"))
+        await pool.lease(lease).execute(uuid.uuid4().hex, ExecOp(command="true"))
         true_trip.append(time.perf_counter() - started)
         await pool.release(lease)
     held = [await pool.acquire(holder(), ttl_s=600, wait_s=10) for _ in range(slots)]

@@ -243,7 +243,7 @@ async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, po
         )
         pool = SandboxPool(LocalBackend.from_settings(settings), start_containers=False)
         stack.push_async_callback(pool.aclose)
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         pids = {"policy": policy.pid, "sandbox": container.pid or 0, "temporal": server_pid}
 
         if worker == "process":

@@ -2,7 +2,7 @@
 
 Both variants do the same work against the same processes: lease a slot through the
 SandboxPool, set the workspace up through the env, then model turn (llm.chat.ChatClient
-against the demo policy) and tool call (parse_tool_call + pool.execute) until the
+against the demo policy) and tool call (parse_tool_call + a lease's execute) until the
 model stops calling tools, verify, release. The asyncio variant does it in this
 process with no Temporal; the Temporal variant runs TrajectoryWorkflow (started
 directly, or as children of one BatchWorkflow), each step an activity on the worker.
@@ -93,13 +93,13 @@ class AsyncioRunner:
                 for index, call in enumerate(reply.message.tool_calls):
                     op = parse_tool_call(call, names, default_timeout_s=limits.command_timeout_s)
                     if not isinstance(op, ToolCallProblem):
-                        op = await self.pool.execute(lease, f"{key}/turn-{turns}/call-{index}", op)
+                        op = await self.pool.lease(lease).execute(f"{key}/turn-{turns}/call-{index}", op)
                     messages.append(tool_result_message(call.id, op))
                     tool_calls += 1
             verdict = await env.verify(item, LeasedSlot(self.pool, lease, f"{key}/verify"), messages)
             assert verdict.score == 1.0, verdict
         finally:
-            await self.pool.release(lease, reset=True)
+            await self.pool.release(lease)
         tally.add(turns, tool_calls, started)
 
     async def run(self, concurrency: int, trajectories: int, steps: int) -> Tally:

@@ -32,8 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
+from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
-from temporal_rollouts.sandbox_server.schema import ExecOp, Holder
+from temporal_rollouts.sandbox_server.schema import (
+    AcquireRequest,
+    ExecOp,
+    ExecuteRequest,
+    Holder,
+    ReleaseRequest,
+    SlotLease,
+)
 
 LIMITS_OFF = ServerOptions(limits=SlotLimits.off())
 FILES = 10_000
@@ -52,39 +60,41 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def run_in(lease: SlotLease, call_id: str, operation: ExecOp) -> ExecuteRequest:
+    return ExecuteRequest(slot=lease.slot, lease_id=lease.lease_id, call_id=call_id, operation=operation)
+
+
 async def true_round_trips(client: SandboxClient, rounds: int) -> list[float]:
-    lease = await client.acquire(holder(), ttl_s=600, wait_s=30)
+    lease = await client.send(AcquireRequest(holder=holder(), ttl_s=600, wait_s=30))
     times = []
     try:
         for index in range(rounds + 3):
             started = time.perf_counter()
-            output = await client.execute(lease.slot, lease.lease_id, uuid.uuid4().hex, ExecOp(command="true"))
+            output = await client.send(run_in(lease, uuid.uuid4().hex, ExecOp(command="true")))
             elapsed = time.perf_counter() - started
             assert output.ok, output.output
             if index >= 3:  # the first calls warm caches up
                 times.append(elapsed)
     finally:
-        await client.release(lease.slot, lease.lease_id)
+        await client.send(ReleaseRequest(slot=lease.slot, lease_id=lease.lease_id))
     return times
 
 
 async def reset_of_many_files(client: SandboxClient, slot_dir: Path) -> tuple[float, float]:
-    lease = await client.acquire(holder(), ttl_s=600, wait_s=30)
-    made = await client.execute(
-        lease.slot, lease.lease_id, "fill",
-        ExecOp(command=f"mkdir -p many && cd many && seq {FILES} | xargs touch && ls | wc -l", timeout_s=300),
-    )  # fmt: skip
+    lease = await client.send(AcquireRequest(holder=holder(), ttl_s=600, wait_s=30))
+    fill = ExecOp(command=f"mkdir -p many && cd many && seq {FILES} | xargs touch && ls | wc -l", timeout_s=300)
+    made = await client.send(run_in(lease, "fill", fill))
     assert made.ok and made.output.strip() == str(FILES), made.output
     started = time.perf_counter()
-    await client.release(lease.slot, lease.lease_id)
+    await client.send(ReleaseRequest(slot=lease.slot, lease_id=lease.lease_id))
     reset = time.perf_counter() - started
     while any(path.name.startswith("trash-") for path in slot_dir.iterdir()):
         await asyncio.sleep(0.01)
     deleted = time.perf_counter() - started
-    again = await client.acquire(holder(), ttl_s=600, wait_s=30)
-    listing = await client.execute(again.slot, again.lease_id, "ls", ExecOp(command="ls -A | wc -l"))
+    again = await client.send(AcquireRequest(holder=holder(), ttl_s=600, wait_s=30))
+    listing = await client.send(run_in(again, "ls", ExecOp(command="ls -A | wc -l")))
     assert listing.output.strip() == "0", listing.output
-    await client.release(again.slot, again.lease_id)
+    await client.send(ReleaseRequest(slot=again.slot, lease_id=again.lease_id))
     return reset, deleted
 
 
@@ -104,7 +114,7 @@ async def main() -> None:
                 SandboxClient(on_info.url, on_info.read_token(), timeout=60) as on_client,
                 SandboxClient(off_info.url, off_info.read_token(), timeout=60) as off_client,
             ):
-                health = await on_client.health()
+                health = await on_client.send(HealthQuery())
                 print("limits in force:", json.dumps(health.limits))
                 with_limits = await true_round_trips(on_client, args.rounds)
                 without = await true_round_trips(off_client, args.rounds)

@@ -196,14 +196,14 @@ async def acquire_cost(data_dir: Path, containers: int, slots: int, rounds: int)
         held = [await pool.acquire(Holder(workflow_id=f"held-{i}", run_id="r"), wait_s=5)
                 for i in range(containers * slots // 2)]  # fmt: skip
         for warm in range(5):
-            await pool.release(await pool.acquire(Holder(workflow_id=f"warm-{warm}", run_id="r"), wait_s=5), reset=False)
+            await pool.release(await pool.acquire(Holder(workflow_id=f"warm-{warm}", run_id="r"), wait_s=5))
         cpu = time.process_time()
         for round_ in range(rounds):
             lease = await pool.acquire(Holder(workflow_id=f"bench-{round_}", run_id="r"), wait_s=5, may_hold=False)
-            await pool.release(lease, reset=False)
+            await pool.release(lease)
         per_op = (time.process_time() - cpu) * 1000 / rounds
         for lease in held:
-            await pool.release(lease, reset=False)
+            await pool.release(lease)
         return per_op
     finally:
         await pool.aclose()

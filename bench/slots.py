@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
+from temporal_rollouts.sandbox.requests import HealthQuery  # noqa: E402
 from temporal_rollouts.sandbox_server.lease_log import (  # noqa: E402
     hand_over_latencies,
     idle_while_waiting,
@@ -87,7 +88,7 @@ async def saturate(pool: SandboxPool, holders: int, seconds: float, work_s: floa
         nonlocal done
         while time.time() < deadline:
             lease = await pool.acquire(holder(), ttl_s=600, wait_s=120)
-            await pool.execute(lease, uuid.uuid4().hex, ExecOp(command=f"sleep {work_s}", timeout_s=30))
+            await pool.lease(lease).execute(uuid.uuid4().hex, ExecOp(command=f"sleep {work_s}", timeout_s=30))
             await pool.release(lease)
             done += 1
 
@@ -110,9 +111,10 @@ async def main(argv: list[str] | None = None) -> None:
         container = await backend.start_container()
         pool = SandboxPool(backend, start_containers=False, slots_per_container=args.slots)
         try:
-            await pool.ensure_running()
+            await pool.fleet.ensure_running()
             root = backend.container_dir(container.container_id) / "root"
-            print(f"sandbox: 1 container x {args.slots} slots (isolation: {(await (await pool.client(container.container_id)).health()).isolation})")
+            health = await pool.fleet.send(container.container_id, HealthQuery())
+            print(f"sandbox: 1 container x {args.slots} slots (isolation: {health.isolation})")
             print(f"acquire, free slot:       {ms(await free_slot_latency(pool, rounds), 'acquire')}")
             print(f"hand-over, client side:   {ms(await hand_over_latency(pool, args.slots, rounds), 'hand_over')}")
             print(f"hand-over, server log:    {ms(hand_over_latencies(read_lease_events(root)))}")

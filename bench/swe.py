@@ -109,7 +109,7 @@ async def main() -> None:
         backend = LocalBackend(Path(tmp), slots_per_container=1, server=Settings().sandbox.options())
         pool = SandboxPool(backend, slots_per_container=1)
         try:
-            await pool.ensure_running()
+            await pool.fleet.ensure_running()
             rows = []
             for instance_id in ids:
                 rows.append(await measure(pool, backend, instance_id))

@@ -51,7 +51,7 @@ async def round_trips(pool: SandboxPool, lease, rounds: int, make) -> list[float
     times = []
     for _ in range(rounds):
         started = time.perf_counter()
-        output = await pool.execute(lease, uuid.uuid4().hex, make())
+        output = await pool.lease(lease).execute(uuid.uuid4().hex, make())
         times.append(time.perf_counter() - started)
         assert output.ok and output.output == "ping\n", output
     return times
@@ -70,10 +70,10 @@ async def main(rounds: int, megabytes: int) -> dict:
         root = Path(scratch)
         backend = LocalBackend(root / "data", slots_per_container=1)
         async with SandboxPool(backend) as pool:
-            (info,) = await pool.ensure_running()
+            (info,) = await pool.fleet.ensure_running()
             try:
                 lease = await pool.acquire(Holder(workflow_id="bench-tools"), ttl_s=600, wait_s=10)
-                await pool.execute(lease, "warm", SessionOp(action="start"))
+                await pool.lease(lease).execute("warm", SessionOp(action="start"))
                 one_shot = await round_trips(pool, lease, rounds, lambda: ExecOp(command="echo ping"))
                 stateful = await round_trips(pool, lease, rounds, lambda: SessionOp(action="run", text="echo ping"))
 
@@ -83,11 +83,11 @@ async def main(rounds: int, megabytes: int) -> dict:
                         out.write(os.urandom(1 << 20))
                 rss_before = peak_rss(info.pid)
                 started = time.perf_counter()
-                await pool.upload(lease, source, "payload.bin")
+                await pool.lease(lease).upload(source, "payload.bin")
                 up_s = time.perf_counter() - started
                 back = root / "back.bin"
                 started = time.perf_counter()
-                await pool.download(lease, "payload.bin", back)
+                await pool.lease(lease).download("payload.bin", back)
                 down_s = time.perf_counter() - started
                 identical = digest(source) == digest(back)
                 rss_growth = peak_rss(info.pid) - rss_before

@@ -1,70 +1,22 @@
 """What a task family (an env) provides, and the handle its hooks use to touch a slot.
 
 Env code runs only inside activities: the workflow sees items as plain data and
-never imports an env.
+never imports an env. Setup and verify get a `SlotHandle`, which is the sandbox's
+`LeasedSlot` (`temporal_rollouts.sandbox.handle`): its docstring lists what a hook
+may do and says how calls are keyed so that a retried hook is answered from the
+sandbox's stored results instead of running twice.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from temporal_rollouts.core.messages import Message, ToolSpec
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
-from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_COMMAND_TIMEOUT_S,
-    CacheEntry,
-    FileListing,
-    ToolOutput,
-    TransferResult,
-)
+from temporal_rollouts.sandbox.handle import LeasedSlot as SlotHandle
 
 __all__ = ["Env", "Item", "ScriptedCall", "SlotHandle", "Verdict"]
-
-
-class SlotHandle(Protocol):
-    """The slot an env hook may use, like the original's ToolContext (implemented by
-    `temporal_rollouts.sandbox.handle.LeasedSlot`, whose docstring says how calls are keyed so
-    that a retried hook is answered from the sandbox's stored results instead of running twice).
-    In verify, `meta` holds what `setup_workspace` returned (empty during setup)."""
-
-    meta: dict[str, Any]
-
-    async def terminal(
-        self, command: str, timeout: float = ..., *, key: str | None = None, cache: Sequence[str] = ()
-    ) -> ToolOutput: ...
-
-    async def exec(
-        self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, *, cache: Sequence[str] = ()
-    ) -> ToolOutput: ...
-
-    async def write_file(self, *args: str, key: str | None = None) -> ToolOutput: ...
-
-    async def read_file(self, *args: str, key: str | None = None) -> ToolOutput: ...
-
-    async def search(
-        self, pattern: str, path: str = ".", *, max_matches: int = 200, key: str | None = None
-    ) -> ToolOutput: ...
-
-    async def terminal_stateful(self, command: str, timeout: float = ..., *, key: str | None = None) -> ToolOutput: ...
-
-    async def send_keys(self, keys: str, wait: float = 1.0, *, key: str | None = None) -> ToolOutput: ...
-
-    async def screen(self, *, key: str | None = None) -> ToolOutput: ...
-
-    async def terminal_output(self, *, key: str | None = None) -> ToolOutput: ...
-
-    async def stop_terminal(self, *, key: str | None = None) -> ToolOutput: ...
-
-    async def upload(self, local: str | Path, remote: str) -> TransferResult: ...
-
-    async def download(self, remote: str, local: str | Path) -> TransferResult: ...
-
-    async def list_files(self, path: str = ".", max_entries: int = 1000) -> FileListing: ...
-
-    async def share(self, name: str, archive: str | Path) -> CacheEntry: ...
 
 
 class Env(ABC):

@@ -1,9 +1,11 @@
-"""HTTP client of one sandbox server, returning the shared schema models.
+"""HTTP client of one sandbox server: sends any request of `sandbox.requests` and parses its reply.
 
 Error bodies are raised again as their own `RolloutError` type, and a server
 that cannot be reached becomes `SandboxUnreachable`, which is retryable. Every
-request has a timeout (an acquire's is its wait plus the client timeout), so a
-hung server surfaces as `SandboxUnreachable` instead of a hung rollout.
+request has a timeout (its route says how long the server may take beyond it:
+an acquire's wait, an operation's own timeout), so a hung server surfaces as
+`SandboxUnreachable` instead of a hung rollout. Files travel as streams, one
+chunk in memory at a time.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from temporal_rollouts.core.errors import (
     SandboxError,
@@ -23,45 +25,18 @@ from temporal_rollouts.core.errors import (
     TransferTooLarge,
     raise_from_payload,
 )
-from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_LEASE_TTL_S,
-    AcquireRequest,
-    CacheEntry,
-    CacheQuery,
-    DrainRequest,
-    DrainResult,
-    ExecOp,
-    ExecuteRequest,
-    FileListing,
-    HealthStatus,
-    Holder,
-    ListQuery,
-    NarrowRequest,
-    Operation,
-    ReleaseRequest,
-    ReleaseResult,
-    RenewRequest,
-    SessionOp,
-    SlotLease,
-    SlotLimitsRequest,
-    SlotState,
-    ToolOutput,
-    TransferQuery,
-    TransferResult,
-    WithdrawRequest,
-    WithdrawResult,
-)
+from temporal_rollouts.sandbox.requests import DOWNLOAD, UPLOADS, Route, route_of
+from temporal_rollouts.sandbox_server.schema import TransferQuery
 
-Model = TypeVar("Model", bound=BaseModel)
-
-OPERATION_MARGIN_S = 30.0
 TRANSFER_CHUNK_BYTES = 1024 * 1024
 TRANSFER_TIMEOUT_S = 600.0
 """A transfer's read and write timeouts apply per chunk; this bounds the wait for its answer."""
-SLOT_STATES = TypeAdapter(list[SlotState])
 
 
 class SandboxClient:
+    base_url: str
+    timeout: float
+
     def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -83,78 +58,53 @@ class SandboxClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def health(self) -> HealthStatus:
-        return _parse(HealthStatus, await self._request("GET", "/health"))
+    async def send(self, request: BaseModel) -> Any:
+        """Send one request of `sandbox.requests.ROUTES`; its reply, as the route's model."""
+        route = route_of(request)
+        what = f"{route.method} {route.path}"
+        content = params = headers = None
+        if route.method == "GET":
+            params = request.model_dump(mode="json")
+        else:
+            content, headers = request.model_dump_json(), {"Content-Type": "application/json"}
+        try:
+            response = await self._http.request(
+                route.method, route.path, params=params, content=content, headers=headers,
+                timeout=self.timeout + route.runs_for(request),
+            )  # fmt: skip
+        except httpx.TimeoutException as err:
+            raise SandboxUnreachable(f"sandbox {self.base_url} did not answer {what} in time: {err!r}") from err
+        except httpx.TransportError as err:
+            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
+        return _parse(route, _payload_or_raise(response, what, self.base_url))
 
-    async def slots(self) -> list[SlotState]:
-        return _parse(SLOT_STATES, await self._request("GET", "/slots"))
-
-    async def acquire(
-        self,
-        holder: Holder,
-        ttl_s: float = DEFAULT_LEASE_TTL_S,
-        wait_s: float = 30.0,
-        allow_network: bool = False,
-        ticket: str | None = None,
-    ) -> SlotLease:
-        """Lease a slot; with a `ticket`, `withdraw(ticket)` can take the request out of line.
-
-        Cancelling this call closes its connection, which also takes it out of line."""
-        body = AcquireRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, allow_network=allow_network, ticket=ticket)
-        reply = await self._request("POST", "/slots/acquire", body, timeout=self.timeout + wait_s)
-        return _parse(SlotLease, reply)
-
-    async def withdraw(self, ticket: str) -> WithdrawResult:
-        """Take a waiting acquire out of line; its call then fails with SlotUnavailable. withdrawn=False
-        when it was not waiting: then its call answers (or already answered) on its own."""
-        return _parse(WithdrawResult, await self._request("POST", "/slots/withdraw", WithdrawRequest(ticket=ticket)))
-
-    async def drain(self, idle_s: float) -> DrainResult:
-        """Ask the server to refuse new leases if it has been idle `idle_s`; the answer says whether it does."""
-        return _parse(DrainResult, await self._request("POST", "/drain", DrainRequest(idle_s=idle_s)))
-
-    async def renew(self, slot: int, lease_id: str, ttl_s: float = DEFAULT_LEASE_TTL_S) -> SlotLease:
-        body = RenewRequest(slot=slot, lease_id=lease_id, ttl_s=ttl_s)
-        return _parse(SlotLease, await self._request("POST", "/slots/renew", body))
-
-    async def release(
-        self, slot: int, lease_id: str, reset: bool = True, reason: Literal["released", "reaped"] = "released"
-    ) -> ReleaseResult:
-        body = ReleaseRequest(slot=slot, lease_id=lease_id, reset=reset, reason=reason)
-        return _parse(ReleaseResult, await self._request("POST", "/slots/release", body))
-
-    async def execute(self, slot: int, lease_id: str, call_id: str, operation: Operation) -> ToolOutput:
-        body = ExecuteRequest(slot=slot, lease_id=lease_id, call_id=call_id, operation=operation)
-        runs_for = operation.timeout_s if isinstance(operation, ExecOp | SessionOp) else 0.0
-        timeout = self.timeout + OPERATION_MARGIN_S + runs_for
-        return _parse(ToolOutput, await self._request("POST", "/execute", body, timeout=timeout))
-
-    async def narrow(self, slot: int, lease_id: str, limits: SlotLimitsRequest) -> SlotLimitsRequest:
-        """Lower this lease's limits; returns the limits now in force."""
-        body = NarrowRequest(slot=slot, lease_id=lease_id, limits=limits)
-        return _parse(SlotLimitsRequest, await self._request("POST", "/slots/limits", body))
-
-    async def upload(self, query: TransferQuery, source: Path) -> TransferResult:
-        """Stream a local file (a file's bytes, or a folder packed as a tar) into the slot; a retry re-reads it."""
-        params = query.model_dump(mode="json")
+    async def upload(self, query: BaseModel, source: Path) -> Any:
+        """Stream a local file into the server: into a slot (`TransferQuery`: a file's bytes, or a folder
+        packed as a tar) or into the container's shared cache (`CacheQuery`: a tar.gz). A retry re-reads it."""
+        route = route_of(query, UPLOADS)
+        what = f"{route.method} {route.path}"
         try:
             response = await self._http.put(
-                "/files", params=params, content=_file_chunks(source), timeout=self._transfer_timeout()
-            )
+                route.path, params=query.model_dump(mode="json"), content=_file_chunks(source),
+                timeout=self._transfer_timeout(),
+            )  # fmt: skip
         except httpx.TimeoutException as err:
-            raise SandboxUnreachable(f"sandbox {self.base_url} did not take the upload in time: {err!r}") from err
+            raise SandboxUnreachable(f"sandbox {self.base_url} did not take {what} in time: {err!r}") from err
         except httpx.TransportError as err:
-            raise SandboxUnreachable(f"upload to sandbox {self.base_url} failed: {err!r}") from err
-        return _parse(TransferResult, _payload_or_raise(response, "PUT /files", self.base_url))
+            raise SandboxUnreachable(f"{what} to sandbox {self.base_url} failed: {err!r}") from err
+        return _parse(route, _payload_or_raise(response, what, self.base_url))
 
     async def download(self, query: TransferQuery, destination: Path) -> tuple[int, str]:
         """Stream a slot's file (or a folder as a tar) into a local file; (bytes, "file" or "dir")."""
         params = query.model_dump(mode="json", include={"slot", "lease_id", "path", "format", "max_bytes"})
+        what = f"{DOWNLOAD.method} {DOWNLOAD.path}"
         try:
-            async with self._http.stream("GET", "/files", params=params, timeout=self._transfer_timeout()) as response:
+            async with self._http.stream(
+                DOWNLOAD.method, DOWNLOAD.path, params=params, timeout=self._transfer_timeout()
+            ) as response:
                 if not response.is_success:
                     await response.aread()
-                    _payload_or_raise(response, "GET /files", self.base_url)
+                    _payload_or_raise(response, what, self.base_url)
                 written = 0
                 with open(destination, "wb") as out:
                     async for chunk in response.aiter_raw(TRANSFER_CHUNK_BYTES):
@@ -168,54 +118,8 @@ class SandboxClient:
         except httpx.TransportError as err:
             raise SandboxUnreachable(f"download from sandbox {self.base_url} failed: {err!r}") from err
 
-    async def cache_get(self, query: CacheQuery) -> CacheEntry:
-        """Whether the container's shared cache holds an entry."""
-        try:
-            response = await self._http.get("/cache", params=query.model_dump(mode="json"))
-        except httpx.TransportError as err:
-            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
-        return _parse(CacheEntry, _payload_or_raise(response, "GET /cache", self.base_url))
-
-    async def cache_put(self, query: CacheQuery, source: Path) -> CacheEntry:
-        """Stream a local tar.gz into the container's shared cache as one entry (a no-op if it is there)."""
-        try:
-            response = await self._http.put(
-                "/cache", params=query.model_dump(mode="json"), content=_file_chunks(source),
-                timeout=self._transfer_timeout(),
-            )
-        except httpx.TimeoutException as err:
-            raise SandboxUnreachable(f"sandbox {self.base_url} did not take the cache entry in time: {err!r}") from err
-        except httpx.TransportError as err:
-            raise SandboxUnreachable(f"cache put to sandbox {self.base_url} failed: {err!r}") from err
-        return _parse(CacheEntry, _payload_or_raise(response, "PUT /cache", self.base_url))
-
-    async def list_files(self, query: ListQuery) -> FileListing:
-        params = query.model_dump(mode="json")
-        try:
-            response = await self._http.get("/files/list", params=params)
-        except httpx.TransportError as err:
-            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
-        return _parse(FileListing, _payload_or_raise(response, "GET /files/list", self.base_url))
-
     def _transfer_timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.timeout + TRANSFER_TIMEOUT_S, connect=self.timeout)
-
-    async def _request(
-        self, method: str, path: str, body: BaseModel | None = None, timeout: float | None = None
-    ) -> Any:
-        content = body.model_dump_json() if body is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        try:
-            response = await self._http.request(
-                method, path, content=content, headers=headers, timeout=timeout or httpx.USE_CLIENT_DEFAULT
-            )
-        except httpx.TimeoutException as err:
-            raise SandboxUnreachable(
-                f"sandbox {self.base_url} did not answer {method} {path} in time: {err!r}"
-            ) from err
-        except httpx.TransportError as err:
-            raise SandboxUnreachable(f"cannot reach sandbox {self.base_url}: {err!r}") from err
-        return _payload_or_raise(response, f"{method} {path}", self.base_url)
 
 
 def _payload_or_raise(response: httpx.Response, what: str, base_url: str) -> Any:
@@ -241,10 +145,8 @@ async def _file_chunks(source: Path) -> AsyncIterator[bytes]:
         os.close(fd)
 
 
-def _parse(model: type[Model] | TypeAdapter[Any], payload: Any) -> Any:
+def _parse(route: Route, payload: Any) -> Any:
     try:
-        if isinstance(model, TypeAdapter):
-            return model.validate_python(payload)
-        return model.model_validate(payload)
+        return route.reply.validate_python(payload)
     except ValidationError as err:
         raise SandboxError(f"malformed sandbox reply: {err}") from err

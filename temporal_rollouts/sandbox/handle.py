@@ -1,12 +1,12 @@
 """The slot as env hooks see it: the verifier handle, like the original's ToolContext.
 
 Setup and verify get one `LeasedSlot`: a one-shot `terminal`, the stateful terminal
-(`terminal_stateful`, `send_keys`, `screen`, `terminal_output`,
-`stop_terminal`), `read_file`, `write_file`, `search`,
-`upload`, `download` and `list_files`, all in the rollout's own slot, `share` (the
-container's read-only cache, shared by its slots), plus `meta`,
-what setup returned (empty during setup). Env authors write
-`await slot.terminal("pytest -q")`, never HTTP.
+(`terminal_stateful`, `send_keys`, `screen`, `terminal_output`, `stop_terminal`),
+`read_file`, `write_file` and `search`, all in the rollout's own slot and keyed as
+below, plus `meta`, what setup returned (empty during setup). It is a `Lease`
+(`sandbox.lease`), so `upload`, `download`, `list_files` and `share` (the container's
+read-only cache, shared by its slots) are the worker's own, declared there once.
+Env authors write `await slot.terminal("pytest -q")`, never HTTP.
 
 Keys. Every operation that changes or runs something has a call id, and the sandbox
 answers a repeated id from its stored result, so a retried hook does not run its
@@ -27,24 +27,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from temporal_rollouts.sandbox.lease import Lease
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_COMMAND_TIMEOUT_S,
     DEFAULT_MAX_TRANSFER_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
-    CacheEntry,
     ExecOp,
-    FileListing,
     Operation,
     ReadFileOp,
     SearchOp,
     SessionOp,
     SlotRef,
     ToolOutput,
-    TransferResult,
     WriteFileOp,
 )
 
@@ -52,7 +49,10 @@ VERIFY_TIMEOUT_S = 180.0
 """The one-shot terminal's default timeout here, as in the original's ToolContext."""
 
 
-class LeasedSlot:
+class LeasedSlot(Lease):
+    meta: dict[str, Any]
+    """What setup returned, in verify (empty during setup)."""
+
     def __init__(
         self,
         pool: SandboxPool,
@@ -62,11 +62,9 @@ class LeasedSlot:
         meta: dict[str, Any] | None = None,
         max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
     ) -> None:
-        self._pool = pool
+        super().__init__(pool.fleet, lease, max_transfer_bytes=max_transfer_bytes)
         self.meta = dict(meta or {})
-        self._lease = lease
         self._prefix = key_prefix
-        self._max_transfer_bytes = max_transfer_bytes
         self._calls = 0
 
     # one-shot commands and files ------------------------------------------------------------
@@ -124,27 +122,6 @@ class LeasedSlot:
         """End the stateful terminal and everything it started."""
         return await self._run(key, SessionOp(action="stop"))
 
-    # transfer -------------------------------------------------------------------------------
-
-    async def upload(self, local: str | Path, remote: str) -> TransferResult:
-        """Copy a local file or folder into the slot at `remote` (a folder is merged into it)."""
-        return await self._pool.upload(self._lease, Path(local), remote, self._max_transfer_bytes)
-
-    async def download(self, remote: str, local: str | Path) -> TransferResult:
-        """Copy a file or folder of the slot to `local` on the worker (a folder is merged into it)."""
-        return await self._pool.download(self._lease, remote, Path(local), self._max_transfer_bytes)
-
-    async def share(self, name: str, archive: str | Path) -> CacheEntry:
-        """Put a local tar.gz into the shared, read-only cache of the slot's container as entry `name`,
-        unless it is there (then nothing travels); concurrent puts of one name are serialised by the
-        server. Commands name the entries they need (`terminal(..., cache=[name])`); let `name` name
-        the content (a digest), as the first put of a name wins. Entries outlive the slot's lease."""
-        return await self._pool.share(self._lease.container_id, name, Path(archive), self._max_transfer_bytes)
-
-    async def list_files(self, path: str = ".", max_entries: int = 1000) -> FileListing:
-        """The files under a folder of the slot: its artifacts."""
-        return await self._pool.list_files(self._lease, path, max_entries)
-
     # keys -----------------------------------------------------------------------------------
 
     async def _run(self, key: str | None, operation: Operation) -> ToolOutput:
@@ -153,7 +130,7 @@ class LeasedSlot:
         if key is None:
             digest = hashlib.sha256(operation.model_dump_json().encode()).hexdigest()[:12]
             key = f"auto-{position}-{operation.op}-{digest}"
-        return await self._pool.execute(self._lease, f"{self._prefix}/{key}", operation)
+        return await self.execute(f"{self._prefix}/{key}", operation)
 
 
 def _split_key(args: tuple[str, ...], arity: int, key: str | None, usage: str) -> tuple[str | None, tuple[str, ...]]:

@@ -25,13 +25,15 @@ async def lease_kept(pool: SandboxPool, lease: SlotRef | None, ttl_s: float) -> 
         yield
         return
 
+    slot = pool.lease(lease)
+
     async def renew_forever() -> None:
         # The step before this one touched the slot and renewed the lease: a turn shorter
         # than a third of the TTL needs no renewal at all.
         while True:
             await asyncio.sleep(max(ttl_s / 3, 1.0))
             try:
-                await pool.renew(lease, ttl_s=ttl_s)
+                await slot.renew(ttl_s)
             except RolloutError as err:  # the next slot operation reports it to the rollout
                 log.warning("could not renew the lease on slot %s: %s", lease.slot, err.message)
 

@@ -53,7 +53,7 @@ async def nomad_settings(pool_secret) -> AsyncIterator[Settings]:
     })  # fmt: skip
     yield settings
     async with SandboxPool.from_settings(settings) as pool:
-        await pool.backend.shutdown(purge=True)
+        await pool.fleet.backend.shutdown(purge=True)
 
 
 @pytest.fixture
@@ -64,39 +64,40 @@ async def modal_settings(pool_secret) -> AsyncIterator[Settings]:
                               "start_timeout_s": 600, "max_lifetime_s": 1800, "idle_timeout_s": 900})  # fmt: skip
     yield settings
     async with SandboxPool.from_settings(settings) as pool:
-        await pool.backend.shutdown()
-        assert await pool.backend.list_containers() == []
+        await pool.fleet.backend.shutdown()
+        assert await pool.fleet.backend.list_containers() == []
 
 
 async def kill_nomad_server(pool: SandboxPool, container_id: str) -> None:
-    backend = pool.backend
+    backend = pool.fleet.backend
     allocs = await asyncio.to_thread(backend._client.job.get_allocations, container_id)
     running = next(a for a in allocs if a["ClientStatus"] == "running")
     await asyncio.to_thread(backend._client.client.allocation.signal_allocation, running["ID"], "SIGKILL")
 
 
 async def kill_modal_server(pool: SandboxPool, container_id: str) -> None:
-    sandbox = await pool.backend._by_name(container_id)
+    sandbox = await pool.fleet.backend._by_name(container_id)
     process = await sandbox.exec.aio("pkill", "-KILL", "-f", "temporal_rollouts.sandbox_server")
     await process.wait.aio()
 
 
 async def exercise(settings: Settings, kill: Callable[[SandboxPool, str], object], keeps_leases: bool) -> None:
     async with SandboxPool.from_settings(settings) as pool_a, SandboxPool.from_settings(settings) as pool_b:
-        await pool_a.backend.prepare()
-        name = pool_a.backend.container_name(0) if hasattr(pool_a.backend, "container_name") else pool_a.backend.job_id(0)
-        started = await asyncio.gather(pool_a.backend.start_container(name), pool_b.backend.start_container(name))
+        backend_a, backend_b = pool_a.fleet.backend, pool_b.fleet.backend
+        await backend_a.prepare()
+        name = backend_a.container_name(0) if hasattr(backend_a, "container_name") else backend_a.job_id(0)
+        started = await asyncio.gather(backend_a.start_container(name), backend_b.start_container(name))
         assert {info.container_id for info in started} == {name}
         a = await pool_a.acquire(Holder(workflow_id="live-a", run_id="r"), wait_s=120)
         b = await pool_b.acquire(Holder(workflow_id="live-b", run_id="r"), wait_s=120)
         assert (a.container_id, a.slot) != (b.container_id, b.slot)
-        out = await pool_b.execute(a, "c1", ExecOp(command="true && echo live"))
+        out = await pool_b.lease(a).execute("c1", ExecOp(command="true && echo live"))
         assert out.output.strip() == "live"
         await kill(pool_a, a.container_id)
         deadline = asyncio.get_running_loop().time() + 300
         while True:
             try:
-                again = await pool_a.execute(a, "c1", ExecOp(command="true && echo live"))
+                again = await pool_a.lease(a).execute("c1", ExecOp(command="true && echo live"))
                 assert keeps_leases and again.output == out.output
                 break
             except RolloutError as err:
@@ -104,7 +105,7 @@ async def exercise(settings: Settings, kill: Callable[[SandboxPool, str], object
                     break  # a sandbox of the same name came back, without the old one's leases
                 if asyncio.get_running_loop().time() > deadline:
                     raise
-                if not keeps_leases and not any(i.container_id == a.container_id for i in await pool_a.refresh()):
+                if not keeps_leases and not any(i.container_id == a.container_id for i in await pool_a.fleet.refresh()):
                     break
                 await asyncio.sleep(2)
         fresh = await pool_a.acquire(Holder(workflow_id="live-c", run_id="r"), wait_s=300)

@@ -63,7 +63,7 @@ async def test_more_rollouts_than_slots_all_finish_and_no_slot_idles_while_one_w
 
     assert (result.completed, result.failed, result.mean_score) == (8, 0, 1.0)
     assert await leased_slots(pool) == []
-    [container] = await pool.refresh()
+    [container] = await pool.fleet.refresh()
     events = read_lease_events(LocalBackend.from_settings(settings).container_dir(container.container_id) / "root")
     queued = [e for e in events if e.event == "queued"]
     assert len(queued) >= 8 - SLOTS, "the batch really waited for slots"
@@ -91,13 +91,13 @@ async def test_a_killed_sandbox_server_is_restarted_and_its_rollouts_finish(
         return len(await leased_slots(pool)) == SLOTS
 
     await wait_until(both_leased, timeout_s=30)
-    [container] = await pool.refresh()
+    [container] = await pool.fleet.refresh()
     os.kill(container.pid, signal.SIGKILL)
 
     result = BatchResult.model_validate(await handle.result())
     assert (result.completed, result.failed, result.mean_score) == (2, 0, 1.0)
     await wait_until(lambda: _free(pool), timeout_s=15)
-    [restarted] = await pool.refresh()
+    [restarted] = await pool.fleet.refresh()
     assert restarted.container_id == container.container_id and restarted.pid != container.pid
 
 

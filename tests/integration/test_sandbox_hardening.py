@@ -28,9 +28,12 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox.client import SandboxClient
+from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
 from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.schema import (
+    AcquireRequest,
     ExecOp,
+    NarrowRequest,
     ReadFileOp,
     SlotLease,
     SessionOp,
@@ -41,9 +44,11 @@ from temporal_rollouts.sandbox_server.schema import (
 )
 from temporal_rollouts.sandbox_server.slots import SlotManager
 from tests.support.sandbox import (
+    execute_in,
     holder,
     needs_bubblewrap,
     processes_running,
+    release_of,
     running_container,
     unique_sleep,
     wait_until,
@@ -95,14 +100,12 @@ class Slots:
         self.taken: list[SlotLease] = []
 
     async def take(self, **options) -> SlotLease:
-        lease = await self.client.acquire(holder("hardening"), ttl_s=120, wait_s=30, **options)
+        lease = await self.client.send(AcquireRequest(holder=holder("hardening"), ttl_s=120, wait_s=30, **options))
         self.taken.append(lease)
         return lease
 
     async def run(self, lease: SlotLease, command: str, timeout_s: float = 60.0):
-        return await self.client.execute(
-            lease.slot, lease.lease_id, uuid.uuid4().hex, ExecOp(command=command, timeout_s=timeout_s)
-        )
+        return await self.client.send(execute_in(lease, uuid.uuid4().hex, ExecOp(command=command, timeout_s=timeout_s)))
 
     def workspace(self, lease: SlotLease) -> Path:
         return workspace_of(self.backend, self.info.container_id, lease.slot)
@@ -115,7 +118,7 @@ class Slots:
 
     async def release_all(self) -> None:
         for lease in self.taken:
-            await self.client.release(lease.slot, lease.lease_id)
+            await self.client.send(release_of(lease))
         self.taken.clear()
 
     async def after_break(self, marker: str | None = None) -> None:
@@ -124,7 +127,7 @@ class Slots:
         assert await wait_until(lambda: not _slot_processes(), timeout_s=15), _slot_processes()
         if marker is not None:
             assert processes_running(marker) == []
-        health = await self.client.health()
+        health = await self.client.send(HealthQuery())
         assert health.quarantined == {}
         assert await _eventually_free(self.client, SLOTS)
         fresh = [await self.take() for _ in range(SLOTS)]
@@ -167,7 +170,7 @@ def _slot_processes() -> list[int]:
 
 async def _eventually_free(client: SandboxClient, count: int) -> bool:
     for _ in range(200):
-        if (await client.health()).free == count:
+        if (await client.send(HealthQuery())).free == count:
             return True
         await asyncio.sleep(0.1)
     return False
@@ -197,9 +200,8 @@ async def test_a_setuid_copy_never_gives_root(slots):
 
 async def test_files_written_by_the_server_stay_editable_by_the_slot(slots):
     lease = await slots.take()
-    written = await slots.client.execute(
-        lease.slot, lease.lease_id, uuid.uuid4().hex, WriteFileOp(path="deep/er/file.txt", content="from host\n")
-    )
+    write = WriteFileOp(path="deep/er/file.txt", content="from host\n")
+    written = await slots.client.send(execute_in(lease, uuid.uuid4().hex, write))
     assert written.ok
     edited = await slots.run(lease, "echo more >> deep/er/file.txt && touch deep/er/new && cat deep/er/file.txt")
     assert edited.ok and edited.output == "from host\nmore\n"
@@ -210,7 +212,7 @@ async def test_files_written_by_the_server_stay_editable_by_the_slot(slots):
 
 
 async def test_health_says_which_limits_are_in_force(slots):
-    health = await slots.client.health()
+    health = await slots.client.send(HealthQuery())
     assert health.require_isolation and health.isolation == "bubblewrap"
     for limit in ("memory", "processes", "cpu_time", "file_size", "tmp", "disk"):
         assert health.limits[limit] != "off", health.limits
@@ -269,7 +271,7 @@ async def rlimit_server(tmp_path_factory):
 async def test_without_cgroups_rlimits_cap_memory_and_processes(rlimit_server):
     backend, info, client = rlimit_server
     slots = Slots(backend, info, client)
-    health = await client.health()
+    health = await client.send(HealthQuery())
     assert health.limits["memory"] == "watchdog (slot total) + rlimit-as (each process)"
     assert health.limits["processes"].startswith("rlimit-nproc")
     hog, bomb = await slots.take(), await slots.take()
@@ -287,7 +289,7 @@ async def session_outlives_one_shot_commands(slots: Slots) -> None:
     marker = unique_sleep()
 
     async def session(call_id: str, text: str):
-        return await slots.client.execute(lease.slot, lease.lease_id, call_id, SessionOp(action="run", text=text))
+        return await slots.client.send(execute_in(lease, call_id, SessionOp(action="run", text=text)))
 
     assert (await session("s1", f"sleep {marker} & echo started")).output.endswith("started\n")
     for i in range(3):
@@ -300,7 +302,7 @@ async def session_outlives_one_shot_commands(slots: Slots) -> None:
 
 async def test_one_shot_commands_never_end_the_slots_session_under_cgroups(slots):
     """A one-shot command's cleanup kills its own part of the slot's cgroup, not the session's."""
-    assert (await slots.client.health()).limits["memory"].startswith("cgroup")
+    assert (await slots.client.send(HealthQuery())).limits["memory"].startswith("cgroup")
     await session_outlives_one_shot_commands(slots)
 
 
@@ -313,8 +315,8 @@ async def test_no_setuid_or_setgid_bit_a_slot_sets_stays_on_the_host_disk(slots)
     made = await slots.run(lease, "cp /bin/true suid && chmod 4755 suid && mkdir sgid && chmod 2775 sgid "
                                   "&& cp /bin/true sgid/both && chmod 6755 sgid/both && stat -c %a suid")
     assert made.ok, made.output
-    session = await slots.client.execute(lease.slot, lease.lease_id, "s", SessionOp(
-        action="run", text="cp /bin/true later && chmod u+s later"))
+    session = await slots.client.send(execute_in(lease, "s", SessionOp(
+        action="run", text="cp /bin/true later && chmod u+s later")))
     assert session.ok, session.output
     workspace = slots.workspace(lease)
     for name in ("suid", "sgid", "sgid/both", "later"):
@@ -345,7 +347,7 @@ async def test_without_cgroups_a_slot_gets_no_more_than_its_cpu_share(rlimit_ser
     backend, info, client = rlimit_server
     slots = Slots(backend, info, client)
     lease = await slots.take()
-    await client.narrow(lease.slot, lease.lease_id, SlotLimitsRequest(cpus=0.25))
+    await client.send(narrowing(lease, SlotLimitsRequest(cpus=0.25)))
     busy = "python3 -c 'import time; t = time.time()\nwhile time.time() - t < 2: pass\nprint(time.process_time())'"
     used = float((await slots.run(lease, busy, timeout_s=60)).output.split()[-1])
     assert used < 1.0, f"a 0.25-CPU slot used {used:.2f} CPU-s in 2 s"
@@ -360,7 +362,7 @@ async def test_files_tmp_and_workspace_are_size_capped(slots):
     assert "No space left" in tmp.output and "rc=1" in tmp.output
     filled = await slots.run(lease, "rm -f big; for i in 1 2 3; do head -c 60M /dev/zero > f$i; done; echo done")
     assert not filled.ok and "disk limit" in filled.output
-    refused = await slots.client.execute(lease.slot, lease.lease_id, "w-over", WriteFileOp(path="x", content="x"))
+    refused = await slots.client.send(execute_in(lease, "w-over", WriteFileOp(path="x", content="x")))
     assert not refused.ok and "disk limit" in refused.output
     freed = await slots.run(lease, "rm -f f1 f2 f3")
     assert freed.ok
@@ -413,9 +415,7 @@ async def test_no_bundled_task_check_passes_on_planted_modules(slots):
         return (await slots.run(lease, CHECK_PRELUDE + task.check)).exit_code
 
     async def write(path: str, content: str) -> None:
-        written = await slots.client.execute(
-            lease.slot, lease.lease_id, uuid.uuid4().hex, WriteFileOp(path=path, content=content)
-        )
+        written = await slots.client.send(execute_in(lease, uuid.uuid4().hex, WriteFileOp(path=path, content=content)))
         assert written.ok, written.output
 
     gamed = [task.id for task in bundled_tasks().values() if await fresh_task(task, SHADOWS, solve=False) == 0]
@@ -459,20 +459,18 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
     info = await backend.start_container()
     try:
         async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
-            lease = await client.acquire(holder("crash"), ttl_s=1, wait_s=5)
-            made = await client.execute(
-                lease.slot, lease.lease_id, "deep", ExecOp(command=deep_tree(1500))
-            )
+            lease = await client.send(AcquireRequest(holder=holder("crash"), ttl_s=1, wait_s=5))
+            made = await client.send(execute_in(lease, "deep", ExecOp(command=deep_tree(1500))))
             assert made.ok
         assert info.pid is not None
         os.kill(info.pid, signal.SIGKILL)
         await asyncio.sleep(1.5)  # the lease lapses, so the restarted server must reset the slot
         restarted = await backend.start_container(info.container_id)
         async with SandboxClient(restarted.url, restarted.read_token(), timeout=30) as client:
-            health = await client.health()
+            health = await client.send(HealthQuery())
             assert health.quarantined == {} and health.free == 1
-            lease = await client.acquire(holder("after"), ttl_s=30, wait_s=5)
-            listing = await client.execute(lease.slot, lease.lease_id, "ls", ExecOp(command="ls -A | wc -l"))
+            lease = await client.send(AcquireRequest(holder=holder("after"), ttl_s=30, wait_s=5))
+            listing = await client.send(execute_in(lease, "ls", ExecOp(command="ls -A | wc -l")))
             assert listing.output.strip() == "0"
     finally:
         await backend.stop_container(info.container_id)
@@ -483,35 +481,37 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
 async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_path):
     backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
     async with running_container(backend) as (info, client):
-        lease = await client.acquire(holder("stuck"), ttl_s=60, wait_s=5)
+        lease = await client.send(AcquireRequest(holder=holder("stuck"), ttl_s=60, wait_s=5))
         workspace = workspace_of(backend, info.container_id, lease.slot)
-        await client.execute(lease.slot, lease.lease_id, "f", ExecOp(command="echo secret > left.txt"))
+        await client.send(execute_in(lease, "f", ExecOp(command="echo secret > left.txt")))
         # An immutable workspace folder: the reset's rename fails, as a real fault would make it.
         frozen = await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=False)
         if frozen.returncode != 0:
             pytest.skip("this filesystem has no immutable attribute")
         try:
-            await client.release(lease.slot, lease.lease_id)
-            health = await client.health()
+            await client.send(release_of(lease))
+            health = await client.send(HealthQuery())
             for _ in range(50):
                 if health.quarantined:
                     break
                 await asyncio.sleep(0.1)
-                health = await client.health()
+                health = await client.send(HealthQuery())
             assert list(health.quarantined) == [lease.slot] and health.free == 1
-            states = {state.slot: state for state in await client.slots()}
+            states = {state.slot: state for state in await client.send(SlotsQuery())}
             assert states[lease.slot].quarantined
-            others = [await client.acquire(holder(f"next-{i}"), ttl_s=60, wait_s=0) for i in range(1)]
+            others = [
+                await client.send(AcquireRequest(holder=holder(f"next-{i}"), ttl_s=60, wait_s=0)) for i in range(1)
+            ]
             assert all(other.slot != lease.slot for other in others)
             with pytest.raises(SlotUnavailable):
-                await client.acquire(holder("no-more"), ttl_s=60, wait_s=0)
+                await client.send(AcquireRequest(holder=holder("no-more"), ttl_s=60, wait_s=0))
         finally:
             await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(workspace)], check=True)
         # A restart neither fails on the slot nor keeps it dirty.
         await backend.stop_container(info.container_id)
         restarted = await backend.start_container(info.container_id)
         async with SandboxClient(restarted.url, restarted.read_token()) as again:
-            assert (await again.health()).quarantined == {}
+            assert (await again.send(HealthQuery())).quarantined == {}
             assert not (workspace / "left.txt").exists()
 
 
@@ -613,7 +613,7 @@ async def test_a_workspace_with_a_venv_is_saved_and_restored_as_is(slots, tmp_pa
     again = await _archive(slots, fresh, tmp_path)
     assert _entries(again) == _entries(data)
     with pytest.raises(BadToolRequest):  # read on the host: the link is not followed out
-        await slots.client.execute(fresh.slot, fresh.lease_id, "r", ReadFileOp(path="abs-outside"))
+        await slots.client.send(execute_in(fresh, "r", ReadFileOp(path="abs-outside")))
     await slots.after_break()
 
 
@@ -712,9 +712,9 @@ async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
     marker = unique_sleep()
     try:
         async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
-            lease = await client.acquire(holder("killed"), ttl_s=60, wait_s=5)
+            lease = await client.send(AcquireRequest(holder=holder("killed"), ttl_s=60, wait_s=5))
             running = asyncio.create_task(
-                client.execute(lease.slot, lease.lease_id, "long", ExecOp(command=f"sleep {marker}", timeout_s=600))
+                client.send(execute_in(lease, "long", ExecOp(command=f"sleep {marker}", timeout_s=600)))
             )
             assert await wait_until(lambda: processes_running(marker) != [], timeout_s=15)
             assert info.pid is not None
@@ -726,17 +726,20 @@ async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
         await backend.stop_container(info.container_id)
 
 
+def narrowing(lease: SlotLease, limits: SlotLimitsRequest) -> NarrowRequest:
+    return NarrowRequest(slot=lease.slot, lease_id=lease.lease_id, limits=limits)
+
+
 async def test_an_env_can_narrow_a_leases_limits_but_never_widen_them(slots):
     """An env's `sandbox_limits` lower the server's for its lease only; the next holder gets the server's."""
     lease = await slots.take()
     allocate = "python3 -c 'x = bytearray(160 << 20); x[::4096] = b\"y\" * len(x[::4096]); print(\"GOT\", 6 * 7)'"
     assert "GOT 42" in (await slots.run(lease, allocate)).output  # 160 MiB fits the server's 256
-    narrowed = await slots.client.narrow(lease.slot, lease.lease_id, SlotLimitsRequest(memory_limit_mb=64))
+    narrowed = await slots.client.send(narrowing(lease, SlotLimitsRequest(memory_limit_mb=64)))
     assert narrowed.memory_limit_mb == 64 and narrowed.max_processes == 64
     assert "GOT 42" not in (await slots.run(lease, allocate)).output
-    widened = await slots.client.narrow(
-        lease.slot, lease.lease_id, SlotLimitsRequest(memory_limit_mb=100_000, disk_limit_mb=0, tmp_limit_mb=4)
-    )
+    wider = SlotLimitsRequest(memory_limit_mb=100_000, disk_limit_mb=0, tmp_limit_mb=4)
+    widened = await slots.client.send(narrowing(lease, wider))
     assert widened.memory_limit_mb == 64 and widened.disk_limit_mb == 100 and widened.tmp_limit_mb == 4
     tmp = await slots.run(lease, "head -c 8M /dev/zero > /tmp/x; echo rc=$?")
     assert "rc=1" in tmp.output

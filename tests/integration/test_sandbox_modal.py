@@ -50,10 +50,10 @@ async def pool(tmp_path, fake_modal) -> AsyncIterator[SandboxPool]:
 
 
 async def test_sandboxes_serve_slots_with_the_token_as_a_modal_secret(pool, fake_modal) -> None:
-    await pool.ensure_running()
+    await pool.fleet.ensure_running()
     leases = [await pool.acquire(Holder(workflow_id=f"wf-{i}", run_id="r"), wait_s=10) for i in range(3)]
     assert sorted(lease.container_id for lease in leases) == ["rl-test-0", "rl-test-0", "rl-test-1"]
-    out = await pool.execute(leases[0], "c1", ExecOp(command="true && echo ok"))
+    out = await pool.lease(leases[0]).execute("c1", ExecOp(command="true && echo ok"))
     assert out.output.strip() == "ok"
     create = next(kwargs for name, _, kwargs in fake_modal.calls if name == "Sandbox.create")
     assert create["idle_timeout"] > 60 and create["encrypted_ports"] == [8080] and create["env"]["FOO"] == "bar"
@@ -67,7 +67,7 @@ async def test_sandboxes_serve_slots_with_the_token_as_a_modal_secret(pool, fake
 async def test_two_workers_racing_start_one_named_sandbox(tmp_path, fake_modal) -> None:
     settings = modal_settings(tmp_path)
     async with modal_pool(settings, fake_modal) as pool_a, modal_pool(settings, fake_modal) as pool_b:
-        both_want = [pool_a.backend.start_container("rl-test-0"), pool_b.backend.start_container("rl-test-0")]
+        both_want = [pool.fleet.backend.start_container("rl-test-0") for pool in (pool_a, pool_b)]
         started = await asyncio.gather(*both_want)
         assert {info.container_id for info in started} == {"rl-test-0"}
         assert len(fake_modal.running()) == 1
@@ -75,51 +75,51 @@ async def test_two_workers_racing_start_one_named_sandbox(tmp_path, fake_modal) 
         a = await pool_a.acquire(Holder(workflow_id="a", run_id="r"), wait_s=10)
         b = await pool_b.acquire(Holder(workflow_id="b", run_id="r"), wait_s=10)
         assert (a.container_id, b.container_id) == ("rl-test-0", "rl-test-0") and a.slot != b.slot
-        assert (await pool_b.execute(a, "x", ExecOp(command="echo across"))).output.strip() == "across"
+        assert (await pool_b.lease(a).execute("x", ExecOp(command="echo across"))).output.strip() == "across"
 
 
 async def test_a_killed_server_ends_its_sandbox_and_the_pool_starts_another(pool, fake_modal) -> None:
-    await pool.ensure_running()
+    await pool.fleet.ensure_running()
     lease = await pool.acquire(Holder(workflow_id="wf-k", run_id="r"), wait_s=10)
     fake_modal.by_name(lease.container_id).process.kill()
     with pytest.raises(SandboxUnreachable):
-        await pool.execute(lease, "c1", ExecOp(command="true"))
+        await pool.lease(lease).execute("c1", ExecOp(command="true"))
     fresh = await pool.acquire(Holder(workflow_id="wf-k2", run_id="r"), wait_s=15)
-    assert (await pool.execute(fresh, "c1", ExecOp(command="echo again"))).output.strip() == "again"
+    assert (await pool.lease(fresh).execute("c1", ExecOp(command="echo again"))).output.strip() == "again"
 
 
 async def test_a_sandbox_near_its_lifetime_drains_and_is_replaced(tmp_path, fake_modal) -> None:
     settings = modal_settings(tmp_path, max_lifetime_s=120, drain_margin_s=116)
     async with modal_pool(settings, fake_modal) as pool:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         held = await pool.acquire(Holder(workflow_id="old", run_id="r"), wait_s=15)
-        while any(info.accepting for info in await pool.refresh() if info.container_id == held.container_id):
+        while any(info.accepting for info in await pool.fleet.refresh() if info.container_id == held.container_id):
             await asyncio.sleep(0.2)  # until it is within the drain margin of its lifetime
         newcomer = await pool.acquire(Holder(workflow_id="new", run_id="r"), wait_s=15)
         assert newcomer.container_id != held.container_id  # no new lease goes to a draining sandbox
-        assert (await pool.execute(held, "c1", ExecOp(command="echo still"))).output.strip() == "still"
-        assert held.container_id not in await pool.scale_down()  # its holder finishes first
+        assert (await pool.lease(held).execute("c1", ExecOp(command="echo still"))).output.strip() == "still"
+        assert held.container_id not in await pool.fleet.scale_down()  # its holder finishes first
         await pool.release(held)
-        assert held.container_id in await pool.scale_down()
+        assert held.container_id in await pool.fleet.scale_down()
         assert held.container_id not in {s.name for s in fake_modal.running()}
 
 
 async def test_a_sandbox_whose_tunnel_is_not_open_yet_does_not_hold_up_listing(pool, fake_modal) -> None:
-    await pool.ensure_running()
+    await pool.fleet.ensure_running()
     fake_modal.tunnel_error = fake_modal.exception.SandboxTimeoutError("tunnels are not available yet")
     try:
-        started = asyncio.ensure_future(pool.backend.start_container("rl-test-1"))
+        started = asyncio.ensure_future(pool.fleet.backend.start_container("rl-test-1"))
         await asyncio.sleep(1.0)
-        assert [info.container_id for info in await pool.refresh()] == ["rl-test-0"]  # seen before, cached
+        assert [info.container_id for info in await pool.fleet.refresh()] == ["rl-test-0"]  # seen before, cached
     finally:
         fake_modal.tunnel_error = None
     assert (await started).container_id == "rl-test-1"
-    assert sorted(info.container_id for info in await pool.refresh()) == ["rl-test-0", "rl-test-1"]
+    assert sorted(info.container_id for info in await pool.fleet.refresh()) == ["rl-test-0", "rl-test-1"]
 
 
 async def test_shutdown_removes_every_sandbox_by_tag(pool, fake_modal) -> None:
-    await pool.ensure_running(2)
-    assert sorted(await pool.backend.shutdown()) == ["rl-test-0", "rl-test-1"]
+    await pool.fleet.ensure_running(2)
+    assert sorted(await pool.fleet.backend.shutdown()) == ["rl-test-0", "rl-test-1"]
     assert fake_modal.running() == []
 
 

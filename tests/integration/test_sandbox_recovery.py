@@ -37,16 +37,16 @@ def server_starts(backend: LocalBackend, container_id: str) -> int:
 @pytest.mark.slow
 async def test_a_killed_server_is_restarted_in_place_by_the_next_request_and_by_check_health(backend, tmp_path):
     async with SandboxPool(backend) as pool, SandboxPool(LocalBackend(tmp_path / "data", 2)) as other_pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("survivor"), ttl_s=60, wait_s=0)
-        await pool.execute(lease, "write", WriteFileOp(path="notes.txt", content="kept"))
-        counted = await pool.execute(lease, "count", ExecOp(command="echo x >> runs; wc -l < runs"))
+        await pool.lease(lease).execute("write", WriteFileOp(path="notes.txt", content="kept"))
+        counted = await pool.lease(lease).execute("count", ExecOp(command="echo x >> runs; wc -l < runs"))
 
         kill_server(info.pid)
         assert await wait_until(lambda: gone(info.pid))
         read, again = await asyncio.gather(
-            pool.execute(lease, "read", ReadFileOp(path="notes.txt")),
-            other_pool.execute(lease, "count", ExecOp(command="echo x >> runs; wc -l < runs")),
+            pool.lease(lease).execute("read", ReadFileOp(path="notes.txt")),
+            other_pool.lease(lease).execute("count", ExecOp(command="echo x >> runs; wc -l < runs")),
         )
         restarted = backend.registry.get(info.container_id)
         assert read.output == "kept" and again.replayed and again.output == counted.output == "1\n"
@@ -55,9 +55,9 @@ async def test_a_killed_server_is_restarted_in_place_by_the_next_request_and_by_
 
         kill_server(restarted.pid)
         assert await wait_until(lambda: gone(restarted.pid))
-        report = await pool.check_health()
-        renewed = await pool.renew(lease, ttl_s=60)
-        states = await pool.slots()
+        report = await pool.fleet.check_health()
+        renewed = await pool.lease(lease).renew(ttl_s=60)
+        states = await pool.placement.look()
     assert report.restarted == [info.container_id] and report.healthy == [info.container_id]
     assert report.removed == [] and report.lost_leases == []
     assert renewed.lease_id == lease.lease_id
@@ -70,15 +70,15 @@ async def test_a_killed_server_is_restarted_in_place_by_the_next_request_and_by_
 
 async def test_a_container_that_cannot_restart_is_removed_and_its_leases_reported(backend):
     async with SandboxPool(backend) as pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("stranded"), ttl_s=60, wait_s=0)
         kill_server(info.pid)
         assert await wait_until(lambda: gone(info.pid))
         info.token_file.unlink()
         info.token_file.mkdir()  # the server cannot read its token, so it cannot start again
-        report = await pool.check_health()
+        report = await pool.fleet.check_health()
         with pytest.raises(SandboxUnreachable):
-            await pool.execute(lease, "after", ExecOp(command="true"))
+            await pool.lease(lease).execute("after", ExecOp(command="true"))
     assert report.removed == [info.container_id] and report.restarted == []
     assert [lost.lease_id for lost in report.lost_leases] == [lease.lease_id]
     assert backend.registry.find(info.container_id) is None
@@ -87,17 +87,17 @@ async def test_a_container_that_cannot_restart_is_removed_and_its_leases_reporte
 @pytest.mark.slow
 async def test_a_hung_server_surfaces_as_unreachable_instead_of_hanging(backend):
     async with SandboxPool(backend, client_timeout_s=1.0) as pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("patient"), ttl_s=60, wait_s=0)
         os.kill(info.pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
             with pytest.raises(SandboxUnreachable):
-                await pool.renew(lease, ttl_s=60)
+                await pool.lease(lease).renew(ttl_s=60)
             waited = time.monotonic() - started
         finally:
             os.kill(info.pid, signal.SIGCONT)
-        output = await pool.execute(lease, "thawed", ExecOp(command="echo back"))
+        output = await pool.lease(lease).execute("thawed", ExecOp(command="echo back"))
     assert waited < 1.0 + HEALTH_TIMEOUT_S + 2.0
     assert output.output == "back\n" and backend.registry.get(info.container_id) == info
 

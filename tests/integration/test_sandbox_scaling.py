@@ -11,8 +11,9 @@ import pytest
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.lease_log import read_lease_events
-from temporal_rollouts.sandbox_server.schema import Holder, SlotLease
+from temporal_rollouts.sandbox_server.schema import AcquireRequest, DrainRequest, Holder, SlotLease
 from tests.support.sandbox import eventually, holder, root_of
 
 
@@ -25,13 +26,14 @@ async def backend(tmp_path):
 
 
 async def all_waiting(pool: SandboxPool, count: int) -> bool:
-    healths = [await (await pool.client(i)).health() for i in [info.container_id for info in await pool.refresh()]]
+    ids = [info.container_id for info in await pool.fleet.refresh()]
+    healths = [await pool.fleet.send(container_id, HealthQuery()) for container_id in ids]
     return all(health.waiters == count for health in healths)
 
 
 async def test_the_pool_scales_up_to_max_containers_then_waits(backend):
     async with SandboxPool(backend, max_containers=2) as pool:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         first = await pool.acquire(holder("first"), ttl_s=60, wait_s=0)
         second = await pool.acquire(holder("second"), ttl_s=60, wait_s=0)
         waiting = asyncio.create_task(pool.acquire(holder("third"), ttl_s=60, wait_s=10))
@@ -47,7 +49,7 @@ async def test_the_pool_scales_up_to_max_containers_then_waits(backend):
 async def test_two_pools_scaling_at_once_start_one_container_between_them(backend, tmp_path):
     other = LocalBackend(tmp_path / "data", slots_per_container=1)
     async with SandboxPool(backend, max_containers=2) as pool, SandboxPool(other, max_containers=2) as rival:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
         racing = [asyncio.create_task(p.acquire(holder(f"racer{n}"), ttl_s=60, wait_s=10)) for n, p in
                   enumerate([pool, rival])]
@@ -61,7 +63,7 @@ async def test_two_pools_scaling_at_once_start_one_container_between_them(backen
 
 async def test_a_wait_on_every_container_takes_whichever_frees_first(backend):
     async with SandboxPool(backend, max_containers=2) as pool:
-        await pool.ensure_running(min_containers=2)
+        await pool.fleet.ensure_running(min_containers=2)
         a = await pool.acquire(holder("a"), ttl_s=60, wait_s=0)
         b = await pool.acquire(holder("b"), ttl_s=60, wait_s=0)
         won_b = await wait_while_releasing(pool, b)
@@ -86,7 +88,7 @@ async def wait_while_releasing(pool: SandboxPool, freed: SlotLease) -> SlotLease
 
 async def test_when_two_servers_grant_at_once_the_pool_keeps_one_and_releases_the_other(backend):
     async with SandboxPool(backend, max_containers=2) as pool:
-        await pool.ensure_running(min_containers=2)
+        await pool.fleet.ensure_running(min_containers=2)
         leases = [await pool.acquire(holder(name), ttl_s=60, wait_s=0) for name in ("a", "b")]
         racer = holder("racer")
         waiting = asyncio.create_task(pool.acquire(racer, ttl_s=60, wait_s=10))
@@ -120,32 +122,32 @@ def release_both_while_the_pool_cannot_react(backend: LocalBackend, leases: list
 
 async def test_scale_down_stops_only_idle_containers_above_the_minimum(backend):
     async with SandboxPool(backend, min_containers=0, max_containers=3) as pool:
-        await pool.ensure_running(min_containers=3)
+        await pool.fleet.ensure_running(min_containers=3)
         busy = await pool.acquire(holder("busy"), ttl_s=60, wait_s=0)
-        assert await pool.scale_down(min_containers=0, idle_s=60) == []
+        assert await pool.fleet.scale_down(min_containers=0, idle_s=60) == []
         await asyncio.sleep(0.1)
-        stopped_one = await pool.scale_down(min_containers=2, idle_s=0.05)
-        stopped_rest = await pool.scale_down(min_containers=0, idle_s=0.05)
+        stopped_one = await pool.fleet.scale_down(min_containers=2, idle_s=0.05)
+        stopped_rest = await pool.fleet.scale_down(min_containers=0, idle_s=0.05)
         survivors = [info.container_id for info in await backend.list_containers()]
-        output = await pool.execute(busy, "still-here", _exec("echo alive"))
+        output = await pool.lease(busy).execute("still-here", _exec("echo alive"))
     assert len(stopped_one) == 1 and len(stopped_rest) == 1 and busy.container_id not in stopped_one + stopped_rest
     assert survivors == [busy.container_id] and output.output == "alive\n"
 
 
 async def test_a_drained_server_refuses_new_leases(backend):
     async with SandboxPool(backend) as pool:
-        (info,) = await pool.ensure_running()
-        client = await pool.client(info.container_id)
+        (info,) = await pool.fleet.ensure_running()
+        client = await pool.fleet.client(info.container_id)
         await asyncio.sleep(0.05)
-        assert (await client.drain(idle_s=0.01)).draining
-        assert (await client.health()).draining
+        assert (await client.send(DrainRequest(idle_s=0.01))).draining
+        assert (await client.send(HealthQuery())).draining
         with pytest.raises(SlotUnavailable, match="draining"):
-            await client.acquire(holder("too-late"), ttl_s=60, wait_s=0)
+            await client.send(AcquireRequest(holder=holder("too-late"), ttl_s=60, wait_s=0))
 
 
 async def test_reap_frees_only_leases_of_closed_holders(backend):
     async with SandboxPool(backend, max_containers=2) as pool:
-        await pool.ensure_running(min_containers=2)
+        await pool.fleet.ensure_running(min_containers=2)
         closed, running = holder("closed"), holder("running")
         gone = await pool.acquire(closed, ttl_s=60, wait_s=0)
         kept = await pool.acquire(running, ttl_s=60, wait_s=0)
@@ -173,11 +175,11 @@ def _exec(command: str):
 
 async def test_a_waiter_takes_a_slot_of_a_container_started_after_it_began_waiting(backend):
     async with SandboxPool(backend, max_containers=1) as pool:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
         waiting = asyncio.create_task(pool.acquire(holder("waiter"), ttl_s=60, wait_s=30, may_hold=False))
         assert await eventually(lambda: all_waiting(pool, 1))
-        pool.max_containers = 2  # room for one more (as an operator raising max_containers would)
+        pool.fleet.max_containers = 2  # room for one more (as an operator raising max_containers would)
         grower = await pool.acquire(holder("grower"), ttl_s=60, wait_s=0, may_hold=False)  # starts container 2
         assert grower.container_id != held.container_id
         await pool.release(grower)
@@ -188,16 +190,16 @@ async def test_a_waiter_takes_a_slot_of_a_container_started_after_it_began_waiti
 
 async def test_a_first_acquire_does_not_look_at_every_slot(backend, monkeypatch):
     async with SandboxPool(backend, max_containers=1) as pool:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         await pool.release(await pool.acquire(holder("first"), ttl_s=60, wait_s=0))  # one full look, then hints
         looks = []
-        real_slots = pool.slots
+        real_look = pool.placement.look
 
-        async def counted_slots():
+        async def counted_look():
             looks.append(1)
-            return await real_slots()
+            return await real_look()
 
-        monkeypatch.setattr(pool, "slots", counted_slots)
+        monkeypatch.setattr(pool.placement, "look", counted_look)
         second = holder("second")
         lease = await pool.acquire(second, ttl_s=60, wait_s=10, may_hold=False)
         assert looks == []

@@ -37,77 +37,77 @@ def run(text: str, timeout_s: float = 30.0) -> SessionOp:
 @pytest.fixture
 async def leased(backend):
     async with SandboxPool(backend) as pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="sessions"), ttl_s=120, wait_s=5)
-        yield pool, lease, info
+        yield pool, pool.lease(lease), info
         await pool.release(lease)
 
 
 async def test_a_background_server_started_in_one_call_answers_a_later_call(leased):
-    pool, lease, _ = leased
-    started = await pool.execute(lease, "c1", run("echo hi > hello.txt && (python3 -m http.server 8000 >/dev/null 2>&1 &)"))
+    _, slot, _ = leased
+    started = await slot.execute("c1", run("echo hi > hello.txt && (python3 -m http.server 8000 >/dev/null 2>&1 &)"))
     assert started.ok, started.output
     probe = PROBE.format(port=8000)
-    answered = await pool.execute(lease, "c2", run(f"for i in $(seq 50); do {probe} 2>/dev/null && break; sleep 0.1; done"))
+    answered = await slot.execute("c2", run(f"for i in $(seq 50); do {probe} 2>/dev/null && break; sleep 0.1; done"))
     assert answered.ok and answered.output == "hi\n", answered.output
-    one_shot = await pool.execute(lease, "c3", _exec(probe))
+    one_shot = await slot.execute("c3", _exec(probe))
     assert not one_shot.ok, "a one-shot command has its own network namespace and cannot see the session's server"
 
 
 async def test_cd_and_export_persist_and_exit_codes_come_back(leased):
-    pool, lease, _ = leased
-    assert (await pool.execute(lease, "c1", run("mkdir -p deep/er && cd deep/er && export GREETING=salut"))).ok
-    shown = await pool.execute(lease, "c2", run('pwd; echo "$GREETING"; exit_code_test() { return 3; }; exit_code_test'))
+    _, slot, _ = leased
+    assert (await slot.execute("c1", run("mkdir -p deep/er && cd deep/er && export GREETING=salut"))).ok
+    shown = await slot.execute("c2", run('pwd; echo "$GREETING"; exit_code_test() { return 3; }; exit_code_test'))
     assert shown.output == "/workspace/deep/er\nsalut\n"
     assert (shown.ok, shown.exit_code) == (False, 3)
-    fresh = await pool.execute(lease, "c3", _exec('pwd; echo "[$GREETING]"'))
+    fresh = await slot.execute("c3", _exec('pwd; echo "[$GREETING]"'))
     assert fresh.output == "/workspace\n[]\n", "one-shot commands stay stateless"
 
 
 async def test_keys_screen_read_and_a_timeout_that_interrupts_the_command(leased):
-    pool, lease, _ = leased
-    slow = await pool.execute(lease, "c1", run("echo before; sleep 600", timeout_s=1.0))
+    _, slot, _ = leased
+    slow = await slot.execute("c1", run("echo before; sleep 600", timeout_s=1.0))
     assert slow.timed_out and "before" in slow.output and "sent Ctrl-C" in slow.output
-    after = await pool.execute(lease, "c2", run("echo after"))
+    after = await slot.execute("c2", run("echo after"))
     assert after.ok and after.output == "after\n", "Ctrl-C ended the sleep, so the session answers again"
-    await pool.execute(lease, "c3", SessionOp(action="send_keys", text="python3 -q\n", timeout_s=3))
-    answer = await pool.execute(lease, "c4", SessionOp(action="send_keys", text="print(6 * 7)\n", timeout_s=3))
+    await slot.execute("c3", SessionOp(action="send_keys", text="python3 -q\n", timeout_s=3))
+    answer = await slot.execute("c4", SessionOp(action="send_keys", text="print(6 * 7)\n", timeout_s=3))
     assert "42" in answer.output
-    await pool.execute(lease, "c5", SessionOp(action="send_keys", text="C-d", timeout_s=2))
-    screen = await pool.execute(lease, "c6", SessionOp(action="screen"))
+    await slot.execute("c5", SessionOp(action="send_keys", text="C-d", timeout_s=2))
+    screen = await slot.execute("c6", SessionOp(action="screen"))
     assert "after" in screen.output and "42" in screen.output and "stty" not in screen.output
-    assert (await pool.execute(lease, "c7", SessionOp(action="read"))).output == "(no new output)"
+    assert (await slot.execute("c7", SessionOp(action="read"))).output == "(no new output)"
 
 
 async def test_exit_ends_the_session_and_the_answer_says_so(leased):
-    pool, lease, _ = leased
-    await pool.execute(lease, "c1", run("cd /tmp && export GONE=1"))
-    ended = await pool.execute(lease, "c2", run("exit 4"))
+    _, slot, _ = leased
+    await slot.execute("c1", run("cd /tmp && export GONE=1"))
+    ended = await slot.execute("c2", run("exit 4"))
     assert (ended.ok, ended.exit_code, ended.timed_out) == (False, 4, False)
     assert "the shell exited with status 4" in ended.output
-    fresh = await pool.execute(lease, "c3", run('pwd; echo "[$GONE]"'))
+    fresh = await slot.execute("c3", run('pwd; echo "[$GONE]"'))
     assert fresh.ok and fresh.output == "/workspace\n[]\n"
 
 
 async def test_a_retried_call_is_answered_from_its_stored_result_not_typed_again(leased):
-    pool, lease, info = leased
-    first = await pool.execute(lease, "once", run("echo x >> tally.txt; wc -l < tally.txt"))
-    again = await pool.execute(lease, "once", run("echo x >> tally.txt; wc -l < tally.txt"))
+    pool, slot, info = leased
+    first = await slot.execute("once", run("echo x >> tally.txt; wc -l < tally.txt"))
+    again = await slot.execute("once", run("echo x >> tally.txt; wc -l < tally.txt"))
     assert (first.output, again.output, again.replayed) == ("1\n", "1\n", True)
-    assert runs_of(root_of(pool.backend, info.container_id), "once") == 1
+    assert runs_of(root_of(pool.fleet.backend, info.container_id), "once") == 1
 
 
 async def test_the_sessions_processes_are_gone_after_release(backend):
     marker = unique_sleep()
     async with SandboxPool(backend) as pool:
-        await pool.ensure_running()
+        await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="released"), ttl_s=120, wait_s=5)
-        await pool.execute(lease, "bg", run(f"sleep {marker} &"))
+        await pool.lease(lease).execute("bg", run(f"sleep {marker} &"))
         assert processes_running(marker)
         await pool.release(lease)
         assert await wait_until(lambda: not processes_running(marker), timeout_s=10)
         again = await pool.acquire(Holder(workflow_id="next-holder"), ttl_s=120, wait_s=5)
-        fresh = await pool.execute(again, "pwd", run("pwd; jobs | wc -l"))
+        fresh = await pool.lease(again).execute("pwd", run("pwd; jobs | wc -l"))
         assert fresh.output == "/workspace\n0\n"
         await pool.release(again)
 
@@ -115,7 +115,7 @@ async def test_the_sessions_processes_are_gone_after_release(backend):
 async def test_a_crashed_containers_session_is_reported_not_replayed(backend):
     marker = unique_sleep()
     async with SandboxPool(backend) as pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="crash"), ttl_s=120, wait_s=5)
         slot = LeasedSlot(pool, lease, "rollout/verify")
         assert (await slot.terminal_stateful(f"cd /tmp && export X=1 && (sleep {marker} &)", key="setup")).ok
@@ -143,7 +143,7 @@ def _exec(command: str):
 async def test_the_worst_output_at_the_cap_never_stalls_another_clients_health_check(leased):
     """Output rendering (backspaces, carriage returns) is linear and runs off the server's event loop:
     a megabyte of the worst mix never holds up another request (it took 15.7 s and blocked /health)."""
-    pool, lease, info = leased
+    _, slot, info = leased
     latencies: list[float] = []
 
     async def poll_health() -> None:
@@ -156,10 +156,10 @@ async def test_the_worst_output_at_the_cap_never_stalls_another_clients_health_c
 
     poller = asyncio.create_task(poll_health())
     try:
-        spaces = await pool.execute(lease, "w1", run("printf 'a\\b'; head -c 1000000 /dev/zero | tr '\\0' ' '; echo end"))
-        pairs = await pool.execute(lease, "w2", run("python3 -c \"import sys; sys.stdout.write('x\\b' * 500000 + 'y')\""))
-        bounds = await pool.execute(lease, "w4", run("printf '\\b'; python3 -c \"print(' x' * 200000)\""))
-        words = await pool.execute(lease, "w3", run("printf 'hello world\\b\\b\\b\\b\\bthere\\n'"))
+        spaces = await slot.execute("w1", run("printf 'a\\b'; head -c 1000000 /dev/zero | tr '\\0' ' '; echo end"))
+        pairs = await slot.execute("w2", run("python3 -c \"import sys; sys.stdout.write('x\\b' * 500000 + 'y')\""))
+        bounds = await slot.execute("w4", run("printf '\\b'; python3 -c \"print(' x' * 200000)\""))
+        words = await slot.execute("w3", run("printf 'hello world\\b\\b\\b\\b\\bthere\\n'"))
     finally:
         poller.cancel()
     assert spaces.ok and spaces.truncated and spaces.output.rstrip().endswith("end")

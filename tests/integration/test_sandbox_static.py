@@ -42,17 +42,17 @@ async def test_two_pools_share_the_configured_servers(tmp_path, servers, monkeyp
     monkeypatch.setenv("TEST_POOL_SECRET", SECRET)
     settings = static_settings(tmp_path, servers)
     async with SandboxPool.from_settings(settings) as host_a, SandboxPool.from_settings(settings) as host_b:
-        assert isinstance(host_a.backend, StaticBackend) and not host_a.start_containers
-        assert {info.container_id for info in await host_a.ensure_running()} == {"static-a", "static-b"}
+        assert isinstance(host_a.fleet.backend, StaticBackend) and not host_a.fleet.start_containers
+        assert {info.container_id for info in await host_a.fleet.ensure_running()} == {"static-a", "static-b"}
         leases = [await pool.acquire(Holder(workflow_id=f"wf-{i}", run_id="r"), wait_s=5)
                   for i, pool in enumerate([host_a, host_b, host_a, host_b])]  # fmt: skip
         assert sorted((lease.container_id, lease.slot) for lease in leases) == [
             ("static-a", 0), ("static-a", 1), ("static-b", 0), ("static-b", 1)
         ]
         # A lease taken through one host's pool is served from the other's.
-        out = await host_b.execute(leases[0], "call-1", ExecOp(command="echo hello from $PWD"))
+        out = await host_b.lease(leases[0]).execute("call-1", ExecOp(command="echo hello from $PWD"))
         assert out.exit_code == 0 and "hello" in out.output
-        again = await host_a.execute(leases[0], "call-1", ExecOp(command="echo hello from $PWD"))
+        again = await host_a.lease(leases[0]).execute("call-1", ExecOp(command="echo hello from $PWD"))
         assert again.output == out.output
         for lease in leases:
             assert (await host_a.release(lease)).released
@@ -66,12 +66,12 @@ async def test_a_restarted_server_keeps_its_leases_and_the_pool_never_starts_one
         server = next(s for s in servers if s.container_id == lease.container_id)
         server.kill()
         with pytest.raises(SandboxUnreachable):
-            await pool.execute(lease, "during", ExecOp(command="true"))
+            await pool.lease(lease).execute("during", ExecOp(command="true"))
         with pytest.raises(SandboxError, match="cannot start"):
-            await pool.backend.start_container()
-        assert lease.container_id not in {info.container_id for info in await pool.refresh()}
+            await pool.fleet.backend.start_container()
+        assert lease.container_id not in {info.container_id for info in await pool.fleet.refresh()}
         server.start()  # whoever runs it restarts it, on the same port and disk
-        out = await pool.execute(lease, "after", ExecOp(command="echo back"))
+        out = await pool.lease(lease).execute("after", ExecOp(command="echo back"))
         assert out.output.strip() == "back"
         assert (await pool.release(lease)).released
 

@@ -40,7 +40,7 @@ def digest(path: Path) -> str:
 @pytest.fixture
 async def leased(backend):
     async with SandboxPool(backend) as pool:
-        (info,) = await pool.ensure_running()
+        (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="transfer"), ttl_s=120, wait_s=5)
         yield pool, lease, info
         await pool.release(lease)
@@ -54,17 +54,18 @@ async def test_a_50mb_file_goes_up_and_back_byte_identical_in_bounded_server_mem
             out.write(os.urandom(1 << 20))
     before = peak_rss(info.pid)
 
-    sent = await pool.upload(lease, source, "data/big.bin")
+    sent = await pool.lease(lease).upload(source, "data/big.bin")
     back = tmp_path / "back" / "big.bin"
-    received = await pool.download(lease, "/workspace/data/big.bin", back)
+    received = await pool.lease(lease).download("/workspace/data/big.bin", back)
 
     assert sent.bytes == received.bytes == BIG_BYTES
     assert sent.path == "/workspace/data/big.bin"
     assert digest(back) == digest(source)
-    assert digest(workspace_of(pool.backend, lease.container_id, lease.slot) / "data" / "big.bin") == digest(source)
+    workspace = workspace_of(pool.fleet.backend, lease.container_id, lease.slot)
+    assert digest(workspace / "data" / "big.bin") == digest(source)
     growth = peak_rss(info.pid) - before
     assert growth < RSS_GROWTH_LIMIT, f"the server's peak RSS grew by {growth / 2**20:.1f} MiB"
-    assert not list((workspace_of(pool.backend, lease.container_id, lease.slot).parent / ".transfers").iterdir())
+    assert not list((workspace.parent / ".transfers").iterdir())
 
 
 async def test_folders_go_up_and_back_with_binary_files_links_and_empty_folders(leased, tmp_path):
@@ -76,10 +77,11 @@ async def test_folders_go_up_and_back_with_binary_files_links_and_empty_folders(
     (tree / "README").write_text("hello\n")
     (tree / "link").symlink_to("README")
 
-    sent = await pool.upload(lease, tree, "project")
-    listing = await pool.list_files(lease, "project")
+    slot = pool.lease(lease)
+    sent = await slot.upload(tree, "project")
+    listing = await slot.list_files("project")
     back = tmp_path / "back"
-    received = await pool.download(lease, "project", back)
+    received = await slot.download("project", back)
 
     assert sent.entries == received.entries == 6
     kinds = {entry.path: entry.kind for entry in listing.entries}
@@ -88,7 +90,7 @@ async def test_folders_go_up_and_back_with_binary_files_links_and_empty_folders(
     assert (back / "src" / "pkg" / "blob.bin").read_bytes() == bytes(range(256)) * 10
     assert (back / "link").is_symlink() and os.readlink(back / "link") == "README"
     assert (back / "empty").is_dir()
-    checked = await pool.execute(lease, "check-tree", _exec("cat project/link && wc -c < project/src/pkg/blob.bin"))
+    checked = await slot.execute("check-tree", _exec("cat project/link && wc -c < project/src/pkg/blob.bin"))
     assert checked.output == "hello\n2560\n"
 
 
@@ -97,24 +99,24 @@ async def test_paths_stay_inside_the_workspace_and_sizes_within_their_limits(lea
     small = tmp_path / "small.txt"
     small.write_bytes(b"x" * 4096)
     with pytest.raises(BadToolRequest, match="outside the workspace"):
-        await pool.upload(lease, small, "../escape.txt")
+        await pool.lease(lease).upload(small, "../escape.txt")
     with pytest.raises(BadToolRequest, match="outside the workspace"):
-        await pool.download(lease, "/etc/passwd", tmp_path / "passwd")
-    await pool.execute(lease, "plant-link", _exec("ln -s /etc planted"))
+        await pool.lease(lease).download("/etc/passwd", tmp_path / "passwd")
+    await pool.lease(lease).execute("plant-link", _exec("ln -s /etc planted"))
     with pytest.raises(BadToolRequest, match="file tools do not follow links"):
-        await pool.download(lease, "planted/hostname", tmp_path / "hostname")
+        await pool.lease(lease).download("planted/hostname", tmp_path / "hostname")
     with pytest.raises(TransferTooLarge):
-        await pool.upload(lease, small, "small.txt", max_bytes=1000)
+        await pool.lease(lease, max_transfer_bytes=1000).upload(small, "small.txt")
     large = tmp_path / "large.bin"
     large.write_bytes(b"\0" * (8 << 20))
     with pytest.raises(TransferTooLarge):  # refused as it streams in: the early 413 reaches the client
-        await pool.upload(lease, large, "large.bin", max_bytes=1 << 20)
-    assert "large.bin" not in {entry.path for entry in (await pool.list_files(lease)).entries}
-    await pool.upload(lease, small, "small.txt")
+        await pool.lease(lease, max_transfer_bytes=1 << 20).upload(large, "large.bin")
+    assert "large.bin" not in {entry.path for entry in (await pool.lease(lease).list_files()).entries}
+    await pool.lease(lease).upload(small, "small.txt")
     with pytest.raises(TransferTooLarge):
-        await pool.download(lease, "small.txt", tmp_path / "small-back.txt", max_bytes=1000)
+        await pool.lease(lease, max_transfer_bytes=1000).download("small.txt", tmp_path / "small-back.txt")
     with pytest.raises(BadToolRequest, match="no such file"):
-        await pool.download(lease, "missing.txt", tmp_path / "missing.txt")
+        await pool.lease(lease).download("missing.txt", tmp_path / "missing.txt")
 
 
 async def test_a_retried_hook_replays_its_auto_keyed_calls_instead_of_running_them_again(leased, tmp_path):
@@ -134,8 +136,9 @@ async def test_a_retried_hook_replays_its_auto_keyed_calls_instead_of_running_th
     slot = LeasedSlot(pool, lease, "rollout-1/verify")
     changed = await slot.terminal("echo other >> count.txt; wc -l < count.txt")  # same position, other command
     assert changed.output == "3\n" and not changed.replayed
-    auto_ids = [entry for entry in _call_ids(root_of(pool.backend, info.container_id)) if "/auto-0-exec-" in entry]
-    assert len(auto_ids) == 2 and all(runs_of(root_of(pool.backend, info.container_id), i) == 1 for i in auto_ids)
+    root = root_of(pool.fleet.backend, info.container_id)
+    auto_ids = [entry for entry in _call_ids(root) if "/auto-0-exec-" in entry]
+    assert len(auto_ids) == 2 and all(runs_of(root, i) == 1 for i in auto_ids)
 
 
 async def test_the_handle_transfers_and_lists_and_snapshots_stream_through_the_object_store(leased, tmp_path):
@@ -154,7 +157,7 @@ async def test_the_handle_transfers_and_lists_and_snapshots_stream_through_the_o
     assert size == (tmp_path / "objects" / storage.bucket / "snapshots" / "one.tar.gz").stat().st_size
     await slot.terminal("rm -r reports && echo new > other.txt")
     await snapshots.load(lease, "snapshots/one.tar.gz")
-    after = await pool.list_files(lease)
+    after = await pool.lease(lease).list_files()
     assert [entry.path for entry in after.entries] == ["reports", "reports/report.xml"]
 
 

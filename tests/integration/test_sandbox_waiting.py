@@ -10,6 +10,7 @@ import pytest
 
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
+from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
 from temporal_rollouts.sandbox_server.app import _acquire_while_connected
 from temporal_rollouts.sandbox_server.lease_log import (
     hand_over_latencies,
@@ -17,9 +18,9 @@ from temporal_rollouts.sandbox_server.lease_log import (
     read_lease_events,
     utilisation,
 )
-from temporal_rollouts.sandbox_server.schema import AcquireRequest
+from temporal_rollouts.sandbox_server.schema import AcquireRequest, WithdrawRequest
 from temporal_rollouts.sandbox_server.slots import SlotManager
-from tests.support.sandbox import eventually, holder, root_of, running_container, spawn_waiting_client
+from tests.support.sandbox import eventually, holder, release_of, root_of, running_container, spawn_waiting_client
 
 
 @pytest.fixture
@@ -30,61 +31,62 @@ async def one_slot(tmp_path):
 
 
 async def waiters(client) -> int:
-    return (await client.health()).waiters
+    return (await client.send(HealthQuery())).waiters
 
 
 async def test_a_client_killed_while_waiting_leaves_the_line_and_gets_no_slot(one_slot):
     backend, info, client = one_slot
-    first = await client.acquire(holder("first"), ttl_s=60, wait_s=0)
+    first = await client.send(AcquireRequest(holder=holder("first"), ttl_s=60, wait_s=0))
     dead = spawn_waiting_client(info, "dead-worker")
     try:
         assert await eventually(lambda: _equals(waiters(client), 1), timeout_s=10)
         patient = holder("patient")
-        waiting = asyncio.create_task(client.acquire(patient, ttl_s=60, wait_s=10))
+        waiting = asyncio.create_task(client.send(AcquireRequest(holder=patient, ttl_s=60, wait_s=10)))
         assert await eventually(lambda: _equals(waiters(client), 2))
         dead.send_signal(signal.SIGKILL)
         dead.wait(5)
         assert await eventually(lambda: _equals(waiters(client), 1))
     finally:
         dead.kill()
-    await client.release(first.slot, first.lease_id)
+    await client.send(release_of(first))
     granted = await asyncio.wait_for(waiting, 2)
-    leases = [state.lease for state in await client.slots()]
+    leases = [state.lease for state in await client.send(SlotsQuery())]
     events = read_lease_events(root_of(backend, info.container_id))
     assert granted.holder == patient and [lease.holder for lease in leases if lease] == [patient]
     left = [e for e in events if e.holder and e.holder.workflow_id == "dead-worker"]
     assert [(e.event, e.reason) for e in left] == [("queued", None), ("withdrawn", "disconnected")]
-    await client.release(granted.slot, granted.lease_id)
+    await client.send(release_of(granted))
 
 
 async def test_a_cancelled_request_leaves_the_line(one_slot):
     _, _, client = one_slot
-    first = await client.acquire(holder("first"), ttl_s=60, wait_s=0)
-    impatient = asyncio.create_task(client.acquire(holder("impatient"), ttl_s=60, wait_s=30))
+    first = await client.send(AcquireRequest(holder=holder("first"), ttl_s=60, wait_s=0))
+    impatient = asyncio.create_task(client.send(AcquireRequest(holder=holder("impatient"), ttl_s=60, wait_s=30)))
     assert await eventually(lambda: _equals(waiters(client), 1))
     impatient.cancel()
     assert await eventually(lambda: _equals(waiters(client), 0))
-    await client.release(first.slot, first.lease_id)
+    await client.send(release_of(first))
     assert await eventually(lambda: _free(client))
 
 
 async def test_withdraw_takes_a_ticket_out_of_line_even_before_it_arrives(one_slot):
     _, _, client = one_slot
-    first = await client.acquire(holder("first"), ttl_s=60, wait_s=0)
-    waiting = asyncio.create_task(client.acquire(holder("ticketed"), ttl_s=60, wait_s=30, ticket="t-1"))
+    first = await client.send(AcquireRequest(holder=holder("first"), ttl_s=60, wait_s=0))
+    ticketed = AcquireRequest(holder=holder("ticketed"), ttl_s=60, wait_s=30, ticket="t-1")
+    waiting = asyncio.create_task(client.send(ticketed))
     assert await eventually(lambda: _equals(waiters(client), 1))
     started = time.monotonic()
-    assert (await client.withdraw("t-1")).withdrawn
+    assert (await client.send(WithdrawRequest(ticket="t-1"))).withdrawn
     with pytest.raises(SlotUnavailable, match="withdrawn"):
         await waiting
     assert time.monotonic() - started < 1.0
-    assert (await client.withdraw("t-1")).withdrawn is False
-    assert (await client.withdraw("t-early")).withdrawn is False
+    assert (await client.send(WithdrawRequest(ticket="t-1"))).withdrawn is False
+    assert (await client.send(WithdrawRequest(ticket="t-early"))).withdrawn is False
     started = time.monotonic()
     with pytest.raises(SlotUnavailable, match="withdrawn before it arrived"):
-        await client.acquire(holder("late"), ttl_s=60, wait_s=30, ticket="t-early")
+        await client.send(AcquireRequest(holder=holder("late"), ttl_s=60, wait_s=30, ticket="t-early"))
     assert time.monotonic() - started < 1.0 and await waiters(client) == 0
-    await client.release(first.slot, first.lease_id)
+    await client.send(release_of(first))
 
 
 async def test_a_slot_granted_as_the_client_leaves_is_given_back(tmp_path):
@@ -115,23 +117,23 @@ async def test_a_slot_granted_as_the_client_leaves_is_given_back(tmp_path):
 async def test_three_waiters_are_served_in_arrival_order_with_logged_hand_overs(one_slot):
     backend, info, client = one_slot
     started = time.time()
-    first = await client.acquire(holder("first"), ttl_s=60, wait_s=0)
+    first = await client.send(AcquireRequest(holder=holder("first"), ttl_s=60, wait_s=0))
     names = ["second", "third", "fourth"]
     tasks = []
     for count, name in enumerate(names, start=1):
-        tasks.append(asyncio.create_task(client.acquire(holder(name), ttl_s=60, wait_s=10)))
+        tasks.append(asyncio.create_task(client.send(AcquireRequest(holder=holder(name), ttl_s=60, wait_s=10))))
         assert await eventually(lambda count=count: _equals(waiters(client), count))
     order, lease, remaining = [], first, list(tasks)
     for _ in names:
         await asyncio.sleep(0.1)
-        await client.release(lease.slot, lease.lease_id)
+        await client.send(release_of(lease))
         done, _ = await asyncio.wait(remaining, timeout=2, return_when=asyncio.FIRST_COMPLETED)
         assert len(done) == 1
         remaining.remove(next(iter(done)))
         lease = next(iter(done)).result()
         order.append(lease.holder.workflow_id.split("-")[0])
     await asyncio.sleep(0.1)
-    await client.release(lease.slot, lease.lease_id)
+    await client.send(release_of(lease))
     ended = time.time()
     events = read_lease_events(root_of(backend, info.container_id))
     assert order == names
@@ -141,7 +143,7 @@ async def test_three_waiters_are_served_in_arrival_order_with_logged_hand_overs(
     assert len(latencies) == 3 and all(0 <= latency < 0.5 for latency in latencies)
     assert 0 < idle_while_waiting(events) < 0.5
     assert 0.7 < utilisation(events, 1, started, ended) <= 1.0
-    assert (await client.health()).idle_since is not None
+    assert (await client.send(HealthQuery())).idle_since is not None
 
 
 async def _equals(value, expected) -> bool:
@@ -149,7 +151,7 @@ async def _equals(value, expected) -> bool:
 
 
 async def _free(client) -> bool:
-    return (await client.health()).free == 1
+    return (await client.send(HealthQuery())).free == 1
 
 
 async def _sync(value: bool) -> bool:

@@ -19,6 +19,7 @@ from envs.swe_smith.transfer import local_bundle, repository_entry, wheels_entry
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.lease import Lease
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import CacheEntry, CacheQuery, SlotLease
 from tests.support.sandbox import holder, needs_bubblewrap
@@ -49,16 +50,16 @@ def fingerprint(folder: Path) -> dict[str, str]:
     return found
 
 
-def record_shares(pool: SandboxPool) -> list[CacheEntry]:
+def record_shares(monkeypatch: pytest.MonkeyPatch) -> list[CacheEntry]:
     """What every `share` answered: `created` tells a put that sent the entry from one that found it."""
     answers: list[CacheEntry] = []
-    share = pool.share
+    share = Lease.share
 
-    async def recorded(*args, **kwargs) -> CacheEntry:
-        answers.append(entry := await share(*args, **kwargs))
+    async def recorded(self: Lease, *args, **kwargs) -> CacheEntry:
+        answers.append(entry := await share(self, *args, **kwargs))
         return entry
 
-    pool.share = recorded  # type: ignore[method-assign]
+    monkeypatch.setattr(Lease, "share", recorded)
     return answers
 
 
@@ -68,13 +69,15 @@ def swe_env() -> SweSmithEnv:
     return env
 
 
-async def test_two_slots_share_the_repository_once_and_keep_their_own_edits(backend: LocalBackend) -> None:
+async def test_two_slots_share_the_repository_once_and_keep_their_own_edits(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = swe_env()
     first, second = env.instance(Item(id=FIRST)), env.instance(Item(id=SECOND))
     assert first.repo == second.repo
     name = first.checkout_name
     async with SandboxPool(backend, slots_per_container=2) as pool:
-        shares = record_shares(pool)
+        shares = record_shares(monkeypatch)
         one = await pool.acquire(holder("cache-one"), ttl_s=600, wait_s=60)
         two = await pool.acquire(holder("cache-two"), ttl_s=600, wait_s=60)
         assert one.container_id == two.container_id and one.slot != two.slot
@@ -172,14 +175,14 @@ async def test_concurrent_setups_of_one_repository_both_succeed(backend: LocalBa
         # Two puts of one new entry at once, past the presence check: one stores it, the other finds it.
         bundle = local_bundle(env.settings.repo_base_url, env.instance(Item(id=FIRST)).repo)
         _, archive = repository_entry(bundle)
-        client = await pool.client(one.container_id)
+        client = await pool.fleet.client(one.container_id)
         query = CacheQuery(name="raced-entry")
-        answers = await asyncio.gather(*(client.cache_put(query, archive) for _ in range(4)))
+        answers = await asyncio.gather(*(client.upload(query, archive) for _ in range(4)))
         assert sorted(answer.created for answer in answers) == [False, False, False, True], answers
         assert (cache / "raced-entry" / "repo.git" / "HEAD").is_file()
         assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
         wheels_name, _ = wheels_entry(env.settings.wheelhouse)
-        assert (await client.cache_get(CacheQuery(name=wheels_name))).present
-        assert not (await client.cache_get(CacheQuery(name="never-put"))).present
+        assert (await client.send(CacheQuery(name=wheels_name))).present
+        assert not (await client.send(CacheQuery(name="never-put"))).present
         await pool.release(one)
         await pool.release(two)

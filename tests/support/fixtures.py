@@ -59,7 +59,7 @@ def settings(tmp_path_factory, temporal_env: WorkflowEnvironment, demo_policy: D
 async def parts(settings: Settings) -> AsyncIterator[Parts]:
     """The worker's parts (sandbox pool, transcript store, ...), built as `python worker.py` builds them."""
     worker_parts = Parts(settings)
-    await worker_parts.pool.ensure_running()
+    await worker_parts.pool.fleet.ensure_running()
     yield worker_parts
     await worker_parts.aclose()
     backend = LocalBackend.from_settings(settings)

@@ -20,7 +20,7 @@ from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox_server.isolation import bubblewrap_path
-from temporal_rollouts.sandbox_server.schema import Holder
+from temporal_rollouts.sandbox_server.schema import ExecuteRequest, Holder, Operation, ReleaseRequest, SlotRef
 from tests.support import REPO
 
 needs_bubblewrap = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap cannot build a sandbox here")
@@ -121,15 +121,25 @@ def holder(name: str) -> Holder:
     return Holder(workflow_id=f"{name}-{random.randint(0, 1 << 30):x}", run_id="run")
 
 
+def execute_in(lease: SlotRef, call_id: str, operation: Operation) -> ExecuteRequest:
+    """The request that runs `operation` in the lease's slot, for tests that talk to one server."""
+    return ExecuteRequest(slot=lease.slot, lease_id=lease.lease_id, call_id=call_id, operation=operation)
+
+
+def release_of(lease: SlotRef) -> ReleaseRequest:
+    return ReleaseRequest(slot=lease.slot, lease_id=lease.lease_id)
+
+
 def spawn_waiting_client(info: ContainerInfo, workflow_id: str, wait_s: float = 60.0) -> subprocess.Popen[bytes]:
     """Another process that waits in line for a slot; kill it to play a worker that died mid-wait."""
     script = (
         "import asyncio, sys\n"
         "from temporal_rollouts.sandbox.client import SandboxClient\n"
-        "from temporal_rollouts.sandbox_server.schema import Holder\n"
+        "from temporal_rollouts.sandbox_server.schema import AcquireRequest, Holder\n"
         "async def main():\n"
         "    async with SandboxClient(sys.argv[1], open(sys.argv[2]).read().strip()) as client:\n"
-        "        await client.acquire(Holder(workflow_id=sys.argv[3]), ttl_s=60, wait_s=float(sys.argv[4]))\n"
+        "        holder = Holder(workflow_id=sys.argv[3])\n"
+        "        await client.send(AcquireRequest(holder=holder, ttl_s=60, wait_s=float(sys.argv[4])))\n"
         "asyncio.run(main())\n"
     )
     argv = [sys.executable, "-c", script, info.url, str(info.token_file), workflow_id, str(wait_s)]

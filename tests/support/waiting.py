@@ -13,7 +13,7 @@ def batch_id(prefix: str = "batch") -> str:
 
 
 async def leased_slots(pool: SandboxPool) -> list:
-    states = await pool.slots()
+    states = await pool.placement.look()
     return [s for slots in states.values() for s in slots if s.lease is not None]
 
 

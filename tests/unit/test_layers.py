@@ -1,4 +1,6 @@
-"""The layers point one way: a module imports only from layers below its own, or from its own package.
+"""The layers point one way, and each object keeps its state to itself.
+
+A module imports only from layers below its own, or from its own package:
 
     6  worker, temporal_rollouts.{cli, runtime, integrations, demo_policy}   (may import each other)
     5  workflows
@@ -9,15 +11,30 @@
     0  temporal_rollouts.sandbox_server   (a separate program: imports nothing else of the project)
 
 Parts on one layer do not import each other. Imports under `if TYPE_CHECKING:` count too,
-except where they only name a type for a module of the same package. Run this file as a
-script to print the counts (upward imports, cycles, top-level names, modules per folder).
+except where they only name a type for a module of the same package.
+
+Inside a layer, code reaches another object only through what that object's class
+offers. No module touches `other._name` where `other` is not `self`, `cls` or `super()`.
+And outside the module that defines a class, an instance of it (known by a parameter's
+annotation, a `self` attribute set from one, or a constructor call) is used only through
+what the class body declares (methods, properties, annotated attributes), never through
+attributes its methods merely assign on `self`: such state belongs to the code that
+changes it. Exceptions are exempt (their attributes are the data they carry). Each
+allow-list entry says why it is there.
+
+Run this file as a script to print the counts (upward imports, cycles, reach-throughs,
+top-level names, modules per folder).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -155,6 +172,147 @@ def cycles() -> list[list[str]]:
     return groups
 
 
+PRIVATE_REACH_ALLOWED = {
+    ("temporal_rollouts.cli", "os._exit"): "a public function of `os` (exit without clean-up), not a private member",
+    ("temporal_rollouts.cli_inspect", "argparse._SubParsersAction"): "the type `add_subparsers` returns; "
+    "argparse gives it no public name",
+    ("temporal_rollouts.view.codec", "storage._retrieve_payload_sequence"): "the Temporal SDK's ExternalStorage "
+    "resolves references only through underscored methods, and the UI's codec endpoint needs exactly that",
+}
+STATE_REACH_ALLOWED = {
+    ("temporal_rollouts.sandbox_server.app", "SlotManager.cache"): "the sandbox server is being rewritten in "
+    "another change of issue 23, which owns this module",
+}
+
+
+@cache
+def tree_of(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def private_reaches() -> list[str]:
+    """`other._name` where `other` is not `self`, `cls` or `super()`."""
+    problems = []
+    for module, path in project_modules().items():
+        for node in ast.walk(tree_of(path)):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__")):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+                continue
+            if (module, ast.unparse(node)) not in PRIVATE_REACH_ALLOWED:
+                problems.append(f"{module}:{node.lineno} reaches into {ast.unparse(node)}")
+    return sorted(problems)
+
+
+@dataclass
+class ClassFacts:
+    module: str
+    bases: list[str] = field(default_factory=list)
+    declared: set[str] = field(default_factory=set)
+    """What its body declares: methods, properties, class-level names with or without annotations."""
+    state: set[str] = field(default_factory=set)
+    """What its methods assign on `self`."""
+    error: bool = False
+    """An exception: its attributes are the data it carries, for whoever catches it."""
+
+
+def class_facts() -> dict[str, ClassFacts]:
+    """Every project class by its full name, with what its body declares and what its methods assign."""
+    modules, spaces = project_modules(), namespaces()
+    facts: dict[str, ClassFacts] = {}
+    for module, path in modules.items():
+        for cls in (node for node in tree_of(path).body if isinstance(node, ast.ClassDef)):
+            fact = facts[f"{module}.{cls.name}"] = ClassFacts(module)
+            fact.bases = [spaces[module][b.id] for b in cls.bases if isinstance(b, ast.Name) and b.id in spaces[module]]
+            fact.error = any(ast.unparse(b) in ("Exception", "BaseException") for b in cls.bases)
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    fact.declared.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    fact.declared.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    fact.declared.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            for node in ast.walk(cls):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
+                        fact.state.add(target.attr)
+    return facts
+
+
+def namespaces() -> dict[str, dict[str, str]]:
+    """Per module, the project classes it can name: its own and those it imports (re-exports followed)."""
+    modules = project_modules()
+    spaces = {m: {c.name: f"{m}.{c.name}" for c in tree_of(p).body if isinstance(c, ast.ClassDef)}
+              for m, p in modules.items()}  # fmt: skip
+    for _ in range(3):
+        for module, path in modules.items():
+            for node in ast.walk(tree_of(path)):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in spaces:
+                    for alias in node.names:
+                        if alias.name in spaces[node.module]:
+                            spaces[module][alias.asname or alias.name] = spaces[node.module][alias.name]
+    return spaces
+
+
+def state_reaches() -> list[str]:
+    """Uses of another module's class instance through an attribute that is its state, not its interface."""
+    facts, spaces = class_facts(), namespaces()
+
+    def lineage(name: str) -> list[ClassFacts]:
+        return [facts[name], *(fact for base in facts[name].bases if base in facts for fact in lineage(base))]
+
+    problems = set()
+    for module, path in project_modules().items():
+        for node, owner in typed_attributes(tree_of(path), spaces[module]):
+            chain, used = lineage(owner), f"{owner.rpartition('.')[2]}.{node.attr}"
+            if chain[0].module == module or any(node.attr in fact.declared or fact.error for fact in chain):
+                continue
+            if any(node.attr in fact.state for fact in chain) and (module, used) not in STATE_REACH_ALLOWED:
+                problems.add(f"{module}:{node.lineno} uses {used}, state of {chain[0].module}")
+    return sorted(problems)
+
+
+def typed_attributes(tree: ast.Module, space: dict[str, str]) -> Iterator[tuple[ast.Attribute, str]]:
+    """Every `x.name` whose `x` is known to be an instance of a project class (by a parameter's annotation,
+    a constructor call, or a `self` attribute annotated or set from such a parameter), with that class."""
+
+    def classes_in(annotation: ast.expr | None) -> set[str]:
+        text = "" if annotation is None else ast.unparse(annotation)
+        return {space[word] for word in re.findall(r"[A-Za-z_]\w*", text) if word in space}
+
+    def parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
+        return {a.arg: classes_in(a.annotation) for a in function.args.args + function.args.kwonlyargs}
+
+    for scope in [*(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)), tree]:
+        functions = [node for node in ast.walk(scope) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        of_self = {item.target.id: classes_in(item.annotation) for item in scope.body
+                   if isinstance(scope, ast.ClassDef) and isinstance(item, ast.AnnAssign)
+                   and isinstance(item.target, ast.Name)}  # fmt: skip
+        for function, node in ((f, n) for f in functions for n in ast.walk(f)):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
+                        of_self[target.attr] = parameters(function).get(node.value.id) or of_self.get(target.attr, set())
+        for function in functions:
+            known = parameters(function)
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (made := classes_in(
+                        node.value.func if isinstance(node.value.func, ast.Name) else None)):  # fmt: skip
+                    known.update({target.id: made for target in node.targets if isinstance(target, ast.Name)})
+            for node in ast.walk(function):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name | ast.Attribute):
+                    owner = ast.unparse(node.value)
+                    if owner.startswith("self."):
+                        owners = of_self.get(owner.removeprefix("self."), set())
+                    else:
+                        owners = known.get(owner, set()) if owner not in ("self", "cls") else set()
+                    yield from ((node, name) for name in owners)
+
+
 def test_no_import_runs_upward() -> None:
     assert upward_imports() == []
 
@@ -171,6 +329,14 @@ def test_no_import_cycles() -> None:
     assert cycles() == []
 
 
+def test_no_module_reaches_into_another_objects_private_members() -> None:
+    assert private_reaches() == []
+
+
+def test_an_objects_state_is_used_only_through_what_its_class_declares() -> None:
+    assert state_reaches() == []
+
+
 def main() -> None:
     modules = project_modules()
     print("upward imports:", len(upward_imports()))
@@ -179,6 +345,10 @@ def main() -> None:
     print("cycles:", len(cycles()))
     for group in cycles():
         print("  ", " <-> ".join(group))
+    for title, found in (("private reach-throughs:", private_reaches()), ("state reach-throughs:", state_reaches())):
+        print(title, len(found))
+        for line in found:
+            print("  ", line)
     tops = sorted({m.split(".")[0] for m in modules})
     print("top-level import names:", len(tops), tops)
     per_folder = Counter(str(path.parent.relative_to(REPO)) for path in modules.values())
