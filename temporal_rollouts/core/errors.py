@@ -10,6 +10,7 @@
     │   └── PayloadTooLarge         env data too big to travel through Temporal
     ├── SandboxError                the sandbox server or a slot (defined beside the server)
     │   ├── SandboxUnreachable      connection refused / timed out (retryable)
+    │   ├── SandboxLaunchFailed     a command could not be started (fork, exec, cgroup; retryable)
     │   ├── SandboxAuthError        wrong or missing token
     │   ├── SlotUnavailable         no slot free within the acquire wait (retryable)
     │   ├── LeaseLost               the slot is no longer leased to the caller
@@ -44,6 +45,7 @@ from temporal_rollouts.sandbox_server.errors import (
     RolloutError,
     SandboxAuthError,
     SandboxError,
+    SandboxLaunchFailed,
     SandboxRequired,
     SandboxUnreachable,
     SlotUnavailable,
@@ -56,7 +58,7 @@ from temporal_rollouts.sandbox_server.errors import (
 __all__ = [
     "BadItem", "BadToolRequest", "ConfigError", "ContextOverflow", "LeaseLost", "MalformedModelReply",
     "ModelError", "ModelRequestRejected", "ModelStalled", "ModelUnavailable", "ModelUnreachable", "PayloadTooLarge",
-    "RolloutError", "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxRequired", "SandboxUnreachable",
+    "RolloutError", "InvalidInput", "SandboxAuthError", "SandboxError", "SandboxLaunchFailed", "SandboxRequired", "SandboxUnreachable",
     "SlotUnavailable", "SnapshotTooLarge", "TaskError", "TransferTooLarge", "UnknownEnv", "activity_boundary",
     "as_application_error",
     "raise_from_payload", "stop_reason_of",

@@ -45,6 +45,7 @@ from temporal_rollouts.sandbox_server.errors import (
     RolloutError,
     SandboxAuthError,
     SandboxError,
+    SandboxLaunchFailed,
     SandboxRequired,
     SandboxUnreachable,
     SlotUnavailable,
@@ -80,6 +81,7 @@ STATUS_BY_ERROR: dict[type[RolloutError], int] = {
     SlotUnavailable: 503,
     SandboxRequired: 503,
     SandboxUnreachable: 503,
+    SandboxLaunchFailed: 503,
     SnapshotTooLarge: 413,
     TransferTooLarge: 413,
 }

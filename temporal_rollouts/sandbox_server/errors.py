@@ -38,6 +38,13 @@ class SandboxUnreachable(SandboxError):
     retryable = True
 
 
+class SandboxLaunchFailed(SandboxError):
+    """The sandbox could not start a command (cannot fork, cannot exec, cannot join the slot's cgroup):
+    the machinery failed, not the model, so it is never a tool result nor a verdict."""
+
+    retryable = True
+
+
 class SandboxAuthError(SandboxError):
     pass
 

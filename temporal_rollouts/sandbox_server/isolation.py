@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
-from temporal_rollouts.sandbox_server.errors import SandboxRequired
+from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, SandboxRequired
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
 from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
@@ -46,6 +46,7 @@ MASKED_DIRS = ("/etc/ssh", "/etc/sudoers.d", "/etc/ssl/private")
 READ_CHUNK_BYTES = 64 * 1024
 PROBE_UID = 65534
 OUTPUT_DRAIN_S = 2.0
+LAUNCH_ERROR_CHARS = 500
 
 IsolationMode = Literal["bubblewrap", "none"]
 
@@ -260,15 +261,19 @@ async def run_command(
     if confinement is None:
         confinement = default_confinement()
     script_fd = _script_file(command)
-    # bash reads the command from the memory file and runs it as `bash -c` would (same $0, same messages),
-    # closing the file first so that nothing the command starts holds it.
-    script = ["bash", "-c", f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
+    started_read, started_write = os.pipe()
+    # bash says it started (one byte on the `started` pipe), then reads the command from the memory file
+    # and runs it as `bash -c` would (same $0, same messages); both are closed first, so nothing the
+    # command starts holds them. No byte: the sandbox never got as far as the command (`_launch_failed`).
+    script = ["bash", "-c", f'printf . >&{started_write}; exec {started_write}>&-; '
+              f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
     part = f"command-{uuid.uuid4().hex[:12]}"
     try:
         argv, env = command_launch(script, workspace, allow_network=allow_network, require_isolation=require_isolation,
                                    confinement=confinement, slot=slot, cache=cache, part=part)
     except BaseException:
-        os.close(script_fd)
+        for fd in (script_fd, started_read, started_write):
+            os.close(fd)
         raise
     output = BoundedOutput(max_output_chars)
     started = time.monotonic()
@@ -282,14 +287,16 @@ async def run_command(
             cwd=workspace,
             env=env,
             start_new_session=True,
-            pass_fds=(script_fd,),
+            pass_fds=(script_fd, started_write),
         )
     except BaseException:
         os.close(read_fd)
+        os.close(started_read)
         raise
     finally:
         os.close(write_fd)
         os.close(script_fd)
+        os.close(started_write)
     transport, reader = await _open_reader(read_fd)
     pump = asyncio.create_task(_pump(reader, output))
     timed_out = False
@@ -308,6 +315,10 @@ async def run_command(
         pump.cancel()
         transport.close()
     text, truncated = output.text()
+    started = _read_started(started_read)
+    if not started and not timed_out and proc.returncode != 0:
+        raise SandboxLaunchFailed(f"the sandbox could not start the command (status {proc.returncode}): "
+                                  f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}")
     text += confinement.notices(slot)
     return CommandResult(
         exit_code=proc.returncode,
@@ -316,6 +327,17 @@ async def run_command(
         truncated=truncated,
         duration_s=time.monotonic() - started,
     )
+
+
+def _read_started(fd: int) -> bool:
+    """Whether bash wrote its one byte: the command itself ran (whatever became of it)."""
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, 1) == b"."
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 @functools.cache

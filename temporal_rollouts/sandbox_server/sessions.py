@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.errors import BadToolRequest
+from temporal_rollouts.sandbox_server.errors import BadToolRequest, SandboxLaunchFailed
 from temporal_rollouts.sandbox_server.isolation import command_launch
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.output import BoundedOutput
@@ -235,7 +235,7 @@ class SlotSessions:
         if not await _wait_for_marker(session, 0, nonce, START_TIMEOUT_S):
             text, _ = session.take(0)
             await self.stop(index, workspace)
-            raise BadToolRequest(f"the terminal session did not start: {text.decode(errors='replace')[-500:]}")
+            raise SandboxLaunchFailed(f"the terminal session did not start: {text.decode(errors='replace')[-500:]}")
         session.read_mark = session.screen_from = session.end
         record = {"lease_id": lease_id, "server_pid": os.getpid(), "started_at": time.time()}
         (workspace.parent / SESSION_FILE).write_text(json.dumps(record))
