@@ -18,8 +18,8 @@ from temporal_rollouts.core.token_trace import IGNORE_INDEX, NOT_GENERATED_LOGPR
 from temporal_rollouts.llm.generate import GenerateClient
 from temporal_rollouts.llm.templates import ChatTemplate
 from temporal_rollouts.llm.token_client import TokenClient
+from temporal_rollouts.policy_servers import smollm2
 from tests.support import TEMPLATES
-from tests.support.servers import smollm2
 
 QWEN_TEMPLATE = TEMPLATES / "qwen2_5.jinja"
 TOOLS = [ToolSpec(name="terminal", description="Run a shell command.",

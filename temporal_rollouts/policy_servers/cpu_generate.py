@@ -1,6 +1,6 @@
 """A real (tiny) model behind SGLang's and vLLM's native `/generate`, for token-exact tests.
 
-    python -m tests.servers.generate_server --gguf PATH --port P [--tokenizer-out DIR] [--api-key KEY]
+    python -m temporal_rollouts.policy_servers.cpu_generate --gguf PATH --port P [--tokenizer-out DIR] [--api-key KEY]
 
 Token-level RL clients send token ids and need back the sampled ids with one logprob
 each. The production servers (SGLang, Atropos' patched vLLM) need a GPU; this one
@@ -53,7 +53,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.support.servers import smollm2
+from temporal_rollouts.policy_servers import smollm2
 
 log = logging.getLogger("generate_server")
 
