@@ -25,6 +25,9 @@ class Generation(BaseModel):
     ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    weight_version: str | None = None
+    """The server's label of the weights that sampled every one of `ids` (SGLang's
+    `meta_info.weight_version`); None from a server that reports none."""
 
 
 class GenerateClient:
@@ -69,7 +72,9 @@ class GenerateClient:
         response = await post_json(self._http, "/generate", body, secrets=self._secrets)
         read = _read_sglang if self.api == "sglang" else _read_vllm
         try:
-            ids, logprobs, finish = read(json.loads(response.content))
+            data = json.loads(response.content)
+            ids, logprobs, finish = read(data)
+            version = _weight_version(data)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             snippet = error_snippet(response.content, secrets=self._secrets)
             raise MalformedModelReply(
@@ -78,7 +83,8 @@ class GenerateClient:
             ) from None
         if len(ids) != len(logprobs):
             raise MalformedModelReply(f"/generate returned {len(ids)} tokens but {len(logprobs)} logprobs")
-        return Generation(ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop")
+        return Generation(ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop",
+                          weight_version=version)
 
 
 def _read_sglang(data: Any) -> tuple[list[int], list[float], str]:
@@ -90,6 +96,13 @@ def _read_sglang(data: Any) -> tuple[list[int], list[float], str]:
     finish = meta.get("finish_reason")
     kind = finish.get("type") if isinstance(finish, dict) else finish
     return [int(p[1]) for p in pairs], [float(p[0]) for p in pairs], str(kind)
+
+
+def _weight_version(data: Any) -> str | None:
+    """SGLang puts it in `meta_info`; our CPU server adds it at the top of the vLLM shape."""
+    first = data[0] if isinstance(data, list) else data
+    version = (first.get("meta_info") or {}).get("weight_version", first.get("weight_version"))
+    return None if version is None else str(version)
 
 
 def _read_vllm(data: Any) -> tuple[list[int], list[float], str]:

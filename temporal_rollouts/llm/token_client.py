@@ -45,6 +45,8 @@ class TokenTurn(BaseModel):
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    weight_version: str | None = None
+    """The server's label of the weights that generated this turn (None when it reports none)."""
 
 
 class TokenClient:
@@ -97,7 +99,7 @@ class TokenClient:
         added.add_context(self.template.encode(self.template.turn_closing(generation.ids)))
         return TokenTurn(
             message=parsed.to_message(), added=added, restarted=restarted, finish_reason=generation.finish_reason,
-            prompt_tokens=len(prompt), completion_tokens=len(generation.ids),
+            prompt_tokens=len(prompt), completion_tokens=len(generation.ids), weight_version=generation.weight_version,
         )
 
     def _continuation(self, messages: Sequence[Message], tools: Sequence[ToolSpec], prior: TokenTrace | None,

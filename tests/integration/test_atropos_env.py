@@ -20,10 +20,10 @@ import yaml
 from temporal_rollouts.core.records import TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
+from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from tests.support import REPO
 from tests.support.processes import settings_environment
-from tests.support.servers import smollm2
 from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
 from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
 from worker import Parts

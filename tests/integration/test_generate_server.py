@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.support.servers.smollm2 import forward_logprobs  # noqa: E402
+from temporal_rollouts.policy_servers.smollm2 import forward_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.llm.templates import ChatTemplate
+from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support import TEMPLATES
-from tests.support.servers import smollm2
 from tests.support.waiting import batch_id
 from workflows.batch import BatchWorkflow
 

@@ -1,5 +1,5 @@
 """Token-exact rollouts with a real model: SmolLM2-135M-Instruct behind a real SGLang-shaped
-`/generate` server (tests/servers/generate_server.py), driven through the real worker,
+`/generate` server (temporal_rollouts/policy_servers/cpu_generate.py), driven through the real worker,
 dev server, sandbox and demo policy.
 
 The tiny model cannot choose tools, so the policy is steered: each turn starts with the
@@ -21,8 +21,8 @@ from temporalio.client import Client
 from temporal_rollouts.core.records import BatchInput, RolloutLimits, Sampling, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX, NOT_GENERATED_LOGPROB
+from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.jsonl import read_groups
-from tests.support.servers import smollm2
 from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
 from tests.support.waiting import batch_id
 from worker import Parts

@@ -15,7 +15,7 @@ wandb = pytest.importorskip("wandb")
 pytest.importorskip("atroposlib")
 
 from temporal_rollouts.integrations.atropos.env import TemporalRolloutsEnv  # noqa: E402
-from tests.support.servers import smollm2  # noqa: E402
+from temporal_rollouts.policy_servers import smollm2  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ A module imports only from layers below its own, or from its own package:
     3  envs | temporal_rollouts.sinks
     2  temporal_rollouts.{llm | sandbox | storage | tools}
     1  temporal_rollouts.core
-    0  temporal_rollouts.sandbox_server   (a separate program: imports nothing else of the project)
+    0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers
+       (separate programs: each imports nothing else of the project)
 
 Parts on one layer do not import each other. Imports under `if TYPE_CHECKING:` count too,
 except where they only name a type for a module of the same package.
@@ -45,6 +46,7 @@ from tests.support import REPO  # noqa: E402
 PROJECT_ROOTS = ("temporal_rollouts", "workflows", "activities", "envs", "worker")
 UNITS: dict[str, int] = {
     "temporal_rollouts.sandbox_server": 0,
+    "temporal_rollouts.policy_servers": 0,
     "temporal_rollouts.core": 1,
     "temporal_rollouts.llm": 2,
     "temporal_rollouts.sandbox": 2,

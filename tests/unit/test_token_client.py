@@ -18,8 +18,8 @@ from temporal_rollouts.core.token_trace import IGNORE_INDEX, NOT_GENERATED_LOGPR
 from temporal_rollouts.llm.generate import GenerateClient
 from temporal_rollouts.llm.templates import ChatTemplate
 from temporal_rollouts.llm.token_client import TokenClient
+from temporal_rollouts.policy_servers import smollm2
 from tests.support import TEMPLATES
-from tests.support.servers import smollm2
 
 QWEN_TEMPLATE = TEMPLATES / "qwen2_5.jinja"
 TOOLS = [ToolSpec(name="terminal", description="Run a shell command.",
@@ -39,8 +39,10 @@ def template(tmp_path_factory) -> ChatTemplate:
 class ScriptedGenerate:
     """Answers /generate with the next scripted text as sampled token ids, logprob -0.25 + i/1000 each."""
 
-    def __init__(self, template: ChatTemplate, replies: list[str], shape: str = "sglang") -> None:
+    def __init__(self, template: ChatTemplate, replies: list[str], shape: str = "sglang",
+                 weight_version: str | None = None) -> None:
         self.template, self.replies, self.shape = template, list(replies), shape
+        self.weight_version = weight_version
         self.requests: list[dict] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -51,11 +53,12 @@ class ScriptedGenerate:
         finish = "length" if len(ids) > limit else "stop"
         ids = ids[:limit]
         logprobs = [-0.25 + i / 1000 for i in range(len(ids))]
+        version = {} if self.weight_version is None else {"weight_version": self.weight_version}
         if self.shape == "sglang":
-            return httpx.Response(200, json={"meta_info": {"finish_reason": {"type": finish},
+            return httpx.Response(200, json={"meta_info": {"finish_reason": {"type": finish}, **version,
                                                            "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, ids)]}})
         return httpx.Response(200, json={"logprobs": [[[{str(t): lp}] for t, lp in zip(ids, logprobs)]],
-                                         "finish_reasons": [finish]})
+                                         "finish_reasons": [finish], **version})
 
     def client(self, parser: str = "hermes") -> TokenClient:
         generator = GenerateClient("http://model/v1", self.shape, transport=httpx.MockTransport(self))
@@ -95,6 +98,15 @@ async def test_two_turns_make_one_sequence_that_reads_as_the_template_renders_it
     second_prompt = script.requests[1]["input_ids"] if shape == "sglang" else script.requests[1]["prompt"]["prompt_token_ids"]
     assert second_prompt[: len(first.added)] == first.added.tokens
     assert second_prompt == trace.tokens[: len(second_prompt)]
+
+
+@pytest.mark.parametrize("shape", ["sglang", "vllm"])
+async def test_a_turn_carries_the_weight_version_the_server_reports(template: ChatTemplate, shape: str) -> None:
+    for version in ["7", None]:
+        client = ScriptedGenerate(template, ["Hi.<|im_end|>"], shape, weight_version=version).client()
+        turn = await client.turn(_start(), TOOLS, prior=None, prior_messages=0, temperature=1.0, max_tokens=8,
+                                 context_tokens=4096)
+        assert turn.weight_version == version
 
 
 async def test_only_the_sampled_tokens_are_unmasked_with_their_logprobs(template: ChatTemplate) -> None:

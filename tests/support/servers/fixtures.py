@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from temporal_rollouts.core.settings import GeneratePolicy
+from temporal_rollouts.policy_servers import smollm2
 from tests.support import TEMPLATES
-from tests.support.servers import smollm2
 from tests.support.servers.process import LoopbackServer
 
 LOAD_WAIT_S = 600.0  # de-quantizing the GGUF takes ~30s on a busy two-core machine
 
 
 class GenerateServerProcess(LoopbackServer):
-    """`python -m tests.servers.generate_server` on a free port; the port opens once the model is loaded."""
+    """`python -m temporal_rollouts.policy_servers.cpu_generate` on a free port; the port opens once the model is loaded."""
 
     what = "the generate server"
 
@@ -33,7 +33,7 @@ class GenerateServerProcess(LoopbackServer):
 
     def start(self) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.launch([sys.executable, "-m", "tests.support.servers.generate_server", "--gguf", str(self.gguf),
+        self.launch([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate", "--gguf", str(self.gguf),
                      "--port", str(self.port), "--tokenizer-out", str(self.tokenizer_dir)], env=env)
 
     def wait_ready(self) -> None:

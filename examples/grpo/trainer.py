@@ -1,0 +1,224 @@
+"""A GRPO trainer small enough to read in one sitting: CPU torch, the model the CPU policy
+server serves, Atropos' scored groups in, new weights out as the server's next version.
+
+    python -m examples.grpo.trainer --run-api http://127.0.0.1:8000 --policy-server http://127.0.0.1:30000 \\
+        --batch-size 16 --steps 30 --checkpoints runs/grpo/checkpoints
+
+One step (`train_step`) on a batch of groups (each: `tokens`, `masks`, `scores`,
+`inference_logprobs`, as run-api's `/batch` and the JSONL sink give them):
+
+- advantage of a sequence = (score - its group's mean) / (its group's std + eps); a
+  group whose scores are all equal teaches nothing and is skipped;
+- on the trainable tokens (mask != -100) the PPO-style clipped objective
+  min(ratio * A, clip(ratio, 1 - clip, 1 + clip) * A), with ratio =
+  exp(logp_trainer - logp_inference): the logprobs the server reported are the
+  behaviour policy, so tokens sampled by older weights are weighted, and clipped, for
+  how far the policy has moved since;
+- the loss is its negative mean over every trainable token of the batch; one AdamW step.
+
+`save_and_publish` writes the weights to a new folder and asks the server to load them
+as version `step` (SGLang's `/update_weights_from_disk`); the server must see the same
+disk. The model stays in eval mode throughout (no dropout) and in float32, as the server
+runs it, so trainer and server compute the same logprobs for the same weights: each
+step reports how far apart they were (`logprob_gap_*`), which should be ~1e-5.
+
+No reference model and no KL term: a short run from a good start does not need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from temporal_rollouts.policy_servers import smollm2
+from temporal_rollouts.policy_servers.weights import load_into, read_state_dict, save_weights
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Sequence:
+    tokens: list[int]
+    trainable: list[int]
+    """Positions of the tokens the model generated (mask != -100)."""
+    inference_logprobs: list[float]
+    """The server's logprob of each trainable token, in the order of `trainable`."""
+    advantage: float
+
+
+@dataclass
+class StepStats:
+    mean_reward: float
+    loss: float
+    sequences: int
+    """Sequences trained on (groups with equal scores are left out)."""
+    tokens: int
+    logprob_gap_mean: float
+    """Mean |trainer logprob - inference logprob| over the trained tokens, before the update."""
+    logprob_gap_max: float
+    clipped: float
+    """Share of trained tokens whose ratio fell outside the clip range."""
+    seconds: float
+
+    def line(self) -> str:
+        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  tokens {self.tokens:5d}  "
+                f"|dlogp| mean {self.logprob_gap_mean:.1e} max {self.logprob_gap_max:.1e}  clipped {self.clipped:.2f}  "
+                f"{self.seconds:.0f}s")
+
+
+def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
+    mean, std = statistics.fmean(scores), statistics.pstdev(scores)
+    return [(score - mean) / (std + eps) for score in scores]
+
+
+def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequence]:
+    """The batch's sequences that carry a learning signal, each with its advantage."""
+    found = []
+    for group in groups:
+        if len(set(group["scores"])) < 2:
+            continue
+        advantages = group_advantages(group["scores"], eps)
+        for tokens, masks, logprobs, advantage in zip(group["tokens"], group["masks"], group["inference_logprobs"],
+                                                      advantages):
+            trainable = [i for i, mask in enumerate(masks) if mask != IGNORE_INDEX and i > 0]
+            if trainable:
+                found.append(Sequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
+    return found
+
+
+def token_logprobs(model, sequences: list[Sequence]) -> list[torch.Tensor]:
+    """log p(token) at each sequence's trainable positions, from one padded forward pass.
+
+    Only those positions go through the output layer: a full vocabulary of logits for
+    every position of every sequence would cost more than the model itself."""
+    longest = max(len(s.tokens) for s in sequences)
+    ids = torch.zeros(len(sequences), longest, dtype=torch.long)
+    attention = torch.zeros(len(sequences), longest, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence.tokens)] = torch.tensor(sequence.tokens)
+        attention[row, : len(sequence.tokens)] = 1
+    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state
+    head = model.get_output_embeddings()
+    found = []
+    for row, sequence in enumerate(sequences):
+        at = torch.tensor(sequence.trainable)
+        logits = head(hidden[row, at - 1]).float()
+        found.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[row, at, None])[:, 0])
+    return found
+
+
+def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], *, clip: float = 0.2,
+               micro_batch: int = 4, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
+    """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`)."""
+    started = time.monotonic()
+    rewards = [score for group in groups for score in group["scores"]]
+    sequences = sequences_of(groups, eps)
+    total_tokens = sum(len(s.trainable) for s in sequences)
+    loss_sum, gaps, clipped = 0.0, [], 0
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(sequences), micro_batch):
+        chunk = sequences[start:start + micro_batch]
+        chunk_loss = torch.zeros(())
+        for sequence, new in zip(chunk, token_logprobs(model, chunk)):
+            old = torch.tensor(sequence.inference_logprobs)
+            ratio = torch.exp(new - old)
+            objective = torch.minimum(ratio * sequence.advantage,
+                                      ratio.clamp(1 - clip, 1 + clip) * sequence.advantage)
+            chunk_loss = chunk_loss - objective.sum() / total_tokens
+            gaps.extend((new.detach() - old).abs().tolist())
+            clipped += int(((ratio.detach() - 1).abs() > clip).sum())
+        chunk_loss.backward()
+        loss_sum += chunk_loss.item()
+    if sequences:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    return StepStats(
+        mean_reward=statistics.fmean(rewards), loss=loss_sum, sequences=len(sequences), tokens=total_tokens,
+        logprob_gap_mean=statistics.fmean(gaps) if gaps else math.nan, logprob_gap_max=max(gaps, default=math.nan),
+        clipped=clipped / total_tokens if total_tokens else 0.0, seconds=time.monotonic() - started,
+    )
+
+
+def save_and_publish(model, checkpoints: Path, step: int, policy_server: str, *, api_key: str | None = None,
+                     keep: int = 2) -> Path:
+    """Save the weights as `checkpoints/step-<step>` and have the server serve them as version `step`;
+    older checkpoints beyond the last `keep` are deleted once the server holds the new ones."""
+    folder = save_weights(model, checkpoints / f"step-{step:05d}")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.post(f"{policy_server.rstrip('/')}/update_weights_from_disk", headers=headers, timeout=600,
+                          json={"model_path": str(folder.resolve()), "weight_version": str(step)})
+    answer = response.json()
+    if not answer.get("success"):
+        raise RuntimeError(f"the policy server refused step {step}'s weights: {answer.get('message', response.text)}")
+    for old in sorted(checkpoints.glob("step-*"))[:-keep]:
+        shutil.rmtree(old)
+    return folder
+
+
+def load_policy(weights: Path | None = None):
+    """The model the CPU policy server serves (float32, eval mode), with `weights` if given."""
+    model = smollm2.load_model(smollm2.require_gguf())
+    if weights is not None:
+        load_into(model, read_state_dict(weights))
+    return model
+
+
+async def pull_batch(api, poll_s: float = 1.0) -> list[dict[str, Any]]:
+    while (batch := await api.batch()) is None:
+        await asyncio.sleep(poll_s)
+    return batch
+
+
+async def train_from_run_api(args: argparse.Namespace) -> None:
+    from temporal_rollouts.sinks.atropos_api import TrajectoryApi
+
+    torch.set_num_threads(args.threads)
+    model = load_policy(args.weights)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    async with TrajectoryApi(args.run_api) as api:
+        await api.register_trainer(
+            wandb_group="grpo-example", wandb_project="grpo-example", batch_size=args.batch_size,
+            max_token_len=args.max_token_len, checkpoint_dir=str(args.checkpoints), save_checkpoint_interval=-1,
+            starting_step=args.first_step - 1, num_steps=args.first_step - 1 + args.steps,
+        )
+        for step in range(args.first_step, args.first_step + args.steps):
+            batch = await pull_batch(api)
+            stats = train_step(model, optimizer, batch, clip=args.clip)
+            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=args.api_key)
+            print(f"step {step:3d}  {stats.line()}", flush=True)
+            if args.stats:
+                with open(args.stats, "a") as out:
+                    out.write(json.dumps({"step": step, **asdict(stats)}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-api", default="http://127.0.0.1:8000", help="Atropos' trajectory API")
+    parser.add_argument("--policy-server", default="http://127.0.0.1:30000", help="the CPU generate server")
+    parser.add_argument("--api-key", default=None, help="the policy server's bearer token, if it has one")
+    parser.add_argument("--checkpoints", type=Path, default=Path("runs/grpo/checkpoints"))
+    parser.add_argument("--weights", type=Path, default=None, help="start from this checkpoint (default: the GGUF)")
+    parser.add_argument("--first-step", type=int, default=1, help="the version the first update publishes")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step, whole groups")
+    parser.add_argument("--max-token-len", type=int, default=2048)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--clip", type=float, default=0.2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stats", type=Path, default=None, help="append each step's stats here")
+    asyncio.run(train_from_run_api(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

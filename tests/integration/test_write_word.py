@@ -1,0 +1,67 @@
+"""The `write_word` env graded through the real sandbox server: each shaped reward for the
+workspace that earns it, written with the same `write_file` tool the model calls."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from envs import get_env
+from temporal_rollouts.core.errors import BadItem, ConfigError
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import Holder
+from tests.support.sandbox import needs_bubblewrap
+
+pytestmark = [pytest.mark.slow, needs_bubblewrap]
+
+ITEM = Item(id="answer-apple")
+
+
+@pytest.mark.parametrize("files, commands, score", [
+    ({"answer.txt": "apple"}, [], 1.0),
+    ({"answer.txt": "apple\n"}, [], 1.0),
+    ({"answer.txt": "Apple"}, [], 0.5),
+    ({"answer.txt": "apple\napple\n"}, [], 0.5),
+    ({"answer.txt": ""}, [], 0.5),
+    ({"notes.txt": "apple"}, [], 0.25),
+    ({"deep/answer.txt": "apple"}, [], 0.25),
+    ({"real.txt": "apple"}, ["ln -s real.txt answer.txt"], 0.25),
+    ({}, ["mkdir answer.txt"], 0.0),
+    ({}, [], 0.0),
+])
+async def test_the_grader_scores_what_the_workspace_holds(
+    pool: SandboxPool, files: dict[str, str], commands: list[str], score: float
+) -> None:
+    env = get_env("write_word")
+    run = uuid.uuid4().hex[:8]
+    lease = await pool.acquire(Holder(workflow_id=f"write-word-{run}"), ttl_s=120, wait_s=60)
+    try:
+        meta = await env.setup_workspace(ITEM, LeasedSlot(pool, lease, f"{run}/setup"))
+        agent = LeasedSlot(pool, lease, f"{run}/tools")
+        for path, content in files.items():
+            assert (await agent.write_file(path, content)).ok
+        for command in commands:
+            assert (await agent.terminal(command)).ok
+        verdict = await env.verify(ITEM, LeasedSlot(pool, lease, f"{run}/verify", meta=meta), [])
+    finally:
+        await pool.release(lease)
+    assert verdict.score == score, verdict.details
+
+
+def test_items_prompts_and_config() -> None:
+    env = get_env("write_word")
+    items = env.load_items(3, offset=env.item_count() - 1)
+    assert [item.id for item in items] == ["out-bridge", "answer-apple", "answer-river"], "the task set cycles"
+    messages = env.prompt_messages(ITEM)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages[-1].content == "Create the file answer.txt containing the word apple."
+    assert messages[2].tool_calls[0].function.name == "write_file"
+    assert [m.role for m in get_env("write_word", {"examples": 0}).prompt_messages(ITEM)] == ["system", "user"]
+    assert env.reference_solution(ITEM)[0][0].arguments == {"path": "answer.txt", "content": "apple"}
+    with pytest.raises(BadItem, match="no task 'answer-kiwi'"):
+        env.format_prompt(Item(id="answer-kiwi"))
+    with pytest.raises(ConfigError, match="examples"):
+        get_env("write_word", {"examples": 3})

@@ -1,0 +1,92 @@
+"""The GRPO example's step (examples/grpo/trainer.py) on hand-made groups and a tiny random
+Llama: rewarded sequences gain probability, punished ones lose it, tokens whose ratio is past
+the clip teach nothing, and padding does not change a sequence's logprobs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from examples.grpo.trainer import (  # noqa: E402
+    IGNORE_INDEX,
+    Sequence,
+    group_advantages,
+    sequences_of,
+    token_logprobs,
+    train_step,
+)
+
+PROMPT = [5, 9, 2, 7]
+GOOD, BAD = [11, 12, 13], [21, 22, 23, 24, 25]
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def completion_logprob(model, completion: list[int]) -> float:
+    sequence = Sequence(PROMPT + completion, list(range(len(PROMPT), len(PROMPT) + len(completion))), [], 0.0)
+    with torch.no_grad():
+        return float(token_logprobs(model, [sequence])[0].sum())
+
+
+def group(model, scores: list[float], completions: list[list[int]], shift: list[float] | None = None) -> dict:
+    """One Atropos group: prompt masked, completion trainable, inference logprobs from `model`
+    itself (moved by `shift[i]` per token, as if sampled by other weights)."""
+    tokens, masks, logprobs = [], [], []
+    for index, completion in enumerate(completions):
+        sequence = PROMPT + completion
+        with torch.no_grad():
+            own = token_logprobs(model, [Sequence(sequence, list(range(len(PROMPT), len(sequence))), [], 0.0)])[0]
+        tokens.append(sequence)
+        masks.append([IGNORE_INDEX] * len(PROMPT) + completion)
+        logprobs.append([1.0] * len(PROMPT) + [v + (shift[index] if shift else 0.0) for v in own.tolist()])
+    return {"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": logprobs}
+
+
+def test_advantages_are_normalised_within_the_group_and_equal_scores_teach_nothing() -> None:
+    assert group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    flat = {"tokens": [[1, 2]] * 2, "masks": [[IGNORE_INDEX, 2]] * 2, "scores": [0.5, 0.5],
+            "inference_logprobs": [[1.0, -0.3]] * 2}
+    assert sequences_of([flat]) == []
+
+
+def test_a_step_raises_the_rewarded_sequence_and_lowers_the_punished_one(model) -> None:
+    before = completion_logprob(model, GOOD), completion_logprob(model, BAD)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    stats = train_step(model, optimizer, [group(model, [1.0, 0.0], [GOOD, BAD])])
+    after = completion_logprob(model, GOOD), completion_logprob(model, BAD)
+    assert after[0] > before[0] and after[1] < before[1], (before, after)
+    assert (stats.sequences, stats.tokens, stats.mean_reward) == (2, len(GOOD) + len(BAD), 0.5)
+    assert stats.logprob_gap_max < 1e-5, "the batch's logprobs are this model's own"
+    assert stats.clipped == 0.0
+
+
+def test_tokens_whose_ratio_is_past_the_clip_teach_nothing(model) -> None:
+    untouched = copy.deepcopy(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    # the rewarded sequence is already far likelier than when sampled, the punished one far less likely
+    stale = group(model, [1.0, 0.0], [GOOD, BAD], shift=[-1.0, +1.0])
+    stats = train_step(model, optimizer, [stale], clip=0.2)
+    assert stats.clipped == 1.0 and stats.logprob_gap_max == pytest.approx(1.0, abs=1e-4)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, untouched[name]), f"{name} moved on clipped tokens"
+
+
+def test_padding_in_a_micro_batch_does_not_change_logprobs(model) -> None:
+    short = Sequence(PROMPT + GOOD, [4, 5, 6], [], 0.0)
+    long = Sequence(PROMPT + BAD, [4, 5, 6, 7, 8], [], 0.0)
+    with torch.no_grad():
+        together = token_logprobs(model, [short, long])
+        alone = [token_logprobs(model, [short])[0], token_logprobs(model, [long])[0]]
+    for a, b in zip(together, alone):
+        assert torch.allclose(a, b, atol=1e-5)
