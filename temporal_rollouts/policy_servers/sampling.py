@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +71,13 @@ class Sample:
 
 class TokenSampler:
     """One model, one request at a time, sampled token by token over a KV cache."""
+
+    model: Any
+    tokenizer: Any
+    model_path: str
+    """Where the weights being served came from."""
+    weight_version: str
+    """The version those weights were loaded as (SGLang's `weight_version`)."""
 
     def __init__(self, model, tokenizer, model_path: str, weight_version: str = DEFAULT_WEIGHT_VERSION) -> None:
         self.model = model
