@@ -58,14 +58,24 @@ def summarize_changes(taken: list[str], deleted: list[str], ignored: dict[str, s
 
 
 def read_report(output: str, targets: list[str]) -> Report | None:
-    """The report in a grading command's output (its last report line), or None when there is none."""
-    lines = [line for line in output.splitlines() if line.startswith(REPORT_MARKER)]
-    if not lines:
+    """The report in a grading command's output (its last readable report line), or None when there is none."""
+    body = None
+    for line in reversed(output.splitlines()):
+        if line.startswith(REPORT_MARKER):
+            try:
+                body = json.loads(line[len(REPORT_MARKER) :])
+                break
+            except ValueError:
+                continue
+    if not isinstance(body, dict):
         return None
-    body = json.loads(lines[-1][len(REPORT_MARKER) :])
     if not body.get("installed"):
         return Report(installed=False)
-    codes = body.get("outcomes", "")
-    outcomes = {nodeid: OUTCOME_NAMES.get(codes[i:i + 1], "MISSING") for i, nodeid in enumerate(targets)}
-    messages = {targets[int(i)]: text for i, text in body.get("messages", {}).items() if int(i) < len(targets)}
-    return Report(installed=True, outcomes=outcomes, messages=messages, changes=body.get("changes", {}))
+    try:
+        codes = str(body.get("outcomes", ""))
+        outcomes = {nodeid: OUTCOME_NAMES.get(codes[i : i + 1], "MISSING") for i, nodeid in enumerate(targets)}
+        said = body.get("messages", {}).items()
+        messages = {targets[int(i)]: str(text) for i, text in said if 0 <= int(i) < len(targets)}
+        return Report(installed=True, outcomes=outcomes, messages=messages, changes=dict(body.get("changes", {})))
+    except (AttributeError, TypeError, ValueError):
+        return None
