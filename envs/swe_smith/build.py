@@ -38,7 +38,7 @@ from pathlib import Path
 
 from envs.swe_smith.model import SweInstance
 from envs.swe_smith.mutations import Mutation, candidate_mutations
-from envs.swe_smith.pytest_summary import PYTEST_FLAGS, parse_summary
+from envs.swe_smith.grader.pytest_summary import PYTEST_FLAGS, parse_summary
 
 log = logging.getLogger("envs.swe_smith.build")
 

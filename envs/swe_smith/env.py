@@ -16,9 +16,9 @@ from envs.base import Env, SlotHandle
 from envs.registry import register_env
 from envs.swe_smith import grading
 from envs.swe_smith.config import SweSmithConfig
+from envs.swe_smith.grader.report import read_report
 from envs.swe_smith.loader import read_instances, selected_ids
 from envs.swe_smith.model import SweInstance
-from envs.swe_smith.pytest_summary import parse_summary
 from envs.swe_smith.transfer import fetch_commands, local_bundle, share_entries
 from temporal_rollouts.core.errors import BadItem, ConfigError, TaskError
 from temporal_rollouts.core.messages import Message
@@ -42,6 +42,8 @@ failures, fix the library code (not the tests), check your fix, and when you are
 with a short summary without calling any tool."""
 
 OUTPUT_TAIL_CHARS = 2000
+GRADER_OVERHEAD_S = 120.0
+"""Time the grading command may take besides the install and the test runs (checkout, copying)."""
 LISTED_FAILURES = 50
 
 
@@ -108,49 +110,36 @@ class SweSmithEnv(Env):
         )
         tool_calls = sum(len(m.tool_calls or ()) for m in transcript if m.role == "assistant")
 
+        # No process of the agent may run while it is graded (the grader's /tmp is out of its reach anyway).
+        await slot.stop_terminal(key="grader-stop-terminal")
         repository, wheels = await self._share(instance, slot)
-        prepare = grading.prepare_script(
-            name, instance.base_commit, test_files, repository, wheels, self._fetch(instance)
-        )
+        script = grading.grade_script(
+            name, instance.base_commit, repository, wheels, targets=targets, test_files=test_files,
+            offline=not self.allow_network, install_timeout_s=settings.install_timeout_s,
+            test_timeout_s=settings.test_timeout_s, chunk_size=settings.test_chunk_size, fetch=self._fetch(instance),
+        )  # fmt: skip
+        chunk_count = max(1, -(-len(targets) // settings.test_chunk_size))
+        timeout_s = settings.install_timeout_s + chunk_count * settings.test_timeout_s + GRADER_OVERHEAD_S
         entries = [entry for entry in (repository, wheels) if entry]
-        step = await slot.exec("grader-prepare", prepare, timeout_s=settings.install_timeout_s, cache=entries)
-        if step.ok:
-            install = grading.install_script(name, offline=not self.allow_network)
-            step = await slot.exec("grader-install", install, timeout_s=settings.install_timeout_s)
-        installed = step.ok
-        outcomes: dict[str, str] = {}
-        messages: dict[str, str] = {}
-        if installed:
-            for index, chunk in enumerate(grading.chunks(targets, settings.test_chunk_size)):
-                run = await slot.exec(
-                    f"grader-tests-{index}",
-                    grading.test_script(name, index, chunk),
-                    timeout_s=settings.test_timeout_s,
-                )
-                found, said = parse_summary(run.output, set(chunk))
-                outcomes.update(
-                    {nodeid: found.get(nodeid, "TIMEOUT" if run.timed_out else "MISSING") for nodeid in chunk}
-                )
-                messages.update(said)
+        run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries)
+        report = read_report(run.output, targets)
+        if report is None:
+            raise TaskError(
+                f"grading {instance.instance_id} failed before it could report "
+                f"({'timed out' if run.timed_out else f'exit {run.exit_code}'}): {run.output[-OUTPUT_TAIL_CHARS:]}"
+            )
+        installed = report.installed
+        outcomes, messages = report.outcomes, report.messages
         tests_passed = installed and bool(targets) and all(outcomes.get(nodeid) == "PASSED" for nodeid in targets)
         if settings.reward == "shaped":
             score = grading.shaped_reward(tool_calls, installed, tests_passed)
         else:
             score = 1.0 if tests_passed else 0.0
-        step_output = "" if installed else step.output
-        return Verdict(
-            score=score,
-            details=_details(
-                instance,
-                settings,
-                outcomes,
-                messages,
-                tool_calls,
-                installed,
-                tests_passed,
-                step_output,
-            ),
-        )
+        details = _details(instance, settings, outcomes, messages, tool_calls, installed, tests_passed)
+        details["changes"] = report.changes
+        if not installed:
+            details["install_output"] = run.output[-OUTPUT_TAIL_CHARS:]
+        return Verdict(score=score, details=details)
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
         """Look at the repository, write the reference patch with write_file, apply it with git."""
@@ -200,7 +189,6 @@ def _details(
     tool_calls: int,
     installed: bool,
     tests_passed: bool,
-    step_output: str,
 ) -> dict[str, Any]:
     """Per-test results: every FAIL_TO_PASS test's outcome, and the PASS_TO_PASS tests that did not pass."""
     fail_to_pass = {nodeid: outcomes.get(nodeid, "NOT_RUN") for nodeid in instance.FAIL_TO_PASS}
@@ -219,8 +207,6 @@ def _details(
         },
         "messages": {nodeid: messages[nodeid][:300] for nodeid in list(messages)[:10]},
     }
-    if step_output:
-        details["install_output"] = step_output[-OUTPUT_TAIL_CHARS:]
     return details
 
 

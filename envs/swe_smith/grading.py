@@ -1,22 +1,24 @@
 """The shell steps of workspace setup and grading in the slot, and the reward.
 
-Layout of a slot's workspace:
+Layout of a slot's workspace, the agent's to change as it likes:
 
     /workspace/<name>/        the repository at base_commit: a fresh git repository with one
                               commit of that tree, so no other commit (the fix) is in reach
     /workspace/.swe/wheels/   pytest's wheels, for the agent's own test runs
-    /workspace/.swe-grader/   made anew by verify: the wheels, the grader's venv
 
-and of the container's cache, which only setup and grader-prepare commands see (read-only):
+and of the container's cache, which only setup and grading commands see (read-only):
 
     /cache/repo-<digest>/repo.git   the bare repository, every commit (the fix included)
     /cache/wheels-<digest>/wheels/  the grader's wheels
 
-Grading hygiene: every grader command runs with HOME=/tmp, no pip or git config, no user site
-and `python -I` (the repository is not on sys.path except as the editable install puts it),
-after the test files, conftest.py files, packaging and pytest configuration are put back as
-they were at base_commit and planted files of the same kinds (and sitecustomize, .pth) removed.
-The agent can still change what the project's own code does when imported: that is the task.
+Grading is one command, and it works in that command's own /tmp, a tmpfs no other process of the
+slot can see (the agent's commands and its stateful terminal each have their own): a fresh
+checkout of base_commit from the cache, a venv with the wheels, `pip install -e .` of that pristine
+checkout, then the agent's changes to source files copied onto it (`grader.changes`) and the tests
+run there with everything pinned (`grader.pytest_run`). Every folder above the checkout is the
+grader's, so nothing the agent planted in or around its repository is seen, and none of the
+agent's code runs before the tests import it. That code can still do anything once imported:
+it is what is being tested.
 """
 
 from __future__ import annotations
@@ -24,17 +26,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from envs.swe_smith.pytest_summary import PYTEST_FLAGS, SUMMARY_OUTCOMES
+from envs.swe_smith.grader import source_files
+from envs.swe_smith.grader.report import NOT_INSTALLED_LINE
 
 SETUP_FOLDER = ".swe"
-GRADER_FOLDER = ".swe-grader"
 BASE_MARKER = ".git/swe-base-commit"
-RESTORED_FILES = r"^setup\.py$|(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml)$"
-PLANTED_FILES = (
-    "conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth",
-    "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "setup.py",
-)  # fmt: skip
-"""Files that steer Python, pytest or the install: removed when base_commit does not have them."""
+SOURCE_END = "__SWE_GRADER_SOURCE_END__"
 CLEAN_ENVIRONMENT = (
     "export HOME=/tmp GIT_TERMINAL_PROMPT=0 GIT_LFS_SKIP_SMUDGE=1 GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null "
     "PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 COLUMNS=400\n"
@@ -77,69 +74,52 @@ def setup_script(name: str, commit: str, repository: str | None, wheels: str, fe
     )  # fmt: skip
 
 
-def prepare_script(
-    name: str, commit: str, test_files: Sequence[str], repository: str | None, wheels: str, fetch: str | None = None
+def grade_script(
+    name: str, commit: str, repository: str | None, wheels: str, *, targets: Sequence[str], test_files: Sequence[str],
+    offline: bool, install_timeout_s: float, test_timeout_s: float, chunk_size: int, fetch: str | None = None,
 ) -> str:
-    """Make the grader's folder anew with the wheels from the cache; put the test files and
-    test/packaging configuration back as at `commit` (from the read-only cache entry `repository`,
-    which the agent could never touch, or fetched anew); drop planted files."""
-    grader = f"/workspace/{GRADER_FOLDER}"
-    q_name, q_commit = shlex.quote(name), shlex.quote(commit)
-    wanted = "\n".join(sorted(set(test_files)))
-    finds = " -o ".join(f"-name {shlex.quote(pattern)}" for pattern in PLANTED_FILES)
-    return (
-        "set -eu\n" + CLEAN_ENVIRONMENT
-        + f"[ -d {q_name} ] || {{ echo 'the repository folder {name} is gone'; exit 3; }}\n"
-        + f"rm -rf {grader}\nmkdir {grader}\n"
-        + _source(repository, fetch, f"{grader}/src.git") + _copy_wheels(wheels, grader)
-        + f"{GIT_SOURCE} ls-tree -r --name-only {q_commit} > {grader}/base-files\n"
-        + f"cat > {grader}/test-files <<'__FILES__'\n{wanted}\n__FILES__\n"
-        + f"{{ grep -Fxf {grader}/test-files {grader}/base-files || true; grep -E '{RESTORED_FILES}' {grader}/base-files || true; }}"
-        + f" | sort -u > {grader}/restore\n"
-        + f"cd {q_name}\n"
-        + f"find . -path ./.git -prune -o \\( {finds} \\) -type f -print | sed 's|^\\./||' | while IFS= read -r f; do\n"
-        + f"  grep -Fxq \"$f\" {grader}/base-files || {{ echo \"removing planted $f\"; rm -f \"$f\"; }}\ndone\n"
-        + f"[ -s {grader}/restore ] && {GIT_SOURCE} archive {q_commit} $(cat {grader}/restore) | tar -xf - -C .\n"
-        + f"echo \"restored $(wc -l < {grader}/restore) files from base_commit\"\n"
-    )  # fmt: skip
-
-
-def install_script(name: str, offline: bool) -> str:
-    """A venv that sees the system's packages, pytest from the wheelhouse, the repository editable."""
-    grader = f"/workspace/{GRADER_FOLDER}"
+    """The whole grading of /workspace/<name> against `commit`, in the command's own /tmp; the output
+    ends with the report line (`grader.report`)."""
+    q_commit = shlex.quote(commit)
     index = "--no-index " if offline else ""
+    files = {"targets": "\n".join(targets), "test-files": "\n".join(sorted(set(test_files)))}
+    sources = source_files()
+    if any(SOURCE_END in text for text in (*files.values(), *sources.values())):
+        raise ValueError(f"a test id or grader file holds {SOURCE_END}, which ends the text the command writes")
+    pip = '"$G/venv/bin/python" -I -m pip install -q --no-cache-dir --find-links "$G/wheels"'
+    install = (
+        'set -eu\npython3 -m venv --without-pip --system-site-packages "$G/venv"\n'
+        f'{pip} --no-index "$G"/wheels/*.whl\ncd "$G/repo"\n{pip} {index}--no-build-isolation -e .\n'
+    )
+    run = (
+        "python3 -I -S -c 'import sys; sys.path.insert(0, sys.argv[1]); from grader.grade import main; "
+        "sys.exit(main(sys.argv[2:]))' \"$G/bin\" "
+        f"--agent-repo /workspace/{shlex.quote(name)} --grader-root \"$G\" --python \"$G/venv/bin/python\" "
+        f"--chunk-size {int(chunk_size)} --timeout-s {float(test_timeout_s)}\n"
+    )
     return (
-        "set -eu\n" + CLEAN_ENVIRONMENT
-        + f"rm -rf {grader}/venv\npython3 -m venv --without-pip --system-site-packages {grader}/venv\n"
-        + f"{grader}/venv/bin/python -I -m pip install -q --no-cache-dir --no-index --find-links {grader}/wheels {grader}/wheels/*.whl\n"
-        + f"cd {shlex.quote(name)}\n"
-        + f"{grader}/venv/bin/python -I -m pip install -q --no-cache-dir {index}--find-links {grader}/wheels --no-build-isolation -e .\n"
+        "set -eu -o pipefail\n" + CLEAN_ENVIRONMENT
+        + "export G=\"$(mktemp -d /tmp/swe-grader.XXXXXX)\"\ntrap 'rm -rf \"$G\"' EXIT\n"
+        + "mkdir \"$G/bin\" \"$G/bin/grader\" \"$G/repo\" \"$G/home\" \"$G/tmp\"\n"
+        + "".join(_heredoc(f"$G/bin/grader/{file}", text) for file, text in sources.items())
+        + "".join(_heredoc(f"$G/{file}", text) for file, text in files.items())
+        + _heredoc("$G/install.sh", install)
+        + _source(repository, fetch, '"$G/src.git"') + _copy_wheels(wheels, '"$G"')
+        + f"{GIT_SOURCE} archive {q_commit} | tar -xf - -C \"$G/repo\"\n"
+        + f"{GIT_SOURCE} ls-tree -r -z --full-tree {q_commit} > \"$G/base-tree\"\n"
+        + f"if ! timeout -s KILL {float(install_timeout_s)} bash \"$G/install.sh\" > \"$G/install.log\" 2>&1; then\n"
+        + f"  tail -c 4000 \"$G/install.log\"; echo; echo {shlex.quote(NOT_INSTALLED_LINE)}; exit 0\nfi\n"
         + "echo installed\n"
+        + run
     )  # fmt: skip
 
 
-def test_script(name: str, chunk: int, nodeids: Sequence[str]) -> str:
-    """One pytest run over `nodeids` (passed through an @file, so no id is mangled by the shell). Only
-    the summary lines and the last lines are printed, so the output cap never cuts a result away."""
-    grader = f"/workspace/{GRADER_FOLDER}"
-    ids = "\n".join(nodeids)
-    flags = " ".join(PYTEST_FLAGS)
-    return (
-        CLEAN_ENVIRONMENT
-        + f"cat > {grader}/chunk-{chunk}.args <<'__IDS__'\n{ids}\n__IDS__\n"
-        + f"cd {shlex.quote(name)} || exit 3\n"
-        + f"{grader}/venv/bin/python -I -m pytest {flags} @{grader}/chunk-{chunk}.args > {grader}/chunk-{chunk}.out 2>&1\n"
-        + f"status=$?\ngrep -E '^({'|'.join(SUMMARY_OUTCOMES)}) ' {grader}/chunk-{chunk}.out\n"
-        + f"tail -n 3 {grader}/chunk-{chunk}.out\nexit $status\n"
-    )
+def _heredoc(path: str, text: str) -> str:
+    return f"cat > \"{path}\" <<'{SOURCE_END}'\n{text.rstrip(chr(10))}\n{SOURCE_END}\n"
 
 
 def test_file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
-
-
-def chunks(items: Sequence[str], size: int) -> list[list[str]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def shaped_reward(tool_calls: int, installed: bool, tests_passed: bool) -> float:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from envs.base import Env, SlotHandle
 from envs.registry import register_env
+from envs.terminal_tasks import fingerprint
 from envs.terminal_tasks.loader import bundled_tasks
 from envs.terminal_tasks.model import TerminalTask
 from temporal_rollouts.core.errors import BadItem, TaskError
@@ -31,10 +35,18 @@ available, and there is no network. Do what the task asks, check your work, and 
 when you are done reply with a short summary without calling any tool."""
 
 CHECK_TIMEOUT_S = 60.0
-CHECK_PRELUDE = "export PYTHONNOUSERSITE=1\nunset PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
+CHECK_PRELUDE = (
+    "export PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1\nunset PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
+)
 """Before every check: no Python user site (the agent's HOME is its workspace, so a planted
-usercustomize or .pth would run in every python3 the check starts). The bundled checks also run
-their own Python with `python3 -I`, which keeps the workspace off the import path."""
+usercustomize or .pth would run in every python3 the check starts), and no bytecode written (a
+check must leave the workspace as it found it). The bundled checks also run their own Python with
+`python3 -I`, which keeps the workspace off the import path."""
+ONE_SHOT_PRELUDE = "export HOME=/tmp\n"
+"""A one-shot check's HOME is its own /tmp (a tmpfs of that command alone), not the agent's workspace."""
+FINGERPRINT_COMMAND = (
+    f"python3 -I -S - /workspace <<'__FINGERPRINT__'\n{Path(fingerprint.__file__).read_text()}__FINGERPRINT__\n"
+)
 OUTPUT_TAIL_CHARS = 2000
 
 
@@ -82,21 +94,44 @@ class TerminalTasksEnv(Env):
         if task.check_in_session:
             command = _in_session(CHECK_PRELUDE + task.check)
             result = await slot.terminal_stateful(command, timeout=CHECK_TIMEOUT_S, key="check")
-        else:
-            result = await slot.exec("check", CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
-        solved = result.exit_code == 0 and not result.timed_out
-        return Verdict(
-            score=1.0 if solved else 0.0,
-            details={
-                "task": task.id,
-                "exit_code": result.exit_code,
-                "timed_out": result.timed_out,
-                "output": result.output[-OUTPUT_TAIL_CHARS:],
-            },
-        )
+            return _verdict(task, result, checked_in_agent_shell=True)
+        # Nothing of the agent may run while it is checked: its terminal (and what it left running) goes first.
+        await slot.stop_terminal(key="stop-terminal")
+        before = await _fingerprint(slot, "fingerprint-before")
+        result = await slot.exec("check", ONE_SHOT_PRELUDE + CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
+        after = await _fingerprint(slot, "fingerprint-after")
+        unknown = before is None or after is None
+        moved = ["(fingerprint failed)"] if unknown else fingerprint.changed(before, after)
+        return _verdict(task, result, workspace_changed=moved)
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
         return self.task(item).turns()
+
+
+async def _fingerprint(slot: SlotHandle, key: str) -> dict[str, str] | None:
+    result = await slot.exec(key, FINGERPRINT_COMMAND, timeout_s=CHECK_TIMEOUT_S)
+    try:
+        return json.loads(result.output) if result.ok else None
+    except ValueError:
+        return None
+
+
+def _verdict(
+    task: TerminalTask, result: ToolOutput, *, workspace_changed: Sequence[str] = (),
+    checked_in_agent_shell: bool = False,
+) -> Verdict:  # fmt: skip
+    solved = result.exit_code == 0 and not result.timed_out and not workspace_changed
+    details: dict[str, Any] = {
+        "task": task.id,
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "output": result.output[-OUTPUT_TAIL_CHARS:],
+    }
+    if workspace_changed:
+        details["workspace_changed"] = list(workspace_changed)[:20]
+    if checked_in_agent_shell:
+        details["checked_in_agent_shell"] = True
+    return Verdict(score=1.0 if solved else 0.0, details=details)
 
 
 def _in_session(check: str) -> str:

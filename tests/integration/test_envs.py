@@ -100,6 +100,10 @@ class BwrapSlot:
         self._key(key)
         return await self._run(key, f"grep -rnHIsP -e {shlex.quote(pattern)} -- {shlex.quote(path)}", 30.0)
 
+    async def stop_terminal(self, *, key: str) -> ToolOutput:
+        self._key(key)
+        return ToolOutput(call_id=key, ok=True, output="no terminal session was running")
+
 
 async def play(slot: BwrapSlot, turns: list[list[ScriptedCall]]) -> list[ToolOutput]:
     """Run a reference solution's calls the way the tool layer would."""
@@ -231,6 +235,9 @@ class FakeSlot:
     async def exec(self, key: str, command: str, timeout_s: float = 60.0) -> ToolOutput:
         proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s)
         return ToolOutput(call_id=key, ok=proc.returncode == 0, output=proc.stdout, exit_code=proc.returncode)
+
+    async def stop_terminal(self, *, key: str) -> ToolOutput:
+        return ToolOutput(call_id=key, ok=True, output="no terminal session was running")
 
 
 # terminal_tasks: every task, for real ------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A worker SIGKILLed during an swe_smith rollout's setup or verification costs that one step:
 the rollout finishes on the restarted worker with score 1.0, and no sandbox operation of it
-(archive copy, checkout, grader install, pytest chunk) ran twice."""
+(archive copy, checkout, the grading command) ran twice."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ async def test_worker_killed_during_setup_or_verify_the_rollout_finishes(
     assert result.score == 1.0, result.verify_details
     assert result.verify_details["tests_passed"] and result.verify_details["installed"]
     ran = Counter(e["call_id"] for e in executions(crash_settings, f"{handle.id}/"))
-    assert any("grader-tests-" in call for call in ran), ran
+    assert any(call.endswith("/grader-run") for call in ran), ran
     assert ran and set(ran.values()) == {1}, f"a sandbox operation ran twice: {ran}"
     await wait_until(lambda: _no_leases(pool), timeout_s=15)
 

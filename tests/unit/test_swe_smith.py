@@ -9,10 +9,11 @@ import pytest
 
 from envs import get_env
 from envs.swe_smith.config import SweSmithConfig
-from envs.swe_smith.grading import chunks, shaped_reward
+from envs.swe_smith.grader.grade import chunks
+from envs.swe_smith.grading import shaped_reward
 from envs.swe_smith.loader import read_instances, selected_ids
 from envs.swe_smith.mutations import candidate_mutations
-from envs.swe_smith.pytest_summary import parse_summary
+from envs.swe_smith.grader.pytest_summary import parse_summary
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.tasks import Item
 

@@ -1,0 +1,197 @@
+"""A hostile agent cannot pass the swe_smith grader without fixing the bug: on a real sandbox
+server with bubblewrap, each plant below (a few tool calls, no change to the library) leaves the
+score of an unfixed instance at 0, and an honest fix still scores 1.
+
+Every plant makes every test report "passed" when pytest or Python picks it up: a conftest.py
+behind a symlink, an ini file that moves confcutdir, a dist-info entry point, configuration one
+folder above the repository, an edited test package `__init__`, a stale bytecode file for the
+test module, and a process left in the stateful terminal that plants after the grader's cleanup."""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+
+import pytest
+
+from envs import get_env
+from envs.swe_smith.config import SHIPPED_INSTANCES
+from envs.swe_smith.env import SweSmithEnv
+from envs.swe_smith.loader import read_instances
+from temporal_rollouts.core.tasks import Item, Verdict
+from temporal_rollouts.sandbox.backends.local import LocalBackend
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotLease
+from tests.support.sandbox import holder, needs_bubblewrap
+
+pytestmark = [pytest.mark.slow, needs_bubblewrap, pytest.mark.timeout(600)]
+
+INSTANCE = "pypi__idna-3.10.flip_comparison__126781d5"
+"""idna: its tests live in tests/ (a package), and its pyproject.toml has no pytest section, so
+pytest looks for configuration above the repository."""
+REPO = f"/workspace/{read_instances(SHIPPED_INSTANCES)[INSTANCE].checkout_name}"
+
+PASSING_PLUGIN = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    report.outcome, report.longrepr = "passed", None
+"""
+"""A pytest plugin (conftest.py or entry point) that reports every test as passed."""
+
+PASSING_PATCH = """\
+try:
+    import _pytest.reports as _reports
+
+    _init = _reports.TestReport.__init__
+
+    def _passed(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        self.outcome, self.longrepr = "passed", None
+
+    _reports.TestReport.__init__ = _passed
+except ImportError:
+    pass
+"""
+"""Module-level code with the same effect, for a module that pytest imports (a test package)."""
+
+STALE_PYC = f"""\
+import importlib.util, marshal, os
+source = open("tests/test_idna.py").read()
+source += '''
+import unittest as _unittest
+for _value in list(globals().values()):
+    if isinstance(_value, type) and issubclass(_value, _unittest.TestCase):
+        for _name in dir(_value):
+            if _name.startswith("test"):
+                setattr(_value, _name, lambda self: None)
+'''
+code = compile(source, os.path.abspath("tests/test_idna.py"), "exec")
+base_commit_time = 1704067200  # 2024-01-01: what a checkout from base_commit gives the file
+header = (0).to_bytes(4, "little") + base_commit_time.to_bytes(4, "little")
+header += os.stat("tests/test_idna.py").st_size.to_bytes(4, "little")
+os.makedirs("tests/__pycache__", exist_ok=True)
+with open("tests/__pycache__/test_idna.cpython-311-pytest-8.3.5.pyc", "wb") as pyc:
+    pyc.write(importlib.util.MAGIC_NUMBER + header + marshal.dumps(code))
+"""
+"""pytest's cached rewrite of the test module, forged to match the file as the grader checks it out."""
+
+
+def write(path: str, content: str) -> str:
+    return f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && printf %s {shlex.quote(content)} > {shlex.quote(path)}"
+
+
+PLANTS: dict[str, list[str]] = {
+    "conftest_behind_a_symlink": [
+        write("/workspace/.swe/plugin.py", PASSING_PLUGIN),
+        f"ln -s /workspace/.swe/plugin.py {REPO}/conftest.py",
+    ],
+    "hidden_ini_moves_confcutdir_up": [
+        write("/workspace/conftest.py", PASSING_PLUGIN),
+        write(f"{REPO}/.pytest.ini", "[pytest]\naddopts = --confcutdir=/workspace\n"),
+    ],
+    "dist_info_entry_point": [
+        write(f"{REPO}/passing_plugin.py", PASSING_PLUGIN),
+        write(f"{REPO}/passing-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: passing\nVersion: 1.0\n"),
+        write(f"{REPO}/passing-1.0.dist-info/entry_points.txt", "[pytest11]\npassing = passing_plugin\n"),
+    ],
+    "ini_and_conftest_one_folder_above": [
+        write("/workspace/conftest.py", PASSING_PLUGIN),
+        write("/workspace/pytest.ini", f"[pytest]\naddopts = --rootdir={REPO}\n"),
+    ],
+    "test_package_init_edited": [
+        f"printf %s {shlex.quote(PASSING_PATCH)} >> {REPO}/tests/__init__.py",
+    ],
+    "stale_bytecode_of_the_test_module": [
+        f"cd {REPO} && python3 -I - <<'PY'\n{STALE_PYC}PY",
+    ],
+}
+
+
+def slot_of(pool: SandboxPool, lease: SlotLease, name: str, meta: dict | None = None) -> LeasedSlot:
+    return LeasedSlot(pool, lease, f"{uuid.uuid4().hex[:8]}/{name}", meta=meta)
+
+
+def swe_env() -> SweSmithEnv:
+    env = get_env("swe_smith")
+    assert isinstance(env, SweSmithEnv)
+    return env
+
+
+async def play(backend: LocalBackend, commands: list[str], stateful: list[str] = ()) -> Verdict:
+    """Set up the instance in a fresh slot, run the agent's commands (one-shot, then in the stateful
+    terminal), and grade it."""
+    env = swe_env()
+    item = Item(id=INSTANCE)
+    async with SandboxPool(backend, slots_per_container=1) as pool:
+        lease = await pool.acquire(holder("attack"), ttl_s=900, wait_s=60)
+        try:
+            meta = await env.setup_workspace(item, slot_of(pool, lease, "setup"))
+            agent = slot_of(pool, lease, "agent")
+            for command in commands:
+                done = await agent.terminal(command)
+                assert done.ok, (command, done.output)
+            for command in stateful:
+                done = await agent.terminal_stateful(command, timeout=30)
+                assert done.ok, (command, done.output)
+            return await env.verify(item, slot_of(pool, lease, "verify", meta=meta), [])
+        finally:
+            await pool.release(lease)
+
+
+def assert_unfixed(verdict: Verdict) -> None:
+    details = verdict.details
+    assert verdict.score == 0.0, details
+    assert details["installed"], details
+    assert "FAILED" in details["fail_to_pass"].values(), details["fail_to_pass"]
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+async def test_a_plant_does_not_pass_an_unfixed_instance(backend: LocalBackend, plant: str) -> None:
+    assert_unfixed(await play(backend, PLANTS[plant]))
+
+
+async def test_a_process_left_in_the_terminal_cannot_plant_while_the_grader_runs(backend: LocalBackend) -> None:
+    """A loop started in the stateful terminal keeps putting a passing conftest.py into every folder
+    of the workspace (the repository and anything the grader makes there) while verify runs."""
+    loop = (
+        "nohup bash -c 'while true; do for d in $(find /workspace -type d 2>/dev/null); do "
+        "cp /workspace/.swe/plugin.py \"$d/conftest.py\" 2>/dev/null; done; sleep 0.2; done' >/dev/null 2>&1 &"
+    )
+    commands = [write("/workspace/.swe/plugin.py", PASSING_PLUGIN)]
+    assert_unfixed(await play(backend, commands, stateful=[loop, "sleep 1"]))
+
+
+async def test_an_honest_fix_scores_one(backend: LocalBackend) -> None:
+    patch = swe_env().instance(Item(id=INSTANCE)).patch or ""
+    fix = [write("/workspace/.swe/fix.patch", patch), f"cd {REPO} && git apply ../.swe/fix.patch"]
+    verdict = await play(backend, fix)
+    assert verdict.score == 1.0, verdict.details
+
+
+async def test_an_honest_fix_in_a_new_module_among_leftovers_scores_one(backend: LocalBackend) -> None:
+    """The fix may live in a module the agent adds to the package; the agent's venv, caches and
+    scratch files around it change nothing."""
+    helper = "def rtl_ending(direction):\n    return direction in ['R', 'AL', 'EN', 'AN']\n"
+    use_it = (
+        "import pathlib\n"
+        "core = pathlib.Path('idna/core.py')\n"
+        "text = core.read_text()\n"
+        "bug = 'if direction not in [\"R\", \"AL\", \"EN\", \"AN\"]:'\n"
+        "assert text.count(bug) == 1\n"
+        "core.write_text('from ._rtl import rtl_ending\\n' + text.replace(bug, 'if rtl_ending(direction):'))\n"
+    )
+    fix = [
+        write(f"{REPO}/idna/_rtl.py", helper),
+        f"cd {REPO} && python3 -I - <<'PY'\n{use_it}PY",
+        "python3 -m venv --system-site-packages .venv",
+        ".venv/bin/pip install -q --no-index --find-links .swe/wheels pytest",
+        f"cd {REPO} && ../.venv/bin/python -m pytest -q -p no:cacheprovider tests/test_idna.py",
+        write(f"{REPO}/notes.txt", "scratch\n"),
+    ]
+    verdict = await play(backend, fix)
+    assert verdict.score == 1.0, verdict.details

@@ -1,0 +1,200 @@
+"""The swe_smith grader's in-slot parts on plain folders: which of the agent's files it takes onto
+a fresh checkout (and how it refuses links, FIFOs, tests and configuration), which pytest
+configuration file it pins, and the report line's round trip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from envs.swe_smith.grader import source_files
+from envs.swe_smith.grader.changes import BaseTree, take_changes, why_not_source
+from envs.swe_smith.grader.pytest_run import instance_config
+from envs.swe_smith.grader.report import read_report, report_line, summarize_changes
+
+BASE = {
+    "setup.py": "from setuptools import setup\nsetup(name='pkg')\n",
+    "pkg/__init__.py": "",
+    "pkg/core.py": "def answer():\n    return 41\n",
+    "pkg/data/words.txt": "alpha\n",
+    "pkg/tests/__init__.py": "",
+    "pkg/tests/test_core.py": "from pkg.core import answer\n\ndef test_answer():\n    assert answer() == 42\n",
+    "tests/test_more.py": "def test_more():\n    pass\n",
+    "conftest.py": "",
+    "tox.ini": "[pytest]\naddopts = -q\n",
+    "README.rst": "readme\n",
+}
+
+
+def checkout(folder: Path, files: dict[str, str]) -> Path:
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    return folder
+
+
+def base_tree(folder: Path) -> BaseTree:
+    """The listing `git ls-tree -r -z` gives for `folder` committed as it is."""
+    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "base"], check=True)
+    listing = subprocess.run([*git, "ls-tree", "-r", "-z", "--full-tree", "HEAD"], check=True, capture_output=True)
+    return BaseTree.parse(listing.stdout)
+
+
+def trees(tmp_path: Path) -> tuple[Path, Path, BaseTree]:
+    """(the agent's repository, the grader's fresh checkout, the base tree), both at the base."""
+    agent = checkout(tmp_path / "agent", BASE)
+    base = base_tree(agent)
+    fresh = checkout(tmp_path / "fresh", BASE)
+    return agent, fresh, base
+
+
+def test_edits_deletions_and_additions_inside_the_packages_are_taken(tmp_path: Path) -> None:
+    agent, fresh, base = trees(tmp_path)
+    (agent / "pkg/core.py").write_text("from pkg.helper import value\n\ndef answer():\n    return value()\n")
+    (agent / "pkg/helper.py").write_text("def value():\n    return 42\n")
+    (agent / "pkg/sub").mkdir()
+    (agent / "pkg/sub/__init__.py").write_text("")
+    (agent / "pkg/data/words.txt").unlink()
+    (agent / "README.rst").write_text("better readme\n")
+
+    changes = take_changes(str(agent), str(fresh), base, frozenset())
+    assert sorted(changes.taken) == ["README.rst", "pkg/core.py", "pkg/helper.py", "pkg/sub/__init__.py"]
+    assert changes.deleted == ["pkg/data/words.txt"] and changes.ignored == {}
+    assert (fresh / "pkg/helper.py").read_text() == (agent / "pkg/helper.py").read_text()
+    assert not (fresh / "pkg/data/words.txt").exists()
+
+
+def test_tests_configuration_and_planted_files_stay_as_the_base_has_them(tmp_path: Path) -> None:
+    agent, fresh, base = trees(tmp_path)
+    plants = {
+        "conftest.py": "import evil\n",
+        "pkg/conftest.py": "import evil\n",
+        "tox.ini": "[pytest]\naddopts = -p evil\n",
+        "setup.py": "import evil\n",
+        "pkg/tests/test_core.py": "def test_answer():\n    pass\n",
+        "pkg/tests/__init__.py": "import evil\n",
+        "tests/test_more.py": "import evil\n",
+        "pkg/sitecustomize.py": "import evil\n",
+        "pkg/evil.pth": "import evil\n",
+        "pkg/__pycache__/core.cpython-311.pyc": "x",
+        "pkg/evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil\n",
+        "pkg/.pytest.ini": "[pytest]\n",
+        "evil.py": "import evil\n",
+        "pytest.ini": "[pytest]\n",
+        "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil\n",
+    }
+    checkout(agent, plants)
+    before = {path: (fresh / path).read_text() for path in BASE}
+
+    changes = take_changes(str(agent), str(fresh), base, frozenset({"tests/test_more.py"}))
+    assert changes.taken == [] and changes.deleted == []
+    assert {path: (fresh / path).read_text() for path in BASE} == before
+    assert not [path for path in plants if path not in BASE and (fresh / path).exists()]
+    assert changes.ignored["conftest.py"] == "configuration or packaging"
+    assert changes.ignored["pkg/tests/test_core.py"] == "test file"
+    assert changes.ignored["pkg/__pycache__/core.cpython-311.pyc"] == "bytecode or package metadata"
+    assert changes.ignored["pkg/.pytest.ini"] == "hidden"
+    assert changes.ignored["evil-1.0.dist-info"] == "outside the packages"
+    assert changes.ignored["evil.py"] == "outside the packages"
+
+
+def test_links_and_fifos_are_never_read_through(tmp_path: Path) -> None:
+    agent, fresh, base = trees(tmp_path)
+    outside = tmp_path / "outside.py"
+    outside.write_text("def answer():\n    return 42\n")
+    (agent / "pkg/core.py").unlink()
+    (agent / "pkg/core.py").symlink_to(outside)
+    os.mkfifo(agent / "pkg/pipe.py")
+    (agent / "pkg/linked.py").symlink_to(outside)
+    (agent / "pkg/data/words.txt").unlink()
+    (agent / "pkg/data").rmdir()
+    (agent / "pkg/data").symlink_to(tmp_path)  # a folder swapped for a link: its base files stay
+
+    changes = take_changes(str(agent), str(fresh), base, frozenset())
+    assert changes.taken == [] and changes.deleted == []
+    assert changes.ignored["pkg/core.py"] == "a symbolic link"
+    assert changes.ignored["pkg/linked.py"] == "a symbolic link"
+    assert changes.ignored["pkg/pipe.py"] == "not a regular file"
+    assert changes.ignored["pkg/data/words.txt"] == "a symbolic link"
+    assert (fresh / "pkg/core.py").read_text() == BASE["pkg/core.py"]
+    assert (fresh / "pkg/data/words.txt").read_text() == BASE["pkg/data/words.txt"]
+
+
+def test_an_addition_never_replaces_what_the_install_made(tmp_path: Path) -> None:
+    agent, fresh, base = trees(tmp_path)
+    (fresh / "pkg/_version.py").write_text("version = '1.0'\n")
+    (agent / "pkg/_version.py").write_text("version = 'forged'\n")
+    changes = take_changes(str(agent), str(fresh), base, frozenset())
+    assert changes.ignored == {"pkg/_version.py": "made by the grader's install"}
+    assert (fresh / "pkg/_version.py").read_text() == "version = '1.0'\n"
+
+
+def test_a_repository_replaced_by_a_link_gives_nothing(tmp_path: Path) -> None:
+    agent, fresh, base = trees(tmp_path)
+    moved = agent.rename(tmp_path / "moved")
+    (moved / "pkg/core.py").write_text("def answer():\n    return 42\n")
+    agent.symlink_to(moved)
+    changes = take_changes(str(agent), str(fresh), base, frozenset())
+    assert changes.taken == [] and list(changes.ignored) == ["."]
+
+
+def test_what_counts_as_source() -> None:
+    assert why_not_source("pkg/core.py") is None
+    assert why_not_source("six.py") is None
+    assert why_not_source("pkg/data/table.json") is None
+    assert why_not_source("test_six.py") == "test file"
+    assert why_not_source("pkg/core_test.py") == "test file"
+    assert why_not_source("checks.py", frozenset({"checks.py"})) == "test file"
+    assert why_not_source("pkg/setup.cfg") == "configuration or packaging"
+    assert why_not_source("pkg/native.so") == "not source"
+
+
+def test_the_pinned_configuration_is_the_one_pytest_would_find_inside_the_checkout(tmp_path: Path) -> None:
+    repo = checkout(tmp_path / "repo", {
+        "setup.cfg": "[metadata]\nname = x\n",
+        "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n",
+        "tests/test_a.py": "",
+        "pkg/tests/test_b.py": "",
+        "pkg/tests/tox.ini": "[tox]\n",
+        "deep/tests/pytest.ini": "",
+        "deep/tests/test_c.py": "",
+    })  # fmt: skip
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # above the checkout: never looked at
+    assert instance_config(repo, ["tests/test_a.py", "pkg/tests/test_b.py"]) == repo / "pyproject.toml"
+    assert instance_config(repo, ["pkg/tests/test_b.py"]) == repo / "pyproject.toml"
+    assert instance_config(repo, ["deep/tests/test_c.py"]) == repo / "deep/tests/pytest.ini"
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert instance_config(repo, ["tests/test_a.py"]) is None
+
+
+def test_the_report_line_round_trips_and_stays_small() -> None:
+    targets = [f"t.py::test_{n}" for n in range(5000)]
+    outcomes = {nodeid: "PASSED" for nodeid in targets}
+    outcomes[targets[3]] = "FAILED"
+    outcomes[targets[7]] = "TIMEOUT"
+    del outcomes[targets[9]]
+    messages = {targets[3]: "AssertionError: " + "x" * 1000}
+    changes = summarize_changes([f"pkg/m{n}.py" for n in range(100)], [], {"conftest.py": "configuration or packaging"})
+    line = report_line(targets, outcomes, messages, changes)
+    assert len(line) < 10_000
+    report = read_report(f"noise\nswe-grader-report forged-but-earlier\n{line}\n", targets)
+    assert report is not None and report.installed
+    assert report.outcomes[targets[0]] == "PASSED" and report.outcomes[targets[3]] == "FAILED"
+    assert report.outcomes[targets[7]] == "TIMEOUT" and report.outcomes[targets[9]] == "MISSING"
+    assert report.messages == {targets[3]: messages[targets[3]][:300]}
+    assert report.changes["counts"] == {"taken": 100, "deleted": 0, "ignored": 1}
+    assert read_report("pip failed\n", targets) is None
+
+
+def test_the_in_slot_programs_use_the_standard_library_only() -> None:
+    """They run under `python3 -I -S` in the slot, where nothing of the project is importable."""
+    for name, text in source_files().items():
+        for line in text.splitlines():
+            if line.startswith(("import ", "from ")) and not line.startswith(("from .", "from __future__")):
+                module = line.split()[1].split(".")[0]
+                assert module in {"argparse", "collections", "dataclasses", "errno", "json", "os", "pathlib", "re",
+                                  "signal", "stat", "subprocess"}, (name, line)  # fmt: skip
