@@ -30,6 +30,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.envs import EnvActivities
+from activities.feed import FeedActivities
 from activities.llm import LlmActivities
 from activities.pool import PoolActivities
 from activities.resume import ResumeActivities
@@ -55,12 +56,13 @@ from temporal_rollouts.storage.objects import S3ObjectClient, object_client
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from workflows.batch import BatchWorkflow
+from workflows.feed import TrainingFeedWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
 log = logging.getLogger("temporal_rollouts.worker")
 
-WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, SlotPoolMaintenanceWorkflow]
+WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, TrainingFeedWorkflow, SlotPoolMaintenanceWorkflow]
 
 
 class Parts:
@@ -87,6 +89,7 @@ def build_activities(client: Client, parts: Parts) -> list:
     sinks = SinkActivities(settings, GroupBuilder(transcripts, parts.traces))
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
+    feed = FeedActivities(settings, client, GroupBuilder(transcripts, parts.traces))
     return [
         EnvActivities(settings).load_items,
         slots.acquire_slot,
@@ -103,6 +106,10 @@ def build_activities(client: Client, parts: Parts) -> list:
         sinks.open_sink,
         sinks.write_group,
         PoolActivities(pool, client, snapshots, settings.sandbox).maintain_slot_pool,
+        feed.check_feed,
+        feed.trainer_view,
+        feed.post_feed_group,
+        feed.check_feed_rollouts,
     ]
 
 

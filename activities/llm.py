@@ -30,6 +30,7 @@ from temporal_rollouts.llm.token_client import TokenClient
 from temporal_rollouts.sandbox.lease_keeper import lease_kept
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import SlotRef
+from temporal_rollouts.sinks.atropos_api import TrainerSteps
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -47,6 +48,9 @@ class LlmTurnInput(BaseModel):
     context_tokens: int = Field(default=DEFAULT_CONTEXT_TOKENS, description="The turn's context budget.")
     tokens: TokenTraceRef | None = Field(default=None, description="The token trace so far (token-level policies).")
     tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's parser.")
+    trainer_api: str | None = Field(
+        default=None, description="run-api: its trainer step is the turn's version where the model server reports none."
+    )
 
 
 class LlmTurnResult(BaseModel):
@@ -59,6 +63,10 @@ class LlmTurnResult(BaseModel):
     tokens: TokenTraceRef | None = Field(default=None, description="The token trace with this turn (token-level policies).")
     preview: str | None = Field(default=None, description="The first characters of the reply, for people reading the history.")
     tools_called: list[str] | None = Field(default=None, description="Names of the tools the reply calls (at most 8).")
+    policy_version: int | None = Field(
+        default=None, description="The weights that produced the reply: the version the server reported, else the "
+                                  "trainer's step when the turn started (with trainer_api), else unknown.",
+    )
 
 
 def reply_preview(reply: Message) -> str | None:
@@ -78,6 +86,7 @@ class LlmActivities:
         self._pool = pool
         self._chat_clients: dict[str, ChatClient] = {}
         self._token_clients: dict[str, TokenClient] = {}
+        self._trainer_steps = TrainerSteps(settings.atropos.timeout_s)
 
     def _chat_client(self, endpoint: ChatPolicy) -> ChatClient:
         key = endpoint.model_dump_json()
@@ -98,7 +107,7 @@ class LlmActivities:
         return self._token_clients[key]
 
     async def aclose(self) -> None:
-        for client in [*self._chat_clients.values(), *self._token_clients.values()]:
+        for client in [*self._chat_clients.values(), *self._token_clients.values(), self._trainer_steps]:
             await client.aclose()
         self._chat_clients.clear()
         self._token_clients.clear()
@@ -114,6 +123,13 @@ class LlmActivities:
                 return await heartbeating(self._turn(endpoint, input))
 
     async def _turn(self, endpoint: ChatPolicy | GeneratePolicy, input: LlmTurnInput) -> LlmTurnResult:
+        trainer_step = await self._trainer_steps.current(input.trainer_api) if input.trainer_api else None
+        result = await self._generate(endpoint, input)
+        if result.policy_version is None:
+            result.policy_version = trainer_step
+        return result
+
+    async def _generate(self, endpoint: ChatPolicy | GeneratePolicy, input: LlmTurnInput) -> LlmTurnResult:
         messages = await self._transcripts.load(input.transcript)
         tools = await self._transcripts.offered_tools(input.transcript)
         sampling = input.sampling or Sampling()
@@ -124,7 +140,8 @@ class LlmActivities:
             )
             return await self._record(input, reply.message, finish_reason=reply.finish_reason,
                                       prompt_tokens=reply.usage.get("prompt_tokens"),
-                                      completion_tokens=reply.usage.get("completion_tokens"))
+                                      completion_tokens=reply.usage.get("completion_tokens"),
+                                      policy_version=numeric_version(reply.weight_version))
         client = await self._token_client(endpoint)
         prefill = await self._prefill(endpoint, messages, tools)
         prior = await self._traces.load(input.tokens) if input.tokens else None
@@ -137,7 +154,8 @@ class LlmActivities:
         trace = await self._traces.append(None if turn.restarted else input.tokens, turn.added,
                                           messages=len(messages) + 1, restarts=restarts)
         return await self._record(input, turn.message, finish_reason=turn.finish_reason, prompt_tokens=turn.prompt_tokens,
-                                  completion_tokens=turn.completion_tokens, tokens=trace)
+                                  completion_tokens=turn.completion_tokens, tokens=trace,
+                                  policy_version=numeric_version(turn.weight_version))
 
     async def _prefill(self, endpoint: GeneratePolicy, messages: list[Message], tools) -> Message | None:
         if endpoint.prefill_from is None:
@@ -156,6 +174,15 @@ class LlmActivities:
             tools_called=[call.function.name[:64] for call in (reply.tool_calls or [])[:PREVIEW_TOOL_NAMES]] or None,
             **fields,
         )
+
+
+def numeric_version(reported: str | None) -> int | None:
+    """A server's weight version as a number of trainer steps (our trainers load step k as version "k");
+    None for a name that is not one ("default" before any update), so the trainer's step stands in."""
+    try:
+        return int(reported) if reported is not None else None
+    except ValueError:
+        return None
 
 
 def _api_key(endpoint: ChatPolicy | GeneratePolicy) -> str | None:

@@ -19,11 +19,11 @@ from temporalio import activity
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
-from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.llm.templates import ChatTemplate
+from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.sinks.jsonl import POSTED, append_once, mark_locked, marked
+from temporal_rollouts.sinks.templates import SftTemplates
 
 
 class OpenSinkInput(BaseModel):
@@ -48,20 +48,7 @@ class SinkActivities:
     def __init__(self, settings: Settings, groups: GroupBuilder) -> None:
         self._settings = settings
         self._groups = groups
-        self._templates: dict[tuple[str, str | None], ChatTemplate] = {}
-
-    async def _sft_template(self, policy: str | None) -> ChatTemplate | None:
-        """The chat template that renders SFT tokens, for a chat policy configured with a tokenizer."""
-        try:
-            endpoint = self._settings.policy_endpoint(policy)
-        except ConfigError:
-            return None
-        if not isinstance(endpoint, ChatPolicy) or not endpoint.tokenizer:
-            return None
-        key = (endpoint.tokenizer, endpoint.chat_template)
-        if key not in self._templates:
-            self._templates[key] = await asyncio.to_thread(ChatTemplate.load, *key)
-        return self._templates[key]
+        self._templates = SftTemplates(settings)
 
     @activity.defn(name="open_sink")
     @checked_input
@@ -88,7 +75,7 @@ class SinkActivities:
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
                 group = await self._groups.build(input.group_id, input.results, max_token_length=limit,
-                                                 sft_template=await self._sft_template(input.policy))
+                                                 sft_template=await self._templates.for_policy(input.policy))
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())

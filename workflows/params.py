@@ -20,6 +20,7 @@ from temporalio.common import RetryPolicy
 
 
 def _retry(max_attempts: int, *, initial_s: float = 1.0, max_interval_s: float = 30.0) -> RetryPolicy:
+    """`max_attempts` 0 retries until it works (a training run waits out a run-api that is down)."""
     return RetryPolicy(
         initial_interval=timedelta(seconds=initial_s),
         backoff_coefficient=2.0,
@@ -70,3 +71,8 @@ AWAIT_ROLLOUT = StepParams(start_to_close_s=24 * 3600, heartbeat_s=10, retry=_re
 SNAPSHOT = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(3))
 # Slot-pool maintenance: health checks, reaping and scale-down each take seconds.
 POOL_MAINTENANCE = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(3))
+# A training feed: its check before it starts, then run-api steps that must outlast a run-api restart.
+FEED_CHECK = StepParams(start_to_close_s=60, heartbeat_s=None, retry=_retry(5))
+TRAINER_VIEW = StepParams(start_to_close_s=90, heartbeat_s=15, retry=_retry(0, max_interval_s=15))
+POST_FEED_GROUP = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(0, max_interval_s=15))
+CHECK_FEED_ROLLOUTS = StepParams(start_to_close_s=300, heartbeat_s=30, retry=_retry(5))

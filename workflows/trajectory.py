@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         ROLLOUT_FAILED,
+        ROLLOUT_FINISHED,
         PendingCalls,
         Sampling,
         StopReason,
@@ -95,7 +96,7 @@ class TrajectoryWorkflow:
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
             rollout_id=info.workflow_id, env=input.env, item_id=input.item.id,
-            group_index=input.group_index, stop_reason=StopReason.COMPLETED,
+            group_index=input.group_index, stop_reason=StopReason.COMPLETED, run_id=info.run_id,
         )
         started = workflow.now()
         lease: SlotLease | None = None
@@ -152,6 +153,8 @@ class TrajectoryWorkflow:
             workflow.upsert_search_attributes(
                 [sa.STOP_REASON.value_set(result.stop_reason.value), sa.SCORE.value_set(result.score)]
             )
+        if input.notify and result.stop_reason != StopReason.CANCELLED:
+            await _tell(input.notify, result)
         if result.failed:
             raise ApplicationError(f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}", result,
                                    type=ROLLOUT_FAILED, non_retryable=True)
@@ -172,7 +175,8 @@ class TrajectoryWorkflow:
             workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
             return None
         earlier = point.result
-        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "tool_stats", "pending", "agent_stop", "agent_stop_detail"):
+        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "tool_stats", "pending",
+                      "agent_stop", "agent_stop_detail", "policy_versions", "completion_tokens"):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
@@ -196,7 +200,7 @@ class TrajectoryWorkflow:
                         LlmTurnInput(policy=input.policy, lease=slot, transcript=result.transcript,
                                      sampling=None if input.sampling == Sampling() else input.sampling,
                                      context_tokens=limits.context_tokens, tokens=result.tokens,
-                                     tool_call_parser=input.tool_call_parser),
+                                     tool_call_parser=input.tool_call_parser, trainer_api=input.trainer_api),
                         params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
                     )
                 except StepFailed as failed:
@@ -205,6 +209,8 @@ class TrajectoryWorkflow:
                     raise
                 result.turns += 1
                 result.transcript, result.tokens = turn.transcript, turn.tokens
+                result.policy_versions.append(turn.policy_version)
+                result.completion_tokens += turn.completion_tokens or 0
                 if not turn.calls:
                     return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
                 result.pending = PendingCalls(assistant=turn.assistant, count=turn.calls)
@@ -292,6 +298,15 @@ class TrajectoryWorkflow:
             except ActivityError as err:
                 workflow.logger.warning("releasing slot %s failed: %s; the reaper will free it", lease.slot, err)
                 return
+
+
+async def _tell(workflow_id: str, result: TrajectoryResult) -> None:
+    """Signal the feed that started this rollout with how it ended; a feed that is gone (stopped, or
+    its run replaced) is not this rollout's failure: the feed's own reconciliation finds the result."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(ROLLOUT_FINISHED, result)
+    except Exception as err:  # noqa: BLE001
+        workflow.logger.warning("could not tell %s that %s ended: %s", workflow_id, result.rollout_id, err)
 
 
 def _unexpected(err: Exception, phase: str) -> StepFailed:

@@ -138,6 +138,13 @@ class TrajectoryInput(BaseModel):
     resume_from_run: str | None = Field(
         default=None, description="Run id of a failed run of this rollout to continue from, with its workspace."
     )
+    notify: str | None = Field(
+        default=None, description="Workflow id told when the rollout ends (signal `rollout_finished`): a training feed."
+    )
+    trainer_api: str | None = Field(
+        default=None, description="run-api, asked for the trainer's step as each turn's policy version where the "
+                                  "model server reports none.",
+    )
 
 
 class PendingCalls(BaseModel):
@@ -205,12 +212,24 @@ class TrajectoryResult(BaseModel):
     agent_stop_detail: str = ""
     snapshot: str | None = Field(default=None, description="Object key of the workspace saved when the rollout failed.")
     resumed_from_run: str | None = None
+    run_id: str | None = Field(default=None, description="The run that produced this result.")
+    policy_versions: list[int | None] = Field(
+        default_factory=list, description="Per model turn, the version of the weights that produced it (None: unknown)."
+    )
+    completion_tokens: int = Field(default=0, description="Tokens the model generated, all turns together.")
+
+    def version_range(self) -> tuple[int, int] | None:
+        """(oldest, newest) known policy version of the rollout's turns."""
+        known = [v for v in self.policy_versions if v is not None]
+        return (min(known), max(known)) if known else None
 
     @property
     def failed(self) -> bool:
         return not self.stop_reason.scored
 
 
+ROLLOUT_FINISHED = "rollout_finished"
+"""The signal a rollout started with `notify` sends that workflow when it ends, carrying its TrajectoryResult."""
 ROLLOUT_FAILED = "RolloutFailed"
 """Type of the ApplicationError a failed rollout ends with; its first detail is the TrajectoryResult."""
 

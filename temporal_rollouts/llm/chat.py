@@ -37,6 +37,8 @@ class ChatReply(BaseModel):
         description="Token counts the server reported: prompt_tokens, completion_tokens, ... when present.",
     )
     model: str
+    weight_version: str | None = None
+    """The version of the weights that answered, where the server says (SGLang: `metadata.weight_version`)."""
 
 
 class ChatClient:
@@ -144,7 +146,14 @@ def parse_chat_completion(body: bytes | str, *, fallback_model: str, secrets: It
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         usage=_usage(data.get("usage")),
         model=model if isinstance(model, str) and model else fallback_model,
+        weight_version=_weight_version(data),
     )
+
+
+def _weight_version(data: dict) -> str | None:
+    metadata = data.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    return str(version) if isinstance(version, (str, int)) and not isinstance(version, bool) else None
 
 
 Malformed = Callable[[str], MalformedModelReply]

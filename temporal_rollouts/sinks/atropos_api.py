@@ -4,6 +4,7 @@ needs no atroposlib."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -46,6 +47,29 @@ class TrajectoryApi:
     async def post_group(self, group: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", "/scored_data", group)
 
+    async def register_env(self, name: str, max_token_length: int, group_size: int, weight: float = 1.0) -> dict[str, Any]:
+        """`{"status": "success", "env_id": ...}`, or `{"status": "wait for trainer to start"}` until the
+        trainer has asked for its first batch."""
+        return await self._call("POST", "/register-env", {
+            "desired_name": name, "max_token_length": max_token_length, "group_size": group_size, "weight": weight})
+
+    async def env_status(self, env_id: int) -> dict[str, Any] | None:
+        """This env's view of the queue (`self_queue_size` groups of its own waiting); None when run-api does
+        not know `env_id` (it restarted and lost its registrations)."""
+        try:
+            response = await self._http.request("GET", "/status-env", json={"env_id": env_id})
+        except httpx.HTTPError as exc:
+            raise TrajectoryApiError(f"Atropos trajectory API at {self.base_url} unreachable: {exc!r}") from exc
+        if response.status_code >= 500 or response.status_code == 422:
+            return None  # run-api answers an unknown env id with an IndexError, a 500
+        if response.status_code >= 400:
+            raise TrajectoryApiError(f"Atropos trajectory API /status-env: HTTP {response.status_code}")
+        return response.json()
+
+    async def latest_group(self) -> dict[str, Any]:
+        """The group run-api received last (to tell whether a post whose answer was lost arrived)."""
+        return await self._call("GET", "/latest_example")
+
     async def trainer_info(self) -> dict[str, Any]:
         """The registered trainer's `batch_size` and `max_token_len` (-1 before a trainer registers)."""
         return await self._call("GET", "/info")
@@ -61,3 +85,34 @@ class TrajectoryApi:
     async def batch(self) -> list[dict[str, Any]] | None:
         """The next training batch, or None while fewer than a batch's sequences are queued."""
         return (await self._call("GET", "/batch")).get("batch")
+
+
+class TrainerSteps:
+    """The trainer's current step from run-api's /status, asked at most once a second per run-api: the
+    version of a turn whose model server reports none."""
+
+    MAX_AGE_S = 1.0
+
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        self.timeout_s = timeout_s
+        self._apis: dict[str, TrajectoryApi] = {}
+        self._seen: dict[str, tuple[float, int | None]] = {}
+
+    async def current(self, url: str) -> int | None:
+        """The step, or None when run-api cannot be asked (a turn must not fail for want of its version)."""
+        now = time.monotonic()
+        seen = self._seen.get(url)
+        if seen is not None and now - seen[0] < self.MAX_AGE_S:
+            return seen[1]
+        api = self._apis.setdefault(url, TrajectoryApi(url, self.timeout_s))
+        try:
+            step: int | None = int((await api.status())["current_step"])
+        except (RolloutError, KeyError, TypeError, ValueError):
+            step = None
+        self._seen[url] = (now, step)
+        return step
+
+    async def aclose(self) -> None:
+        for api in self._apis.values():
+            await api.aclose()
+        self._apis.clear()

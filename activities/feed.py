@@ -1,0 +1,258 @@
+"""A training feed's steps that talk to the world: run-api (the trainer's progress, the env's
+registration, posting), the rollouts it started (those whose end it was never told), and the
+check made before a run starts.
+
+Posting happens once per group: a post whose answer was lost is retried only after asking run-api
+whether the group it received last is this one (`group_overrides.group_id`), so a retry never
+sends a group twice unless another group was posted in between (counted as not duplicated: the
+check cannot tell, and a repeat only reweights the group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+from activities.resume import run_result
+from activities.sinks import results_path
+from envs import get_env
+from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.feed import StaleGroups, TrainerView
+from temporal_rollouts.core.inputs import checked_input
+from temporal_rollouts.core.records import TrajectoryResult
+from temporal_rollouts.core.settings import ChatPolicy, GeneratePolicy, Settings
+from temporal_rollouts.sinks.atropos_api import TrajectoryApi
+from temporal_rollouts.sinks.groups import GroupBuilder, ScoredGroup
+from temporal_rollouts.sinks.jsonl import append_once
+from temporal_rollouts.sinks.templates import SftTemplates
+
+POLL_S = 0.5
+MASKED = -100
+
+
+class FeedCheckInput(BaseModel):
+    run: str
+    api_url: str | None = None
+    env: str
+    env_config: dict = Field(default_factory=dict)
+    policy: str | None = None
+    sink: Literal["atropos", "jsonl"] = "atropos"
+    output: str | None = None
+
+
+class FeedCheck(BaseModel):
+    allow_network: bool
+    item_count: int | None
+    output: str | None = Field(default=None, description="The JSONL file (sink jsonl), resolved in the results folder.")
+    api_url: str | None = Field(default=None, description="The run-api this run talks to (sink atropos).")
+
+
+class TrainerQuery(BaseModel):
+    run: str
+    api_url: str | None = None
+    env_id: int | None = None
+    group_size: int = 1
+    max_token_length: int = 0
+    env_weight: float = 1.0
+    after_step: int | None = Field(default=None, description="Wait (up to wait_s) until the trainer passes this step.")
+    wait_s: float = 0.0
+
+
+class FeedGroupInput(BaseModel):
+    run: str
+    group_id: str
+    results: list[TrajectoryResult]
+    policy: str | None = None
+    sink: Literal["atropos", "jsonl"] = "atropos"
+    output: str | None = None
+    api_url: str | None = None
+    env_id: int | None = None
+    max_token_length: int = 0
+    max_staleness: int = 1
+    stale_groups: StaleGroups = StaleGroups.POST
+
+
+class FeedGroupOutcome(BaseModel):
+    status: Literal["posted", "already_posted", "dropped"]
+    reason: str | None = None
+    staleness: int | None = None
+    tokens_posted: int = 0
+    masked: int = 0
+    turns: int = 0
+
+
+class RunsToCheck(BaseModel):
+    runs: dict[str, str] = Field(description="Rollout id -> the run the feed waits to hear from.")
+
+
+class FeedActivities:
+    def __init__(self, settings: Settings, client: Client, groups: GroupBuilder) -> None:
+        self._settings = settings
+        self._client = client
+        self._groups = groups
+        self._templates = SftTemplates(settings)
+
+    def _api(self, url: str | None) -> TrajectoryApi:
+        return TrajectoryApi(url or self._settings.atropos.api_url, self._settings.atropos.timeout_s)
+
+    @activity.defn(name="check_feed")
+    @checked_input
+    async def check_feed(self, input: FeedCheckInput) -> FeedCheck:
+        """Refuse, before any rollout runs, a run that could never post: an unknown env or policy, or a
+        policy that gives no token ids (a token-level policy does; a chat policy needs a tokenizer)."""
+        with activity_boundary():
+            env = get_env(input.env, input.env_config)
+            endpoint = self._settings.policy_endpoint(input.policy)
+            if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+                name = input.policy or self._settings.default_policy
+                raise ConfigError(
+                    f"policy {name!r} gives no token ids: a training run needs a token-level policy (type sglang or "
+                    f"vllm) or a chat policy with a tokenizer (policies.{name}.tokenizer) for template-rendered tokens"
+                )
+            assert isinstance(endpoint, (ChatPolicy, GeneratePolicy))
+            output = None
+            if input.sink == "jsonl":
+                path = results_path(self._settings.results_dir, input.output or f"{input.run}.jsonl", "output")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                output = str(path)
+            api_url = (input.api_url or self._settings.atropos.api_url) if input.sink == "atropos" else None
+            return FeedCheck(allow_network=env.allow_network, item_count=env.item_count(), output=output, api_url=api_url)
+
+    @activity.defn(name="trainer_view")
+    @checked_input
+    async def trainer_view(self, input: TrainerQuery) -> TrainerView:
+        """The trainer's progress and this run's registration, registering (again, after run-api lost it)
+        once a trainer has started; with `after_step`, waits until the trainer passes it."""
+        with activity_boundary():
+            deadline = time.monotonic() + input.wait_s
+            async with self._api(input.api_url) as api:
+                env_id = input.env_id
+                while True:
+                    view = await _look(api, input, env_id)
+                    env_id = view.env_id
+                    passed = input.after_step is None or view.current_step > input.after_step
+                    if passed or time.monotonic() >= deadline:
+                        return view
+                    activity.heartbeat(view.current_step)
+                    await asyncio.sleep(POLL_S)
+
+    @activity.defn(name="post_feed_group")
+    @checked_input
+    async def post_feed_group(self, input: FeedGroupInput) -> FeedGroupOutcome:
+        """Build the group (token ids, masks, logprobs, versions) and post it once, or write it to the
+        JSONL file; a group staler than the bound is handled as `stale_groups` says."""
+        with activity_boundary():
+            if input.sink == "jsonl":
+                return await self._write(input)
+            async with self._api(input.api_url) as api:
+                step = int((await api.status())["current_step"])
+                limit = input.max_token_length or max(0, int((await api.trainer_info()).get("max_token_len", -1)) - 1)
+                outcome, group = await self._build(input, step, limit)
+                if group is None:
+                    return outcome
+                if activity.info().attempt > 1 and _carries(await api.latest_group(), input.group_id):
+                    return outcome.model_copy(update={"status": "already_posted"})
+                body = group.for_api()
+                if input.env_id is not None:
+                    body["env_id"] = input.env_id
+                await api.post_group(body)
+                return outcome
+
+    async def _write(self, input: FeedGroupInput) -> FeedGroupOutcome:
+        assert input.output is not None
+        outcome, group = await self._build(input, None, input.max_token_length)
+        assert group is not None
+        written = await asyncio.to_thread(append_once, results_path(self._settings.results_dir, input.output, "output"),
+                                          input.group_id, group.model_dump_json())
+        return outcome if written else outcome.model_copy(update={"status": "already_posted"})
+
+    async def _build(self, input: FeedGroupInput, step: int | None, limit: int) -> tuple[FeedGroupOutcome, ScoredGroup | None]:
+        results = input.results
+        oldest = [r.version_range()[0] if r.version_range() else None for r in results]
+        known = [v for v in oldest if v is not None]
+        staleness = step - min(known) if step is not None and known else None
+        turns = sum(r.turns for r in results)
+        stale = staleness is not None and staleness > input.max_staleness
+        if stale and input.stale_groups == StaleGroups.DROP:
+            return FeedGroupOutcome(status="dropped", reason="stale", staleness=staleness, turns=turns), None
+        group = await self._groups.build(input.group_id, results, max_token_length=limit,
+                                         sft_template=await self._templates.for_policy(input.policy))
+        masked = 0
+        if stale and input.stale_groups == StaleGroups.SCORES_ONLY:
+            assert step is not None
+            for index, version in enumerate(oldest):
+                if version is not None and step - version > input.max_staleness:
+                    group.masks[index] = [MASKED] * len(group.masks[index])
+                    masked += 1
+        _carry_versions(group, input.group_id, results, staleness)
+        if not any(any(m != MASKED for m in mask) for mask in group.masks):
+            reason = "all_masked" if masked else "no_tokens"
+            return FeedGroupOutcome(status="dropped", reason=reason, staleness=staleness, masked=masked, turns=turns), None
+        tokens = sum(sum(1 for m in mask if m != MASKED) for mask in group.masks)
+        outcome = FeedGroupOutcome(status="posted", reason="stale" if stale else None, staleness=staleness,
+                                   tokens_posted=tokens, masked=masked, turns=turns)
+        return outcome, group
+
+    @activity.defn(name="check_feed_rollouts")
+    @checked_input
+    async def check_feed_rollouts(self, input: RunsToCheck) -> list[TrajectoryResult]:
+        """The results of rollouts whose runs closed without telling the feed (terminated, timed out,
+        or their signal raced the feed's continue-as-new and was refused)."""
+        with activity_boundary():
+            closed: list[TrajectoryResult] = []
+            for rollout_id, run_id in input.runs.items():
+                handle = self._client.get_workflow_handle(rollout_id, run_id=run_id)
+                try:
+                    described = await handle.describe()
+                except RPCError:
+                    continue
+                if described.status == WorkflowExecutionStatus.RUNNING:
+                    continue
+                result = await run_result(self._client, rollout_id, run_id)
+                if result is not None:
+                    closed.append(result.model_copy(update={"run_id": run_id}))
+                activity.heartbeat(rollout_id)
+            return closed
+
+
+async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> TrainerView:
+    info = await api.trainer_info()
+    status = await api.status()
+    view = TrainerView(registered=int(info.get("batch_size", -1)) > 0, current_step=int(status.get("current_step", 0)),
+                       batch_size=int(info.get("batch_size", -1)), max_token_len=int(info.get("max_token_len", -1)))
+    if not view.registered:
+        return view
+    if env_id is not None:
+        seen = await api.env_status(env_id)
+        if seen is not None:
+            return view.model_copy(update={"env_id": env_id, "queued": int(seen.get("self_queue_size", 0))})
+    limit = query.max_token_length or max(view.max_token_len, 1)
+    registered = await api.register_env(query.run, limit, query.group_size, query.env_weight)
+    if registered.get("status") == "success":
+        view.env_id = int(registered["env_id"])
+    return view
+
+
+def _carries(latest: dict, group_id: str) -> bool:
+    overrides = latest.get("group_overrides") if isinstance(latest, dict) else None
+    return isinstance(overrides, dict) and overrides.get("group_id") == group_id
+
+
+def _carry_versions(group: ScoredGroup, group_id: str, results: list[TrajectoryResult], staleness: int | None) -> None:
+    """The versions travel in the two fields run-api keeps: per sequence in `overrides`, per group in
+    `group_overrides` (with the group id that makes a lost post safe to retry)."""
+    ranges = [r.version_range() for r in results]
+    known = [v for r in ranges if r for v in r]
+    group.group_overrides = {**(group.group_overrides or {}), "group_id": group_id, "staleness": staleness,
+                             "policy_version_min": min(known) if known else None,
+                             "policy_version_max": max(known) if known else None}
+    group.overrides = [{**override, "policy_versions": result.policy_versions}
+                       for override, result in zip(group.overrides or [{} for _ in results], results, strict=True)]
+    group.metadata["policy_versions"] = [result.policy_versions for result in results]
+    group.metadata["staleness"] = staleness

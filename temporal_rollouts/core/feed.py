@@ -1,0 +1,152 @@
+"""A training run's feed into Atropos: what a user starts it with, and what it carries and counts.
+
+A batch is finite; a training run is not. One `TrainingFeedWorkflow` per run (its id is the
+run's name) owns the cursor over items, the groups in flight and the posting to `run-api`,
+and it paces new groups by the trainer's progress (`max_staleness`). These models are its
+input, its state across continue-as-new and the figures its `status` query answers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from temporal_rollouts.core.records import MAX_GROUP_SIZE, MAX_ITEM_OFFSET, RolloutLimits, Sampling, StopReason, TrajectoryResult
+from temporal_rollouts.core.tasks import Item
+
+
+class StaleGroups(StrEnum):
+    """What happens to a group that ends staler than `max_staleness` anyway (a very long rollout)."""
+
+    POST = "post"
+    """Post it; its versions travel in `overrides` / `group_overrides` for the trainer to weigh or filter."""
+    SCORES_ONLY = "scores_only"
+    """Post it with the stale rollouts' tokens masked out: their scores still count in the group's advantages."""
+    DROP = "drop"
+    """Drop the whole group and count it (`dropped["stale"]`)."""
+
+
+RETRIED_STOPS = frozenset({
+    StopReason.MODEL_UNAVAILABLE, StopReason.SLOT_UNAVAILABLE, StopReason.SANDBOX_ERROR, StopReason.ENV_ERROR,
+    StopReason.TERMINATED, StopReason.TIMED_OUT,
+})
+"""Machinery failures a feed finishes by resuming the rollout; other failures (a bad item, a config
+error, a 4xx from the model, a cancel) would fail again the same way and give the group up at once."""
+
+
+class FeedInput(BaseModel):
+    """A training run as a user types it: every field but `env` has a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field(description="Registered env name, e.g. terminal_tasks.")
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    policy: str | None = Field(default=None, description="A token-level policy, or a chat policy with a tokenizer.")
+    tool_call_parser: str | None = None
+    group_size: int = Field(default=8, ge=1, le=MAX_GROUP_SIZE)
+    item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET, description="First item of the env's task set.")
+    cycle_items: bool = Field(default=True, description="Start again at the first item once the task set is used up.")
+    limits: RolloutLimits = Field(default_factory=RolloutLimits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_groups_in_flight: int = Field(default=16, ge=1, le=4096, description="Groups whose rollouts run at once.")
+    max_staleness: int = Field(
+        default=1, ge=0, description="Trainer steps a posted token may lag behind the trainer: a group starts only "
+                                     "while the groups ahead of it fit in that many steps' batches."
+    )
+    stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="What to do with a group that ends staler.")
+    max_retries: int = Field(default=3, ge=0, description="Runs after the first a rollout gets for machinery failures.")
+    max_groups: int = Field(default=0, ge=0, description="Stop after posting this many groups; 0 runs until stopped.")
+    sink: Literal["atropos", "jsonl"] = Field(
+        default="atropos", description="Post each group to run-api, or write it to `output` (SFT data, `process`).")
+    output: str | None = Field(default=None, description="The JSONL file (in the results folder) for `sink: jsonl`.")
+    api_url: str | None = Field(default=None, description="run-api; the workers' settings atropos.api_url when unset.")
+    max_token_length: int = Field(default=0, ge=0, description="Cut sequences to this; 0: below the trainer's max_token_len.")
+    env_weight: float = Field(default=1.0, gt=0, description="This env's weight in run-api's batches.")
+    state: FeedState | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
+
+
+class GroupRun(BaseModel):
+    """One group in flight: its item, the run of each rollout, what came back."""
+
+    group_id: str
+    item: Item
+    results: list[TrajectoryResult | None]
+    runs: list[str | None] = Field(description="The current run id of each rollout.")
+    attempts: list[int] = Field(description="Runs each rollout has had.")
+    started_step: int = 0
+
+
+class FeedFigures(BaseModel):
+    """What the run has done, for people and dashboards (query `status`, `rollouts train status`)."""
+
+    groups_started: int = 0
+    groups_posted: int = 0
+    groups_duplicated: int = 0
+    """Posts whose answer was lost and that run-api already held when asked again (not sent twice)."""
+    groups_stale: int = 0
+    """Posted although staler than the bound (stale_groups: post, or scores_only with rollouts masked)."""
+    dropped: dict[str, int] = Field(default_factory=dict)
+    """Groups given up, by reason: `stale`, `retries_spent:<stop reason>`, `failed:<stop reason>`."""
+    rollouts_started: int = 0
+    rollouts_finished: int = 0
+    rollouts_retried: int = 0
+    rollouts_masked: int = 0
+    tokens_generated: int = 0
+    """Completion tokens of every finished rollout."""
+    tokens_posted: int = 0
+    """Trainable tokens (mask != -100) of the groups posted."""
+    turns_finished: int = 0
+    turns_posted: int = 0
+    staleness: dict[str, int] = Field(default_factory=dict)
+    """Groups posted by their staleness in trainer steps (current step at posting minus the oldest version)."""
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+class TrainerView(BaseModel):
+    """What the feed last learnt from run-api."""
+
+    registered: bool = False
+    """A trainer registered (batch_size known)."""
+    current_step: int = 0
+    batch_size: int = -1
+    max_token_len: int = -1
+    queued: int = 0
+    """Groups of this run waiting in run-api's queue."""
+    env_id: int | None = None
+    """This run's env registration, None until run-api takes it (after the trainer's first /batch)."""
+
+
+class FeedState(BaseModel):
+    next_item: int = 0
+    next_group: int = 0
+    groups: dict[str, GroupRun] = Field(default_factory=dict)
+    figures: FeedFigures = Field(default_factory=FeedFigures)
+    trainer: TrainerView = Field(default_factory=TrainerView)
+    inbox: list[TrajectoryResult] = Field(default_factory=list)
+    stopping: bool = False
+    output: str | None = None
+    api_url: str | None = None
+
+
+class FeedStatus(BaseModel):
+    """The answer to the feed's `status` query."""
+
+    run: str
+    env: str
+    phase: str
+    in_flight: int
+    rollouts_running: int
+    figures: FeedFigures
+    trainer: TrainerView
+    max_staleness: int
+    admitted: bool
+    """Whether a new group may start now (False: waiting for the trainer to step)."""
+    stopping: bool
+    output: str | None = None
+
+
+FeedInput.model_rebuild()

@@ -1,0 +1,424 @@
+"""TrainingFeedWorkflow: one training run feeding Atropos, for as long as the trainer trains.
+
+Its workflow id is the run's name. It owns the cursor over items, the groups in flight and the
+posting to run-api, so nothing of a run lives in the process that started it: the Atropos env
+process (`serve`), `rollouts train` or the UI only start it or attach to it by name.
+
+- **Admission** (AReaL's rule, in groups): a group starts only while the groups in flight and those
+  of this run still queued in run-api fit in `max_staleness + 1` of the trainer's batches, so a
+  group lands within `max_staleness` trainer steps of the weights it started on. Starts are paced;
+  finished work is never thrown away for being slow, which would bias training towards short rollouts.
+- **Rollouts** are TrajectoryWorkflows started as abandoned children: they outlive this run's
+  continue-as-new and tell the current run when they end (signal `rollout_finished`). A periodic
+  check finds those that ended without telling (terminated, timed out).
+- **Failures of the machinery are work to finish**: such a rollout is resumed (its workspace and
+  turns kept) up to `max_retries` times; only then is its group given up, counted with why.
+  A failure the model caused is a scored rollout and stays in its group.
+- **Posting**: once per group (`activities.feed`), with each rollout's per-turn policy versions;
+  a group that ends staler than the bound is posted, masked or dropped as `stale_groups` says.
+- It continues as new when Temporal suggests it, without waiting for any rollout.
+
+Signals: `rollout_finished`, `stop` (drain: no new groups, finish and post the rest), `stop_now`
+(cancel the rollouts in flight). Query: `status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.envs import EnvActivities, LoadItemsInput
+    from activities.feed import FeedActivities, FeedCheckInput, FeedGroupInput, RunsToCheck, TrainerQuery
+    from temporal_rollouts.core import search_attributes as sa
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error
+    from temporal_rollouts.core.feed import RETRIED_STOPS, FeedInput, FeedState, FeedStatus, GroupRun, TrainerView
+    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
+    from temporal_rollouts.core.tasks import Item
+    from workflows import params
+    from workflows.batch import result_from_failure
+    from workflows.trajectory import TrajectoryWorkflow
+
+ITEM_PAGE = 100
+TRAINER_WAIT_S = 30.0
+"""How long one wait for the trainer to step lasts (it returns sooner when the trainer steps)."""
+VIEW_MAX_AGE_S = 1.0
+"""The trainer's step and queue are asked again before starting groups once this old (posts in between
+are counted into the queue here, so an older view never lets in a group the bound keeps out)."""
+CHECK_ROLLOUTS_S = 120.0
+"""How often rollouts that never told how they ended are looked for."""
+
+
+def rollout_id(run: str, group_id: str, index: int) -> str:
+    return f"{run}/{group_id}/r{index}"
+
+
+def _place(rollout: str) -> tuple[str, int]:
+    """(group id, index) of one of this feed's rollout ids."""
+    _, group_id, index = rollout.rsplit("/", 2)
+    return group_id, int(index.removeprefix("r"))
+
+
+@workflow.defn(name="TrainingFeedWorkflow")
+class TrainingFeedWorkflow:
+    def __init__(self) -> None:
+        self._input: FeedInput | None = None
+        self._state = FeedState()
+        self._phase = "starting"
+        self._stop_now = False
+        self._page: list[Item] = []
+        self._page_start = 0
+        self._item_count: int | None = None
+        self._allow_network = False
+        self._waiter: asyncio.Task[TrainerView] | None = None
+        self._watching: set[asyncio.Future[None]] = set()
+        self._checked_at: float = 0.0
+        self._viewed_at: float = float("-inf")
+
+    # ------------------------------------------------------------------ signals and query
+
+    @workflow.signal(name=ROLLOUT_FINISHED)
+    def rollout_finished(self, result: TrajectoryResult) -> None:
+        self._state.inbox.append(result)
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Start no more groups; finish and post those in flight, then end."""
+        self._state.stopping = True
+
+    @workflow.signal
+    def stop_now(self) -> None:
+        """Cancel the rollouts in flight (they save their workspaces and give their slots back) and end."""
+        self._state.stopping = self._stop_now = True
+
+    @workflow.query
+    def status(self) -> FeedStatus:
+        input, state = self._input, self._state
+        return FeedStatus(
+            run=workflow.info().workflow_id, env=input.env if input else "", phase=self._phase,
+            in_flight=len(state.groups),
+            rollouts_running=sum(1 for g in state.groups.values() for r in g.results if r is None),
+            figures=state.figures, trainer=state.trainer, max_staleness=input.max_staleness if input else 0,
+            admitted=self._admitted() if input else False, stopping=state.stopping, output=state.output,
+        )
+
+    # ------------------------------------------------------------------ the run
+
+    @workflow.run
+    async def run(self, input: Any = None) -> FeedStatus:
+        try:
+            input = parse_input(FeedInput, input, "TrainingFeedWorkflow")
+        except InvalidInput as err:
+            raise as_application_error(err) from None
+        self._input = input
+        if input.state is not None:  # continued as new: signals that came before this line are kept too
+            carried = input.state
+            carried.inbox = [*carried.inbox, *self._state.inbox]
+            carried.stopping = carried.stopping or self._state.stopping
+            self._state = carried
+        run = workflow.info().workflow_id
+        workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(run)])
+        check = await workflow.execute_activity_method(
+            FeedActivities.check_feed,
+            FeedCheckInput(run=run, api_url=input.api_url, env=input.env, env_config=input.env_config,
+                           policy=input.policy, sink=input.sink, output=input.output),
+            **params.FEED_CHECK.options(),
+        )
+        self._item_count, self._allow_network = check.item_count, check.allow_network
+        self._state.output, self._state.api_url = check.output, check.api_url
+        self._checked_at = workflow.time()
+        while True:
+            await self._take_inbox()
+            if self._stop_now:
+                await self._cancel_in_flight()
+                break
+            if self._finished():
+                break
+            await self._start_groups()
+            if workflow.info().is_continue_as_new_suggested():
+                await self._continue_as_new()
+            await self._wait()
+            if workflow.time() - self._checked_at >= CHECK_ROLLOUTS_S:
+                await self._check_rollouts()
+        self._phase = "done"
+        return self.status()
+
+    def _finished(self) -> bool:
+        input, state = self._input, self._state
+        assert input is not None
+        done_starting = state.stopping or (input.max_groups and state.figures.groups_started >= input.max_groups) or (
+            not input.cycle_items and self._item_count is not None and state.next_item >= self._item_count - input.item_offset
+        )
+        return bool(done_starting) and not state.groups
+
+    # ------------------------------------------------------------------ admission and starting
+
+    def _wants_more(self) -> bool:
+        input, state = self._input, self._state
+        assert input is not None
+        if state.stopping or len(state.groups) >= input.max_groups_in_flight:
+            return False
+        if input.max_groups and state.figures.groups_started >= input.max_groups:
+            return False
+        return input.cycle_items or self._item_count is None or state.next_item < self._item_count - input.item_offset
+
+    def _admitted(self) -> bool:
+        input = self._input
+        assert input is not None
+        if not self._wants_more():
+            return False
+        if input.sink == "jsonl":
+            return True
+        trainer = self._state.trainer
+        if not trainer.registered or trainer.env_id is None:
+            return False
+        per_step = max(1, trainer.batch_size // input.group_size)
+        return len(self._state.groups) + trainer.queued < (input.max_staleness + 1) * per_step
+
+    async def _start_groups(self) -> None:
+        input = self._input
+        assert input is not None
+        if not self._wants_more():
+            return
+        if input.sink == "atropos" and workflow.time() - self._viewed_at >= VIEW_MAX_AGE_S:
+            self._state.trainer = await self._trainer(wait_s=0)
+            self._viewed_at = workflow.time()
+        while self._admitted():
+            await self._start_group()
+
+    async def _start_group(self) -> None:
+        input, state = self._input, self._state
+        assert input is not None
+        self._phase = "starting a group"
+        item = await self._item(state.next_item)
+        group_id = f"g{state.next_group}"
+        state.next_item += 1
+        state.next_group += 1
+        group = GroupRun(group_id=group_id, item=item, results=[None] * input.group_size, runs=[None] * input.group_size,
+                         attempts=[0] * input.group_size, started_step=state.trainer.current_step)
+        state.groups[group_id] = group
+        state.figures.groups_started += 1
+        for index in range(input.group_size):
+            await self._start_rollout(group, index, resume_from=None)
+
+    async def _start_rollout(self, group: GroupRun, index: int, resume_from: str | None) -> None:
+        input = self._input
+        assert input is not None
+        run = workflow.info().workflow_id
+        handle = await workflow.start_child_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(
+                env=input.env, item=group.item, env_config=input.env_config, policy=input.policy,
+                tool_call_parser=input.tool_call_parser, allow_network=self._allow_network, limits=input.limits,
+                sampling=input.sampling, batch_id=run, group_index=index, resume_from_run=resume_from, notify=run,
+                trainer_api=self._api_url() if input.sink == "atropos" else None,
+            ),
+            id=rollout_id(run, group.group_id, index),
+            task_queue=workflow.info().task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(sa.ENV, input.env), SearchAttributePair(sa.BATCH_ID, run),
+                SearchAttributePair(sa.ITEM_ID, group.item.id),
+            ]),
+        )
+        group.runs[index] = handle.first_execution_run_id
+        group.attempts[index] += 1
+        self._state.figures.rollouts_started += 1
+        self._watching.add(asyncio.ensure_future(self._watch(handle, group, index)))
+
+    async def _watch(self, handle: workflow.ChildWorkflowHandle, group: GroupRun, index: int) -> None:
+        """A rollout started by this run tells it how it ended through its result too, so one that ended
+        without signalling (terminated, timed out) is heard at once; the inbox drops news heard twice."""
+        input = self._input
+        assert input is not None
+        try:
+            result = TrajectoryResult.model_validate(await handle)
+        except ChildWorkflowError as err:
+            result = result_from_failure(err, handle.id, input.env, group.item, index)
+        except asyncio.CancelledError:
+            return
+        self._state.inbox.append(result.model_copy(update={"run_id": handle.first_execution_run_id}))
+
+    async def _item(self, index: int) -> Item:
+        input = self._input
+        assert input is not None
+        position = input.item_offset + index
+        if self._item_count:
+            position %= self._item_count
+        if not self._page_start <= position < self._page_start + len(self._page):
+            count = ITEM_PAGE if self._item_count is None else min(ITEM_PAGE, self._item_count - position)
+            loaded = await workflow.execute_activity_method(
+                EnvActivities.load_items,
+                LoadItemsInput(env=input.env, env_config=input.env_config, count=max(count, 1), offset=position),
+                **params.LOAD_ITEMS.options(),
+            )
+            self._page, self._page_start = loaded.items, position
+        return self._page[position - self._page_start]
+
+    # ------------------------------------------------------------------ results
+
+    async def _take_inbox(self) -> None:
+        state = self._state
+        while state.inbox:
+            result = state.inbox.pop(0)
+            await self._finish(result)
+        for group_id in [g.group_id for g in state.groups.values() if all(r is not None for r in g.results)]:
+            await self._post(state.groups.pop(group_id))
+
+    async def _finish(self, result: TrajectoryResult) -> None:
+        input, state = self._input, self._state
+        assert input is not None
+        try:
+            group_id, index = _place(result.rollout_id)
+        except ValueError:
+            return
+        group = state.groups.get(group_id)
+        if group is None or index >= len(group.results) or group.results[index] is not None:
+            return  # a group given up, or news already heard
+        if result.run_id is not None and result.run_id != group.runs[index]:
+            return  # an earlier run of a rollout that was resumed since
+        figures = state.figures
+        if not result.failed:
+            group.results[index] = result
+            figures.rollouts_finished += 1
+            figures.tokens_generated += result.completion_tokens
+            figures.turns_finished += result.turns
+            return
+        figures.tokens_generated += result.completion_tokens
+        if result.stop_reason in RETRIED_STOPS and group.attempts[index] <= input.max_retries:
+            figures.rollouts_retried += 1
+            workflow.logger.info("resuming %s after %s", result.rollout_id, result.stop_reason.value)
+            await self._start_rollout(group, index, resume_from=result.run_id)
+            return
+        spent = "retries_spent" if result.stop_reason in RETRIED_STOPS else "failed"
+        await self._give_up(group, f"{spent}:{result.stop_reason.value}")
+
+    async def _give_up(self, group: GroupRun, reason: str) -> None:
+        """Count the group as dropped, and cancel its rollouts still running (their work can no longer count)."""
+        self._state.groups.pop(group.group_id, None)
+        self._state.figures.drop(reason)
+        workflow.logger.warning("gave up group %s of item %s: %s", group.group_id, group.item.id, reason)
+        run = workflow.info().workflow_id
+        for index, result in enumerate(group.results):
+            if result is None and group.runs[index] is not None:
+                handle = workflow.get_external_workflow_handle(rollout_id(run, group.group_id, index), run_id=group.runs[index])
+                try:
+                    await handle.cancel()
+                except Exception as err:  # noqa: BLE001  (already closed: nothing to cancel)
+                    workflow.logger.info("could not cancel %s: %s", handle.id, err)
+
+    async def _post(self, group: GroupRun) -> None:
+        input, state = self._input, self._state
+        assert input is not None
+        self._phase = "posting"
+        results = [r for r in group.results if r is not None]
+        try:
+            outcome = await workflow.execute_activity_method(
+                FeedActivities.post_feed_group,
+                FeedGroupInput(run=workflow.info().workflow_id, group_id=f"{workflow.info().workflow_id}/{group.group_id}",
+                               results=results, policy=input.policy, sink=input.sink, output=state.output,
+                               api_url=self._api_url(), env_id=state.trainer.env_id,
+                               max_token_length=input.max_token_length, max_staleness=input.max_staleness,
+                               stale_groups=input.stale_groups),
+                **params.POST_FEED_GROUP.options(),
+            )
+        except ActivityError as err:
+            state.figures.drop("post_refused")
+            workflow.logger.error("run-api refused group %s: %s", group.group_id, err.cause or err)
+            return
+        figures = state.figures
+        if outcome.status == "dropped":
+            figures.drop(outcome.reason or "dropped")
+            return
+        if outcome.status == "already_posted":
+            figures.groups_duplicated += 1
+        figures.groups_posted += 1
+        if input.sink == "atropos" and outcome.status == "posted":
+            state.trainer.queued += 1
+        figures.tokens_posted += outcome.tokens_posted
+        figures.turns_posted += outcome.turns
+        figures.rollouts_masked += outcome.masked
+        figures.groups_stale += outcome.reason == "stale"
+        if outcome.staleness is not None:
+            key = str(outcome.staleness)
+            figures.staleness[key] = figures.staleness.get(key, 0) + 1
+
+    async def _check_rollouts(self) -> None:
+        self._checked_at = workflow.time()
+        run = workflow.info().workflow_id
+        waiting = {rollout_id(run, g.group_id, i): g.runs[i] for g in self._state.groups.values()
+                   for i, r in enumerate(g.results) if r is None and g.runs[i] is not None}
+        if not waiting:
+            return
+        closed = await workflow.execute_activity_method(
+            FeedActivities.check_feed_rollouts, RunsToCheck(runs=waiting), **params.CHECK_FEED_ROLLOUTS.options()
+        )
+        for result in closed:
+            if result.stop_reason == StopReason.CANCELLED and not self._state.stopping:
+                result = result.model_copy(update={"stop_reason": StopReason.TERMINATED})  # cancelled from outside
+            self._state.inbox.append(result)
+
+    async def _cancel_in_flight(self) -> None:
+        self._phase = "cancelling"
+        for group in list(self._state.groups.values()):
+            await self._give_up(group, "stopped")
+
+    # ------------------------------------------------------------------ waiting
+
+    async def _trainer(self, wait_s: float, after_step: int | None = None) -> TrainerView:
+        input, state = self._input, self._state
+        assert input is not None
+        return await workflow.execute_activity_method(
+            FeedActivities.trainer_view,
+            TrainerQuery(run=workflow.info().workflow_id, api_url=self._api_url(), env_id=state.trainer.env_id,
+                         group_size=input.group_size, max_token_length=input.max_token_length,
+                         env_weight=input.env_weight, after_step=after_step, wait_s=wait_s),
+            **params.TRAINER_VIEW.options(),
+        )
+
+    async def _wait(self) -> None:
+        """Until a rollout ends, a stop, or (when the trainer holds admission back) the trainer steps."""
+        input, state = self._input, self._state
+        assert input is not None
+        self._phase = "waiting for rollouts" if state.groups else "waiting for the trainer"
+        blocked = input.sink == "atropos" and self._wants_more() and not self._admitted()
+        if blocked and self._waiter is None:
+            self._waiter = asyncio.ensure_future(self._trainer(TRAINER_WAIT_S, after_step=state.trainer.current_step))
+        waiter = self._waiter
+        try:
+            await workflow.wait_condition(
+                lambda: bool(state.inbox) or self._stop_now or (waiter is not None and waiter.done())
+                or (state.stopping and not state.groups),
+                timeout=timedelta(seconds=CHECK_ROLLOUTS_S),
+            )
+        except asyncio.TimeoutError:
+            pass
+        if waiter is not None and waiter.done():
+            self._waiter = None
+            try:
+                state.trainer = waiter.result()
+                self._viewed_at = workflow.time()
+            except ActivityError as err:
+                workflow.logger.warning("could not ask run-api about the trainer: %s", err.cause or err)
+
+    async def _continue_as_new(self) -> None:
+        input = self._input
+        assert input is not None
+        self._phase = "continuing as new"
+        if self._waiter is not None:
+            await asyncio.wait([self._waiter])
+            if not self._waiter.cancelled() and self._waiter.exception() is None:
+                self._state.trainer = self._waiter.result()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+
+    def _api_url(self) -> str | None:
+        return self._state.api_url
