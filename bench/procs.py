@@ -223,7 +223,7 @@ async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, po
     ROLLOUTS_* variables to the worker process (settings under test)."""
     async with contextlib.AsyncExitStack() as stack:
         port = free_port()
-        policy = _spawn([sys.executable, "-m", "temporal_rollouts.demo_policy", "--port", str(port), *policy_args],
+        policy = _spawn([sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(port), *policy_args],
                         data_dir / "policy.log")
         stack.callback(_stop, policy)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")

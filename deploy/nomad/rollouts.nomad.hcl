@@ -83,7 +83,7 @@ job "rollouts" {
         image   = var.worker_image
         ports   = ["http"]
         command = "python"
-        args    = ["-m", "temporal_rollouts.demo_policy", "--host", "0.0.0.0", "--port", "8765"]
+        args    = ["-m", "temporal_rollouts.policy_servers.demo", "--host", "0.0.0.0", "--port", "8765"]
       }
       resources {
         cpu    = 500

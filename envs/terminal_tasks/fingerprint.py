@@ -18,10 +18,17 @@ import json
 import os
 import stat
 import sys
+from typing import Protocol
 
 LISTED_ENTRIES = 100
 NAME_CHARS = 100
 OTHERS = "(other entries)"
+
+
+class Digest(Protocol):
+    """A hash object (hashlib gives its type no public name)."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 def fingerprint(root: str) -> dict[str, str]:
@@ -52,7 +59,7 @@ def _entry(path: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def _feed(path: str, rel: str, digest: hashlib._Hash) -> None:
+def _feed(path: str, rel: str, digest: Digest) -> None:
     try:
         info = os.lstat(path)
     except OSError as err:
@@ -73,7 +80,7 @@ def _feed(path: str, rel: str, digest: hashlib._Hash) -> None:
         _feed_content(path, digest)
 
 
-def _feed_content(path: str, digest: hashlib._Hash) -> None:
+def _feed_content(path: str, digest: Digest) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:

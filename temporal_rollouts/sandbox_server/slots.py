@@ -64,6 +64,9 @@ class Grant(NamedTuple):
 
 
 class SlotManager:
+    cache: SharedCache
+    """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.cache`)."""
+
     def __init__(
         self,
         root: Path,
@@ -100,7 +103,6 @@ class SlotManager:
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
         self.cache = SharedCache(root)
-        """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.cache`)."""
         self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache)
         self._quarantine_retry_at = 0.0
         self._background: set[asyncio.Task[Any]] = set()

@@ -1,6 +1,6 @@
 """The web page `rollouts view` serves: batches, their rollouts, and one trajectory at a time.
 
-A small JSON API over temporal_rollouts/rollout_records.py (the same reads as `rollouts
+A small JSON API over temporal_rollouts/cli/records.py (the same reads as `rollouts
 show` and `export`) plus one static page that renders it. Rollout lists come from the
 visibility store (search attributes: status, stop reason, score), so filtering a batch of
 thousands costs one query, not a result fetch per rollout; a trajectory is loaded only
@@ -25,7 +25,7 @@ from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import StopReason
-from temporal_rollouts.rollout_records import (
+from temporal_rollouts.cli.records import (
     list_batches,
     load_rollout,
     quoted,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
-from temporal_rollouts import cli_inspect
+from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings

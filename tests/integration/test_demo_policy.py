@@ -16,7 +16,7 @@ import pytest
 
 import envs
 from temporal_rollouts.core.tasks import Item
-from temporal_rollouts.demo_policy import MODEL_ID, BackgroundServer, conversation_key, start_in_thread
+from temporal_rollouts.policy_servers.demo import MODEL_ID, BackgroundServer, conversation_key, start_in_thread
 from tests.support import REPO
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{8}$")
@@ -36,7 +36,7 @@ def test_the_control_endpoint_is_off_unless_asked_for_and_loopback_only() -> Non
         assert http.post("/stats/reset").status_code in (404, 405)
         assert http.get("/health").status_code == 200
     refused = subprocess.run(
-        [sys.executable, "-m", "temporal_rollouts.demo_policy", "--host", "0.0.0.0", "--port", "0", "--enable-control"],
+        [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--host", "0.0.0.0", "--port", "0", "--enable-control"],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
     )
     assert refused.returncode != 0 and "loopback" in refused.stderr
@@ -256,7 +256,7 @@ def test_command_line_entry_point_with_fault_flags():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "temporal_rollouts.demo_policy", "--port", str(port), "--fail-next", "1", "--retry-after", "2"]
+    argv = [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(port), "--fail-next", "1", "--retry-after", "2"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -15,11 +15,11 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.cli import batch_status, format_status, status_exit_code
-from temporal_rollouts.cli_progress import watch
+from temporal_rollouts.cli.main import batch_status, format_status, status_exit_code
+from temporal_rollouts.cli.progress import watch
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.rollout_records import waiting_on_retries
+from temporal_rollouts.cli.records import waiting_on_retries
 from tests.support.waiting import batch_id, wait_until
 from workflows.batch import BatchWorkflow
 

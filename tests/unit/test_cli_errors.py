@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from temporal_rollouts import cli
+from temporal_rollouts.cli import main as cli
 from temporal_rollouts.core.settings import Settings
 
 

@@ -113,7 +113,7 @@ def test_the_batch_limit_is_a_setting_with_a_default() -> None:
 
 
 def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(capsys, monkeypatch, tmp_path) -> None:
-    from temporal_rollouts import cli
+    from temporal_rollouts.cli import main as cli
 
     async def no_server(*args, **kwargs):
         raise AssertionError("a bad batch must be refused before connecting")

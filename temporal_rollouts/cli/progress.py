@@ -33,7 +33,7 @@ from temporalio.service import RPCError
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.rollout_records import (
+from temporal_rollouts.cli.records import (
     QUERY_TIMEOUT,
     require_workflow,
     retry_summary,

@@ -24,8 +24,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from temporal_rollouts import cli_inspect
-from temporal_rollouts.cli_progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+from temporal_rollouts.cli import inspect as cli_inspect
+from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
@@ -37,7 +37,7 @@ from temporal_rollouts.cli_progress import (  # noqa: F401  (re-exported: the ex
     format_status,
     status_exit_code,
 )
-from temporal_rollouts.cli_resume import cmd_resume
+from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
 from temporal_rollouts.core.inputs import parse_input
@@ -248,7 +248,7 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from temporal_rollouts.demo_policy import main as serve_main
+    from temporal_rollouts.policy_servers.demo import main as serve_main
 
     return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
 
@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = policy_sub.add_parser("serve", help="serve the demo policy as an OpenAI-compatible server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.demo_policy -h")
+    serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h")
 
     cli_inspect.add_parsers(sub)
     return parser

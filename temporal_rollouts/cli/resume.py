@@ -19,7 +19,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
-from temporal_rollouts.cli_progress import finish
+from temporal_rollouts.cli.progress import finish
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, TrajectoryInput

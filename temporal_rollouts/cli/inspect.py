@@ -1,6 +1,6 @@
 """`rollouts show`, `export`, `list` and `cancel`: read what agents did, and stop a batch.
 
-Everything here reads through temporal_rollouts/rollout_records.py, which joins a
+Everything here reads through temporal_rollouts/cli/records.py, which joins a
 rollout's result in Temporal with its conversation in the object store; these functions
 only print. Text output is for people (tool results cut to a readable length); `--json`
 and `export` give everything.
@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.rollout_records import (
+from temporal_rollouts.cli.records import (
     RolloutRecord,
     batch_rollout_ids,
     list_batches,

@@ -27,7 +27,7 @@ fault still plays the whole solution. GET /stats counts requests by outcome and
 lists, per conversation, the turn numbers requested: tests use it to prove that
 a resumed rollout did not send a finished turn again.
 
-Run it with `python -m temporal_rollouts.demo_policy --port 8765 [fault flags]`, or in process
+Run it with `python -m temporal_rollouts.policy_servers.demo --port 8765 [fault flags]`, or in process
 with `build_app`, `serve` (async) or `start_in_thread`.
 """
 
@@ -426,7 +426,7 @@ def start_in_thread(
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m temporal_rollouts.demo_policy",
+        prog="python -m temporal_rollouts.policy_servers.demo",
         description="Serve the demo policy (a test fixture that replays reference solutions; not a model).",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,0 +1,3 @@
+from temporal_rollouts.cli.main import run
+
+run()
