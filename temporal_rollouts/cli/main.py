@@ -25,6 +25,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.cli import inspect as cli_inspect
+from temporal_rollouts.cli import train as cli_train
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
@@ -37,6 +38,7 @@ from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the ex
     format_status,
     status_exit_code,
 )
+from temporal_rollouts.cli.records import describe_or_none
 from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
@@ -147,6 +149,11 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings, start_embedded=False)
+    described = await describe_or_none(client, args.batch_id)
+    if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
+        status = await cli_train.feed_status(client, args.batch_id)
+        print(status.model_dump_json() if args.json else cli_train.format_feed(status))
+        return 0
     data = await batch_status(client, args.batch_id)
     print(json.dumps(data) if args.json else format_status(data))
     return status_exit_code(data)
@@ -335,11 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h")
 
     cli_inspect.add_parsers(sub)
+    cli_train.add_parser(sub)
     return parser
 
 
 COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
-            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, **cli_inspect.COMMANDS}
+            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, "train": cli_train.cmd_train,
+            **cli_inspect.COMMANDS}
 
 
 def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:

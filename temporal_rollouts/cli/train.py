@@ -1,0 +1,194 @@
+"""`rollouts train`: start, watch and stop training runs (TrainingFeedWorkflow, one per run name).
+
+    rollouts train start NAME --env ENV --policy P [--group-size G] [--max-staleness S] ...
+    rollouts train status NAME [--json] [--watch]
+    rollouts train stop NAME [--now]
+    rollouts train list
+
+A run lives in Temporal, not in this command: `start` returns once it runs, a run whose name is
+already running is refused (attach with `status`), and `stop` drains it (no new groups; those in
+flight finish and are posted) unless `--now` cancels them. The Atropos env's `serve` starts or
+attaches to the same workflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from rich.console import Console
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow
+from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
+from temporal_rollouts.core.inputs import parse_input
+from temporal_rollouts.core.settings import ChatPolicy, Settings
+from temporal_rollouts.runtime.temporal import connect
+
+FEED = "TrainingFeedWorkflow"
+WATCH_EVERY_S = 2.0
+
+
+def add_parser(sub: Any) -> None:
+    train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
+    actions = train.add_subparsers(dest="train_command", required=True)
+    start = actions.add_parser("start", help="start a training run", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    start.add_argument("name", help="the run's name (its workflow id)")
+    start.add_argument("--env", required=True, help="registered env")
+    start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
+    start.add_argument("--group-size", type=int, default=8)
+    start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
+    start.add_argument("--stale-groups", choices=[s.value for s in StaleGroups], default=StaleGroups.POST.value,
+                       help="what happens to a group that ends staler anyway")
+    start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
+    start.add_argument("--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped")
+    start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
+    start.add_argument("--max-turns", type=int, default=None)
+    start.add_argument("--temperature", type=float, default=None)
+    start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
+    start.add_argument("--env-config", default=None, help="JSON object passed to the env")
+    start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
+    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
+    start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
+    start.add_argument("--json", action="store_true")
+    status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
+    status.add_argument("name")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", action="store_true", help="refresh until the run ends (Ctrl-C leaves it running)")
+    stop = actions.add_parser("stop", help="stop a run: no new groups; the ones in flight finish and are posted")
+    stop.add_argument("name")
+    stop.add_argument("--now", action="store_true", help="cancel the rollouts in flight instead")
+    actions.add_parser("list", help="training runs, newest first")
+
+
+def feed_input(args: argparse.Namespace) -> FeedInput:
+    fields: dict[str, Any] = {
+        "env": args.env, "policy": args.policy, "group_size": args.group_size, "max_staleness": args.max_staleness,
+        "stale_groups": args.stale_groups, "max_groups_in_flight": args.in_flight, "max_groups": args.max_groups,
+        "max_retries": args.max_retries, "api_url": args.api_url, "sink": args.sink, "output": args.output,
+    }
+    if args.env_config:
+        try:
+            fields["env_config"] = json.loads(args.env_config)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--env-config: not valid JSON ({err})") from None
+    if args.max_turns:
+        fields["limits"] = {"max_turns": args.max_turns}
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens)) if v is not None}
+    if sampling:
+        fields["sampling"] = sampling
+    return parse_input(FeedInput, fields, FEED)
+
+
+def check_start(feed: FeedInput, settings: Settings) -> None:
+    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run."""
+    from envs.registry import env_names
+
+    if feed.env not in env_names():
+        raise ConfigError(f"unknown env {feed.env!r}: choose one of {', '.join(sorted(env_names()))}")
+    endpoint = settings.policy_endpoint(feed.policy)
+    if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+        name = feed.policy or settings.default_policy
+        raise ConfigError(f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
+                          f"or a chat policy with a tokenizer (policies.{name}.tokenizer)")
+
+
+async def start_feed(client: Client, settings: Settings, name: str, feed: FeedInput) -> WorkflowHandle:
+    """Start the run `name`; a ConfigError when one of that name is already running."""
+    from workflows.feed import TrainingFeedWorkflow
+
+    try:
+        return await client.start_workflow(
+            TrainingFeedWorkflow.run, feed, id=name, task_queue=settings.temporal.task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.ENV, feed.env)]),
+        )
+    except WorkflowAlreadyStartedError:
+        raise ConfigError(f"a training run named {name!r} is running: watch it with `rollouts train status {name}`, "
+                          f"or stop it with `rollouts train stop {name}`") from None
+
+
+async def feed_status(client: Client, name: str) -> FeedStatus:
+    await require_workflow(client, name, FEED)
+    return FeedStatus.model_validate(await client.get_workflow_handle(name).query("status", rpc_timeout=QUERY_TIMEOUT))
+
+
+def format_feed(status: FeedStatus) -> str:
+    f, t = status.figures, status.trainer
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(f.dropped.items())) or "none"
+    stale = ", ".join(f"{k}: {v}" for k, v in sorted(f.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
+    trainer = (f"step {t.current_step}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
+               if t.registered else "no trainer registered yet")
+    admission = "open" if status.admitted else "held (waiting for the trainer to step)" if status.in_flight or t.registered else "-"
+    lines = [
+        f"training run {status.run} ({status.env}): {status.phase}" + (" - stopping" if status.stopping else ""),
+        f"  groups: {f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} posted, "
+        f"{f.groups_stale} posted stale, dropped: {dropped}",
+        f"  rollouts: {f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
+        f"{f.rollouts_retried} resumed after a machinery failure",
+        f"  tokens: {f.tokens_generated} generated, {f.tokens_posted} posted; staleness at posting (steps: groups): {stale}",
+        f"  trainer: {trainer}; admission {admission} (max staleness {status.max_staleness})",
+    ]
+    if status.output:
+        lines.append(f"  groups written to {status.output}")
+    return "\n".join(lines)
+
+
+async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
+    if args.train_command == "start":
+        check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
+    client = await connect(settings, start_embedded=args.train_command == "start")
+    console = Console()
+    if args.train_command == "start":
+        feed = feed_input(args)
+        handle = await start_feed(client, settings, args.name, feed)
+        if args.json:
+            print(json.dumps({"run": handle.id, "status": "running"}))
+        else:
+            console.print(f"started training run {handle.id}; watch it with `rollouts train status {handle.id} --watch`")
+        return 0
+    if args.train_command == "list":
+        return await _list(client, console)
+    if args.train_command == "stop":
+        await require_workflow(client, args.name, FEED)
+        await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
+        console.print(f"{'cancelling' if args.now else 'draining'} {args.name}: "
+                      f"`rollouts train status {args.name}` shows when it is done")
+        return 0
+    while True:
+        status = await feed_status(client, args.name)
+        if args.json:
+            print(status.model_dump_json())
+        else:
+            console.print(format_feed(status), soft_wrap=True)
+        if not args.watch or status.phase == "done":
+            return 0
+        await asyncio.sleep(WATCH_EVERY_S)
+
+
+async def _list(client: Client, console: Console) -> int:
+    seen: set[str] = set()
+    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'", limit=200):
+        if execution.id in seen:  # an earlier run of one that continued as new
+            continue
+        seen.add(execution.id)
+        state = execution.status.name.lower() if execution.status else "unknown"
+        started = execution.start_time.isoformat(timespec="seconds") if execution.start_time else "-"
+        line = f"{execution.id}  {state}  started {started}"
+        if execution.status == WorkflowExecutionStatus.RUNNING:
+            try:
+                status = FeedStatus.model_validate(
+                    await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT))
+                line += f"  posted {status.figures.groups_posted}, in flight {status.in_flight}"
+            except RPCError:
+                pass
+        console.print(line, soft_wrap=True)
+    if not seen:
+        console.print("no training runs (start one with `rollouts train start NAME --env ENV --policy P`)")
+    return 0
