@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 from activities.resume import run_result
 from activities.sinks import results_path
 from envs import get_env
-from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.errors import ConfigError, RolloutError, activity_boundary
 from temporal_rollouts.core.feed import StaleGroups, TrainerView
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
@@ -181,8 +181,13 @@ class FeedActivities:
         stale = staleness is not None and staleness > input.max_staleness
         if stale and input.stale_groups == StaleGroups.DROP:
             return FeedGroupOutcome(status="dropped", reason="stale", staleness=staleness, turns=turns), None
-        group = await self._groups.build(input.group_id, results, max_token_length=limit,
-                                         sft_template=await self._templates.for_policy(input.policy))
+        try:
+            group = await self._groups.build(input.group_id, results, max_token_length=limit,
+                                             sft_template=await self._templates.for_policy(input.policy))
+        except RolloutError:
+            raise
+        except Exception as err:  # a template or trace that cannot render: retrying renders it the same way
+            raise ConfigError(f"cannot build group {input.group_id}: {type(err).__name__}: {err}") from err
         masked = 0
         if stale and input.stale_groups == StaleGroups.SCORES_ONLY:
             assert step is not None

@@ -331,8 +331,8 @@ class TrainingFeedWorkflow:
                 **params.POST_FEED_GROUP.options(),
             )
         except ActivityError as err:
-            state.figures.drop("post_refused")
-            workflow.logger.error("run-api refused group %s: %s", group.group_id, err.cause or err)
+            state.figures.drop("not_posted")
+            workflow.logger.error("group %s could not be posted: %s", group.group_id, err.cause or err)
             return
         figures = state.figures
         if outcome.status == "dropped":

@@ -1,8 +1,9 @@
 """The Atropos env (integrations/atropos/env.py) run as Atropos users run it, as its own
-process: `serve` against the real `run-api` with a trainer pulling batches, `process`
+process: `serve` against the real `run-api` with a trainer pulling batches (through the
+durable training feed it starts, which survives the env process being killed), `process`
 writing JSONL and HTML, `evaluate` writing metrics. Its rollouts are Temporal workflows
 run by the test worker, with SmolLM2 behind a real `/generate` (steered by the demo
-policy as in test_token_rollout.py)."""
+policy as in test_token_rollout.py), or the demo policy itself with a local tokenizer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import asyncio
 import json
 import os
 import subprocess
+import signal
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
-from tests.support import REPO
+from tests.support import REPO, TEMPLATES
 from tests.support.processes import settings_environment
 from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
 from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
@@ -48,7 +51,8 @@ def run_env(
     fields = {
         "task_env": "echo_chain", "env_config": {"steps": 1}, "policy": "smol", "group_size": 2,
         "max_agent_turns": 3, "agent_max_tokens": 6, "use_wandb": False, "tokenizer_name": str(tokenizer),
-        "wandb_name": "tests", "total_steps": 1, "max_token_length": 4096, **env_fields,
+        "wandb_name": "tests", "run_name": f"env-{uuid.uuid4().hex[:6]}", "total_steps": 1, "max_token_length": 4096,
+        **env_fields,
     }
     config = tmp_path / f"{command}.yaml"
     config.write_text(yaml.safe_dump({"env": fields}))
@@ -150,8 +154,8 @@ async def test_process_runs_swe_smith_on_two_items(
         assert group["scores"] == [1.0, 1.0], group["scores"]
         assert len(group["tokens"]) == len(group["masks"]) == 2
         assert all(len(t) == len(m) for t, m in zip(group["tokens"], group["masks"]))
-    played = [{o["rollout_id"].removeprefix("atropos-train-").rsplit("-", 1)[0] for o in g["overrides"]} for g in groups]
-    assert played == [{instance_id} for instance_id in SWE_ITEMS], played
+    played = [group["metadata"]["item_id"] for group in groups]
+    assert played == list(SWE_ITEMS), played
     for group in groups:  # each rollout made the reference's three tool calls, the last applying the patch
         assert group["group_overrides"]["tool_stats"]["executed_ok"] == 6, group["group_overrides"]
         assert all(override["stop_reason"] == "completed" for override in group["overrides"])
@@ -173,3 +177,88 @@ async def test_evaluate_writes_metrics(
     assert 0.0 <= result["eval/mean_score"] <= 1.0
     samples = [json.loads(line) for line in (evals / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == result["eval/completed"]
+
+
+@pytest.fixture
+def demo_sft(settings: Settings, demo_policy, smollm2_tokenizer, smollm2_server: GenerateServerProcess) -> Iterator[str]:
+    """The demo policy (chat) with a local tokenizer: template-rendered tokens and masks, no logprobs."""
+    from temporal_rollouts.core.settings import ChatPolicy
+
+    settings.policies["demo-sft"] = ChatPolicy(base_url=f"{demo_policy.url}/v1", model="demo-policy",
+                                               tokenizer=str(smollm2_server.tokenizer_dir),
+                                               chat_template=str(TEMPLATES / "qwen2_5.jinja"))
+    yield "demo-sft"
+    settings.policies.pop("demo-sft", None)
+
+
+async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_end(
+    settings: Settings, worker, demo_sft: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "out" / "sft.jsonl"
+    proc = run_env("process", settings, smollm2_server.tokenizer_dir, tmp_path, policy=demo_sft, total_steps=2,
+                   task_env="terminal_tasks", env_config={}, max_agent_turns=10, data_path_to_save_groups=str(out))
+    await finish(proc, tmp_path, "process")
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 2
+    for group in groups:
+        assert group["scores"] == [1.0, 1.0]
+        assert all(len(t) == len(m) > 0 for t, m in zip(group["tokens"], group["masks"]))
+        assert any(m != IGNORE_INDEX for mask in group["masks"] for m in mask), "the assistant's turns are trainable"
+        assert group["inference_logprobs"] is None, "a chat policy gives no logprobs"
+
+
+async def test_serve_with_a_policy_that_gives_no_tokens_fails_at_once_in_one_line(
+    settings: Settings, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    proc = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, policy="demo")
+    code = await asyncio.to_thread(proc.wait, 120)
+    output = (tmp_path / "serve.log").read_text()
+    assert code != 0 and "error: serve needs token ids, and policy 'demo' gives none" in output, output[-2000:]
+
+
+async def test_a_killed_env_process_loses_nothing_and_its_restart_attaches_to_the_run(
+    settings: Settings, parts: Parts, client, smol: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    """SIGKILL `serve` while its groups are in flight: the run goes on without it, a new `serve` with
+    the same run name attaches instead of starting another, and every group started is posted."""
+    from temporal_rollouts.core.feed import FeedStatus
+
+    run = f"env-kill-{uuid.uuid4().hex[:6]}"
+    run_api = RunApiProcess(tmp_path / "run_api.log")
+    run_api.start()
+    try:
+        async with TrajectoryApi(run_api.url) as api:
+            await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)
+            fields = {"rollout_server_url": run_api.url, "run_name": run, "total_steps": 2, "max_staleness": 1,
+                      "env_config": {"steps": 1, "sleep_s": 3}}
+            first = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, **fields)
+            handle = client.get_workflow_handle(run)
+
+            async def status() -> FeedStatus:
+                return FeedStatus.model_validate(await handle.query("status"))
+
+            for _ in range(600):
+                try:
+                    if (await status()).rollouts_running > 0:
+                        break
+                except Exception:  # noqa: BLE001  (not started yet)
+                    pass
+                await asyncio.sleep(0.2)
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            in_flight = await status()
+            assert in_flight.rollouts_running > 0, "the run keeps going without its env process"
+            second = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, **fields)
+            batches = [await pull_batch(api, timeout_s=ENV_WAIT_S) for _ in range(2)]
+            await finish(second, tmp_path, "serve")
+        done = await status()
+    finally:
+        run_api.stop()
+    assert "attached to the running training run" in (tmp_path / "serve.log").read_text()
+    runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
+    assert len({w.run_id for w in runs}) >= 1 and len({w.id for w in runs}) == 1, "one run, not a second one"
+    figures = done.figures
+    assert figures.groups_started == figures.groups_posted and figures.dropped == {}, figures
+    assert sum(len(batch) for batch in batches) == 4
+    rollouts = [w async for w in client.list_workflows(f"RolloutBatchId = '{run}' AND WorkflowType = 'TrajectoryWorkflow'")]
+    assert len({w.id for w in rollouts}) == figures.rollouts_started - figures.rollouts_retried, "no rollout orphaned"

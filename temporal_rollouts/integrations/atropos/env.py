@@ -1,20 +1,22 @@
-"""An atroposlib `BaseEnv` whose rollouts are our durable Temporal workflows.
+"""An atroposlib `BaseEnv` whose work is a durable training feed and Temporal workflows.
 
     python -m temporal_rollouts.integrations.atropos.env serve    --env.task_env terminal_tasks --env.policy smol ...
     python -m temporal_rollouts.integrations.atropos.env process  --env.data_path_to_save_groups out/groups.jsonl ...
     python -m temporal_rollouts.integrations.atropos.env evaluate --env.data_dir_to_save_evals out/evals ...
 
-Each group is `group_size` `TrajectoryWorkflow`s started on the `rollouts` task queue,
-so `python worker.py` processes (anywhere) run them, a crashed worker costs one step,
-and the env process itself holds nothing but references. The finished group is read
-back from payload storage (transcripts, token traces) into a `ScoredDataGroup`, and
-atroposlib does the rest: `serve` posts it to `run-api`, `process` writes JSONL and
-HTML, `evaluate` writes metrics.
+`serve` starts the training run `run_name` (a `TrainingFeedWorkflow`, workflows/feed.py) or, when
+it already runs, attaches to it: the feed itself registers with `run-api`, keeps groups in flight
+within the staleness bound, resumes what the machinery failed and posts each group once, so this
+process holds nothing. Killed and started again, it finds the same run by name and loses nothing.
+It reports the run's figures (and to wandb), stops the run once the trainer has taken
+`total_steps` steps, and exits when the run ends. `process` runs a feed that writes
+`total_steps` groups to JSONL (the SFT-data path: a chat policy with a tokenizer gives
+template-rendered tokens and masks), then copies them to `data_path_to_save_groups` with
+Atropos' HTML view. `evaluate` runs `eval_items` rollouts at the eval temperature.
 
-The policy is named, not described: the workers resolve it from their own settings,
-so endpoints and keys never pass through Atropos flags or workflow histories. Training
-needs a token-level policy (`type = "sglang"` or `"vllm"`): a group whose rollouts
-carry no token trace is dropped with that reason.
+A mode that needs what the policy cannot give (token ids for `serve` and `process`) fails at
+start in one line. The policy is named, not described: the workers resolve it from their own
+settings, so endpoints and keys never pass through Atropos flags or workflow histories.
 """
 
 from __future__ import annotations
@@ -22,17 +24,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import shutil
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from pydantic import Field
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 from envs import get_env
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
 from temporal_rollouts.core.records import (
     RolloutLimits,
     Sampling,
@@ -40,20 +47,20 @@ from temporal_rollouts.core.records import (
     TrajectoryResult,
     failed_rollout_result,
 )
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.integrations.atropos.wandb_rollouts import rollouts_for_table
 from temporal_rollouts.runtime.temporal import connect
-from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.storage.objects import object_client
-from temporal_rollouts.storage.token_traces import TokenTraceStore
-from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.tools.toolsets import resolve_tools
 
 log = logging.getLogger("temporal_rollouts.atropos")
 
 UNUSED_SERVER = "http://127.0.0.1:9/v1"
 """atroposlib insists on an inference server config; ours are the workers' policies, so this one is never called."""
+POLICY_TOKENIZER = "policy"
+"""`tokenizer_name`'s default: the named policy's own tokenizer (never a model hub)."""
+WATCH_EVERY_S = 5.0
 
 
 class TemporalRolloutsEnvConfig(BaseEnvConfig):
@@ -72,26 +79,35 @@ class TemporalRolloutsEnvConfig(BaseEnvConfig):
     eval_items: int = Field(default=8, description="Items `evaluate` runs, one rollout each.")
     eval_temperature: float = Field(default=0.0, description="Sampling temperature during evaluate.")
     temporal_address: str | None = Field(default=None, description="Temporal frontend; the rollouts settings' when unset.")
+    run_name: str | None = Field(default=None, description="The training run (its workflow id); wandb_name when unset.")
+    max_staleness: int = Field(default=1, description="Trainer steps a posted token may lag (the feed's admission).")
+    stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="post, scores_only or drop a staler group.")
+    max_retries: int = Field(default=3, description="Runs a rollout gets after a machinery failure before its group is given up.")
+    groups_in_flight: int = Field(default=16, description="Groups whose rollouts run at once.")
 
 
 class TemporalRolloutsEnv(BaseEnv):
     name = "temporal_rollouts"
     env_config_cls = TemporalRolloutsEnvConfig
 
+    def __init__(self, config: TemporalRolloutsEnvConfig, server_configs: Any, slurm: bool = False,
+                 testing: bool = False) -> None:
+        if config.tokenizer_name == POLICY_TOKENIZER:  # atroposlib loads it now: the policy's, never a hub's
+            config = config.model_copy(update={"tokenizer_name": policy_tokenizer(Settings(), config.policy)})
+        super().__init__(config, server_configs, slurm=slurm, testing=testing)
+
     @classmethod
     def config_init(cls) -> tuple[TemporalRolloutsEnvConfig, list[APIServerConfig]]:
-        config = TemporalRolloutsEnvConfig(wandb_name=cls.name, max_token_length=8192, worker_timeout=-1)
+        config = TemporalRolloutsEnvConfig(wandb_name=cls.name, max_token_length=8192, worker_timeout=-1,
+                                           tokenizer_name=POLICY_TOKENIZER)
         return config, [APIServerConfig(model_name="unused", base_url=UNUSED_SERVER, api_key="unused", health_check=False)]
 
     async def setup(self) -> None:
         settings = Settings()
         if self.config.temporal_address:
             settings.temporal.address = self.config.temporal_address
-        objects = object_client(settings)
         self.settings = settings
-        self.client: Client = await connect(settings, objects=objects, start_embedded=False)
-        self.groups = GroupBuilder(TranscriptStore(objects, settings.storage.bucket),
-                                   TokenTraceStore(objects, settings.storage.bucket))
+        self.client: Client = await connect(settings, objects=object_client(settings), start_embedded=False)
         self.task_env = get_env(self.config.task_env, self.config.env_config)
         self.next_item = 0
         self.tool_error_buffer: list[dict[str, Any]] = []
@@ -102,19 +118,97 @@ class TemporalRolloutsEnv(BaseEnv):
         self.next_item += 1
         return item
 
-    async def collect_trajectories(self, item: Item) -> tuple[dict[str, Any] | None, list]:
-        results = await self._rollouts(item, self.config.group_size, self.config.agent_temperature, "train")
-        if results is None:
-            return None, []
-        if any(r.tokens is None for r in results):
-            log.error("group of %s dropped: policy %r gives no token ids (use an sglang or vllm policy to train)",
-                      item.id, self.config.policy)
-            return None, []
-        limit = self.max_token_len if self.max_token_len > 0 else self.config.max_token_length
-        # atroposlib drops a group holding a sequence of max_token_len tokens or more: cut below it
-        group = await self.groups.build(f"{item.id}/{uuid.uuid4().hex[:8]}", results, max_token_length=limit - 1)
-        self.tool_error_buffer.extend(group.metadata["tool_errors"]["errors"])
-        return group.for_api(), []
+    # ------------------------------------------------------------------ serve and process: a training feed
+
+    async def env_manager(self) -> None:
+        """`serve`: start (or attach to) the training run, watch it, stop it after `total_steps` trainer steps."""
+        await self.setup()
+        self._needs_tokens("serve")
+        await self.setup_wandb()
+        handle = await self._feed(FeedInput(**self._feed_fields(), api_url=self.config.rollout_server_url))
+        stop_sent = False
+        while True:
+            status = await _status(handle)
+            log.info("training run %s: %s", handle.id, _summary(status))
+            if self.config.use_wandb:
+                await self.wandb_log(_figures(status))
+            if status.phase == "done":
+                return
+            if not stop_sent and status.trainer.current_step >= self.config.total_steps > 0:
+                log.info("the trainer took %d steps (total_steps): draining %s", status.trainer.current_step, handle.id)
+                await handle.signal("stop")
+                stop_sent = True
+            await asyncio.sleep(WATCH_EVERY_S)
+
+    async def process_manager(self) -> None:
+        """`process`: a feed that writes `total_steps` groups to JSONL, copied to `data_path_to_save_groups`."""
+        from atroposlib.frontend.jsonl2html import generate_html
+
+        await self.setup()
+        self._needs_tokens("process")
+        run = self._run_name()
+        target = self.config.data_path_to_save_groups
+        if self.jsonl_writer is not None:  # atroposlib opened it; the feed's own file is copied here instead
+            self.jsonl_writer.close()
+            self.jsonl_writer = None
+        handle = await self._feed(FeedInput(**self._feed_fields(), sink="jsonl", output=f"{run}.jsonl",
+                                            max_groups=self.n_groups_to_process))
+        while (status := await _status(handle)).phase != "done":
+            log.info("process %s: %s", run, _summary(status))
+            await asyncio.sleep(WATCH_EVERY_S / 5)
+        log.info("process %s finished: %s", run, _summary(status))
+        if target and status.output and Path(status.output).exists():
+            shutil.copyfile(status.output, target)
+            generate_html(target)
+        elif target:
+            log.warning("the groups are in %s on the worker that wrote them, not here", status.output)
+
+    def _needs_tokens(self, mode: str) -> None:
+        endpoint = self.settings.policy_endpoint(self.config.policy)
+        if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+            name = self.config.policy or self.settings.default_policy
+            raise SystemExit(f"error: {mode} needs token ids, and policy {name!r} gives none: use a token-level "
+                             f"policy (type sglang or vllm), or give it a tokenizer (policies.{name}.tokenizer) for "
+                             "template-rendered tokens and masks")
+
+    def _run_name(self) -> str:
+        return self.config.run_name or self.config.wandb_name or self.name
+
+    def _feed_fields(self) -> dict[str, Any]:
+        config = self.config
+        env_config = dict(config.env_config)
+        if config.system_prompt:
+            env_config["system_prompt"] = config.system_prompt
+        return {
+            "env": config.task_env, "env_config": env_config, "policy": config.policy,
+            "tool_call_parser": config.tool_call_parser, "group_size": config.group_size,
+            "limits": RolloutLimits(max_turns=config.max_agent_turns, max_tool_calls=config.max_tool_calls,
+                                    context_tokens=config.max_token_length),
+            "sampling": Sampling(temperature=config.agent_temperature, max_tokens=config.agent_max_tokens),
+            "max_staleness": config.max_staleness, "stale_groups": config.stale_groups,
+            "max_retries": config.max_retries, "max_groups_in_flight": config.groups_in_flight,
+            "env_weight": max(config.inference_weight, 1e-6),
+        }
+
+    async def _feed(self, feed: FeedInput) -> WorkflowHandle:
+        """The run `run_name`: attached to when it runs (this process restarted), started otherwise."""
+        from temporal_rollouts.cli.train import start_feed
+
+        run = self._run_name()
+        handle = self.client.get_workflow_handle(run)
+        try:
+            described = await handle.describe()
+            if described.workflow_type == "TrainingFeedWorkflow" and described.status is not None and described.status.name == "RUNNING":
+                log.info("attached to the running training run %s", run)
+                return handle
+        except RPCError:
+            pass
+        try:
+            started = await start_feed(self.client, self.settings, run, feed)
+        except ConfigError as err:
+            raise SystemExit(f"error: {err.message}") from None
+        log.info("started the training run %s", run)
+        return started
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         started = time.time()
@@ -206,5 +300,42 @@ class TemporalRolloutsEnv(BaseEnv):
         return results if len(results) == count else None
 
 
+def policy_tokenizer(settings: Settings, policy: str | None) -> str:
+    """The tokenizer a policy names; without one, atroposlib would fetch its default from a model hub."""
+    endpoint = settings.policy_endpoint(policy)
+    if endpoint.tokenizer:
+        return endpoint.tokenizer
+    name = policy or settings.default_policy
+    raise SystemExit(f"error: policy {name!r} names no tokenizer: give it one (policies.{name}.tokenizer, a local "
+                     "folder) or pass --env.tokenizer_name")
+
+
+async def _status(handle: WorkflowHandle) -> FeedStatus:
+    try:
+        return FeedStatus.model_validate(await handle.query("status"))
+    except WorkflowFailureError as err:
+        raise SystemExit(f"error: the training run {handle.id} failed: {err.cause or err}") from None
+
+
+def _summary(status: FeedStatus) -> str:
+    f = status.figures
+    return (f"{status.phase}; groups {f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} "
+            f"posted, dropped {f.dropped or 0}; rollouts {f.rollouts_retried} resumed; trainer step "
+            f"{status.trainer.current_step}")
+
+
+def _figures(status: FeedStatus) -> dict[str, float]:
+    """The run's figures as wandb metrics (`feed/...`)."""
+    f = status.figures
+    metrics = {"feed/in_flight": status.in_flight, "feed/groups_posted": f.groups_posted, "feed/groups_stale": f.groups_stale,
+               "feed/groups_dropped": sum(f.dropped.values()), "feed/rollouts_retried": f.rollouts_retried,
+               "feed/tokens_posted": f.tokens_posted, "feed/tokens_generated": f.tokens_generated,
+               "feed/trainer_step": status.trainer.current_step}
+    if f.staleness:
+        metrics["feed/max_staleness_posted"] = max(int(k) for k in f.staleness)
+    return metrics
+
+
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     TemporalRolloutsEnv.cli()
