@@ -53,6 +53,7 @@ VIEW_MAX_AGE_S = 1.0
 """The trainer's step and queue are asked again before starting groups once this old (posts in between
 are counted into the queue here, so an older view never lets in a group the bound keeps out)."""
 CHECK_ROLLOUTS_S = 120.0
+MAX_BACKOFF_S = 300.0
 """How often rollouts that never told how they ended are looked for."""
 
 
@@ -141,6 +142,7 @@ class TrainingFeedWorkflow:
                 break
             if self._finished():
                 break
+            await self._resume_due()
             await self._start_groups()
             if workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new()
@@ -247,6 +249,19 @@ class TrainingFeedWorkflow:
             return
         self._state.inbox.append(result.model_copy(update={"run_id": handle.first_execution_run_id}))
 
+    async def _resume_due(self) -> None:
+        """Start again the rollouts whose wait after a machinery failure is over."""
+        now = workflow.time()
+        for group in list(self._state.groups.values()):
+            for index, when in sorted(group.resume_at.items()):
+                if when <= now:
+                    del group.resume_at[index]
+                    await self._start_rollout(group, index, resume_from=group.resume_from.pop(index, None))
+
+    def _next_resume_in(self) -> float | None:
+        due = [when for group in self._state.groups.values() for when in group.resume_at.values()]
+        return max(min(due) - workflow.time(), 0.0) if due else None
+
     async def _item(self, index: int) -> Item:
         input = self._input
         assert input is not None
@@ -283,8 +298,8 @@ class TrainingFeedWorkflow:
         group = state.groups.get(group_id)
         if group is None or index >= len(group.results) or group.results[index] is not None:
             return  # a group given up, or news already heard
-        if result.run_id is not None and result.run_id != group.runs[index]:
-            return  # an earlier run of a rollout that was resumed since
+        if group.runs[index] is None or (result.run_id is not None and result.run_id != group.runs[index]):
+            return  # an earlier run of a rollout that was resumed since, or waits to be
         figures = state.figures
         if not result.failed:
             group.results[index] = result
@@ -292,12 +307,14 @@ class TrainingFeedWorkflow:
             figures.tokens_generated += result.completion_tokens
             figures.turns_finished += result.turns
             return
-        figures.tokens_generated += result.completion_tokens
         if result.stop_reason in RETRIED_STOPS and group.attempts[index] <= input.max_retries:
             figures.rollouts_retried += 1
-            workflow.logger.info("resuming %s after %s", result.rollout_id, result.stop_reason.value)
-            await self._start_rollout(group, index, resume_from=result.run_id)
+            delay = min(input.retry_backoff_s * 2 ** (group.attempts[index] - 1), MAX_BACKOFF_S)
+            workflow.logger.info("resuming %s in %.0fs after %s", result.rollout_id, delay, result.stop_reason.value)
+            group.runs[index] = None
+            group.resume_at[index], group.resume_from[index] = workflow.time() + delay, result.run_id
             return
+        figures.tokens_generated += result.completion_tokens  # the work of a rollout given up, lost
         spent = "retries_spent" if result.stop_reason in RETRIED_STOPS else "failed"
         await self._give_up(group, f"{spent}:{result.stop_reason.value}")
 
@@ -393,11 +410,12 @@ class TrainingFeedWorkflow:
         if blocked and self._waiter is None:
             self._waiter = asyncio.ensure_future(self._trainer(TRAINER_WAIT_S, after_step=state.trainer.current_step))
         waiter = self._waiter
+        wait_s = min(CHECK_ROLLOUTS_S, self._next_resume_in() if self._next_resume_in() is not None else CHECK_ROLLOUTS_S)
         try:
             await workflow.wait_condition(
                 lambda: bool(state.inbox) or self._stop_now or (waiter is not None and waiter.done())
                 or (state.stopping and not state.groups),
-                timeout=timedelta(seconds=CHECK_ROLLOUTS_S),
+                timeout=timedelta(seconds=max(wait_s, 0.001)),
             )
         except asyncio.TimeoutError:
             pass

@@ -57,6 +57,10 @@ class FeedInput(BaseModel):
     )
     stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="What to do with a group that ends staler.")
     max_retries: int = Field(default=3, ge=0, description="Runs after the first a rollout gets for machinery failures.")
+    retry_backoff_s: float = Field(
+        default=10.0, ge=0, description="Wait before resuming a failed rollout, doubled each time (at most 5 minutes): "
+                                        "a model server that is down for a minute is waited out, not raced."
+    )
     max_groups: int = Field(default=0, ge=0, description="Stop after posting this many groups; 0 runs until stopped.")
     sink: Literal["atropos", "jsonl"] = Field(
         default="atropos", description="Post each group to run-api, or write it to `output` (SFT data, `process`).")
@@ -75,6 +79,8 @@ class GroupRun(BaseModel):
     results: list[TrajectoryResult | None]
     runs: list[str | None] = Field(description="The current run id of each rollout.")
     attempts: list[int] = Field(description="Runs each rollout has had.")
+    resume_at: dict[int, float] = Field(default_factory=dict, description="Rollouts waiting to be resumed: index -> when.")
+    resume_from: dict[int, str | None] = Field(default_factory=dict, description="...and the run each resumes from.")
     started_step: int = 0
 
 
