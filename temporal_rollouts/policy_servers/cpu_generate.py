@@ -46,6 +46,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from temporal_rollouts.policy_servers import smollm2
+from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.policy_servers.sampling import DEFAULT_WEIGHT_VERSION, BadRequest, TokenSampler
 from temporal_rollouts.policy_servers.weights import WeightsError
 from temporal_rollouts.policy_servers.wire import parse_sglang, parse_vllm, sglang_response, vllm_response
@@ -96,7 +97,7 @@ def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
     return model_path, None if version is None else str(version)
 
 
-def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
+def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None) -> Starlette:
     served: list[dict] = []
 
     async def health(request: Request) -> JSONResponse:
@@ -164,7 +165,8 @@ def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
             Route("/requests", requests),
             Route("/requests/reset", requests, methods=["POST"]),
         ],
-        middleware=[Middleware(BaseHTTPMiddleware, dispatch=bearer_token)],
+        middleware=[Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
+                    Middleware(BaseHTTPMiddleware, dispatch=bearer_token)],
     )
 
 
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
+                        help="another name the server is reached by (repeatable); any other Host header is refused")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
@@ -207,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     sampler = load_sampler(args.gguf or smollm2.require_gguf(), args.tokenizer_out, args.weights, args.weight_version)
     # The port opens only once the model is loaded: an open port means ready.
-    uvicorn.run(create_app(sampler, args.api_key), host=args.host, port=args.port, log_level="warning")
+    app = create_app(sampler, args.api_key, AllowedHosts.for_bind(args.host, args.allowed_hosts))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,11 @@ def test_one_address_means_that_address_and_star_means_any() -> None:
     assert AllowedHosts.for_bind("10.1.2.3").permits("10.1.2.3:9000")
     assert not AllowedHosts.for_bind("10.1.2.3").permits("localhost")
     assert AllowedHosts.for_bind("10.1.2.3", ["*"]).permits("anything.example")
+
+
+def test_the_demo_policy_refuses_another_host() -> None:
+    from temporal_rollouts.policy_servers.demo import build_app
+
+    with TestClient(build_app(), base_url="http://127.0.0.1:8765") as http:
+        assert http.get("/v1/models").status_code == 200
+        assert http.get("/v1/models", headers={"Host": "attacker.example"}).status_code == 421
