@@ -38,7 +38,7 @@ from temporalio.service import RPCError
 
 from envs import get_env
 from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
 from temporal_rollouts.core.records import (
     RolloutLimits,
@@ -51,6 +51,7 @@ from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.integrations.atropos.wandb_rollouts import rollouts_for_table
 from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.tools.toolsets import resolve_tools
 
@@ -112,6 +113,7 @@ class TemporalRolloutsEnv(BaseEnv):
         self.next_item = 0
         self.tool_error_buffer: list[dict[str, Any]] = []
         self.rng = random.Random()
+        self._sampled: str | None = None
 
     async def get_next_item(self) -> Item:
         item = self.task_env.load_items(1, offset=self.next_item)[0]
@@ -131,6 +133,7 @@ class TemporalRolloutsEnv(BaseEnv):
             status = await _status(handle)
             log.info("training run %s: %s", handle.id, _summary(status))
             if self.config.use_wandb:
+                await self._sample_for_wandb(handle.id)
                 await self.wandb_log(_figures(status))
             if status.phase == "done":
                 return
@@ -162,6 +165,19 @@ class TemporalRolloutsEnv(BaseEnv):
             generate_html(target)
         elif target:
             log.warning("the groups are in %s on the worker that wrote them, not here", status.output)
+
+    async def _sample_for_wandb(self, run: str) -> None:
+        """The group run-api received last, when it is this run's and new: a sample for the rollout table
+        (the run posts its groups itself, so this process sees them only there)."""
+        try:
+            async with TrajectoryApi(self.config.rollout_server_url) as api:
+                latest = await api.latest_group()
+        except RolloutError:
+            return
+        group_id = (latest.get("group_overrides") or {}).get("group_id", "")
+        if group_id.startswith(f"{run}/") and group_id != self._sampled:
+            self._sampled = group_id
+            await self.add_rollouts_for_wandb(latest)
 
     def _needs_tokens(self, mode: str) -> None:
         endpoint = self.settings.policy_endpoint(self.config.policy)
