@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import quiet  # noqa: E402
 from bench.procs import run_in_data_dir  # noqa: E402
 from bench.training_stack import POLICY, TrainingStack, training_stack  # noqa: E402
 from temporal_rollouts.core.feed import FeedInput, FeedStatus  # noqa: E402
@@ -119,7 +120,6 @@ async def orphans(stack: TrainingStack, run: str) -> int:
 
 
 async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
-    load_before = os.getloadavg()
     weights = data_dir / "weights"
     model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
     await asyncio.to_thread(save_weights, model, weights)  # the same weights, loaded as each new version
@@ -172,8 +172,7 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
         "mean_turns_finished": round(f.turns_finished / f.rollouts_finished, 3) if f.rollouts_finished else None,
         "mean_turns_posted": round(f.turns_posted / posted_rollouts, 3) if posted_rollouts else None,
         "weight_versions_loaded": trainer.versions_loaded, "trainer_steps": trainer.step, "kills": kills,
-        "model_outage_s": 20.0 if args.quick else 60.0, "wall_s": round(wall, 1),
-        "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
+        "model_outage_s": 20.0 if args.quick else 60.0, "wall_s": round(wall, 1), **args.host.report(),
     }
     print("\nrollouts: {rollouts_started} started, {rollouts_completed} completed, {rollouts_resumed} resumed, "
           "{rollouts_orphaned} orphaned".format(**report))
@@ -193,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=50, help="groups to post (x4 rollouts)")
     parser.add_argument("--quick", action="store_true", help="shorter chaos intervals and a 20 s outage")
     parser.add_argument("--keep", action="store_true", help="keep the data folder (logs) afterwards")
+    quiet.add_argument(parser)
     args = parser.parse_args(argv)
+    args.host = quiet.check_host(args.allow_busy)
     return run_in_data_dir("bench-feed-", args.keep, lambda data_dir: amain(data_dir, args))
 
 

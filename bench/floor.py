@@ -36,7 +36,9 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import quiet  # noqa: E402
 from bench.procs import cpu_seconds, host_cpu, run_in_data_dir, temporal_dev_server  # noqa: E402
+from bench.quiet import HostBefore  # noqa: E402
 from bench.runs import SLOT_STEPS, Tally, run_bounded  # noqa: E402
 
 FLOOR_QUEUE = "bench-floor"
@@ -111,7 +113,7 @@ class FloorRunner:
                                                   id=f"floor-batch-{uuid.uuid4().hex}", task_queue=FLOOR_QUEUE)
 
 
-async def amain(args, data_dir: Path) -> dict:
+async def amain(args, data_dir: Path, host: HostBefore) -> dict:
     figures: dict = {"cpus": os.cpu_count(), "steps": args.steps, "delay_s": args.delay, "levels": []}
     async with temporal_dev_server(data_dir) as (env, server_pid):
         async with FloorRunner(env.client, args.delay) as runner:
@@ -134,8 +136,9 @@ async def amain(args, data_dir: Path) -> dict:
                       f"{cpu['sdk']:23.2f}{sum(cpu.values()):7.2f}{100 * busy:10.0f}%", flush=True)
                 figures["levels"].append({"concurrency": n, "wall_s": round(wall, 2), "efficiency": round(eff, 3),
                                           "steps_per_s": round(steps / wall, 1),
-                                          "cpu_ms_per_step": {k: round(v, 2) for k, v in cpu.items()}})
-    return figures
+                                          "cpu_ms_per_step": {k: round(v, 2) for k, v in cpu.items()},
+                                          "host_busy": round(busy, 3)})
+    return figures | host.report()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="echo-like steps per rollout (2 x steps + 1 counted)")
     parser.add_argument("--delay", type=float, default=2.0, help="seconds each model turn sleeps")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs)")
+    quiet.add_argument(parser)
     args = parser.parse_args(argv)
+    host = quiet.check_host(args.allow_busy)
 
     async def measured(data_dir: Path) -> None:
-        print(json.dumps(await amain(args, data_dir)))
+        print(json.dumps(await amain(args, data_dir, host)))
 
     return run_in_data_dir("bench-floor-", args.keep, measured)
 

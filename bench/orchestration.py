@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import quiet  # noqa: E402
+from bench.quiet import HostBefore  # noqa: E402
 from bench.floor import FloorRunner  # noqa: E402
 from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import SLOT_STEPS, AsyncioRunner, Tally, TemporalRunner  # noqa: E402
@@ -121,7 +123,7 @@ def floor_figures(floor: Measured, temporal: Measured) -> dict:
     return {"cpu": total, "server": server, "sdk": sdk, "steps_per_s": floor.steps_per_s}
 
 
-def summary(rows: list[dict]) -> None:
+def summary(rows: list[dict], host: HostBefore) -> None:
     print("\n== summary (median runs)")
     print("  concurrency  asyncio steps/s  temporal steps/s  temporal/asyncio  cost ms/step  target")
     for r in rows:
@@ -136,7 +138,7 @@ def summary(rows: list[dict]) -> None:
     cpu = rows[-1]["cpu"]
     print(f"  {TARGET_STEPS_S:.0f} steps/s on {os.cpu_count()} CPUs leaves {budget:.1f} CPU-ms per step for every process; at "
           f"concurrency {rows[-1]['c']} the asyncio variant used {cpu['asyncio']:.1f}, the Temporal one {cpu['temporal']:.1f}")
-    print(json.dumps({"cpus": os.cpu_count(), "levels": rows}))
+    print(json.dumps({"cpus": os.cpu_count(), "levels": rows} | host.report()))
 
 
 async def amain(args, data_dir: Path) -> None:
@@ -166,7 +168,7 @@ async def run_levels(stack: Stack, runners: dict, args) -> None:
     counts = args.trajectories or [max(10, 2 * c) if not args.quick else max(5, c) for c in args.concurrency]
     counts = counts * len(args.concurrency) if len(counts) == 1 else counts
     rows = [await run_level(stack, runners, args, c, n) for c, n in zip(args.concurrency, counts, strict=True)]
-    summary(rows)
+    summary(rows, args.host)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -189,6 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 200, one wave each, 4 steps")
     parser.add_argument("--floor", action="store_true", help="also run bench/floor.py's no-op workflow of the same "
                         "shape: what Temporal alone costs per step")
+    quiet.add_argument(parser)
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or [1, 200]
     args.steps = args.steps or (4 if args.quick else 10)
@@ -200,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.host = quiet.check_host(args.allow_busy)
     return run_in_data_dir("bench-orchestration-", args.keep, lambda data_dir: amain(args, data_dir))
 
 

@@ -45,6 +45,7 @@ from temporalio.api.enums.v1 import TimeoutType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import quiet  # noqa: E402
 from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import limits_for  # noqa: E402
 from temporal_rollouts.core.records import BatchInput, BatchResult  # noqa: E402
@@ -289,6 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--acquire-rounds", type=int, default=200)
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs, databases)")
     parser.add_argument("--quick", action="store_true")
+    quiet.add_argument(parser)
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or ([10, 100] if args.quick else [10, 100, 500])
     args.steps = args.steps or (4 if args.quick else 10)
@@ -302,9 +304,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    host = quiet.check_host(args.allow_busy)
 
     async def measured(data_dir: Path) -> None:
-        print(json.dumps(await amain(args, data_dir)))
+        print(json.dumps(await amain(args, data_dir) | host.report()))
 
     return run_in_data_dir("bench-scale-", args.keep, measured)
 
