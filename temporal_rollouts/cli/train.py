@@ -19,11 +19,12 @@ import json
 from typing import Any
 
 from rich.console import Console
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.progress import root_cause
 from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
@@ -115,8 +116,17 @@ async def start_feed(client: Client, settings: Settings, name: str, feed: FeedIn
 
 
 async def feed_status(client: Client, name: str) -> FeedStatus:
-    await require_workflow(client, name, FEED)
-    return FeedStatus.model_validate(await client.get_workflow_handle(name).query("status", rpc_timeout=QUERY_TIMEOUT))
+    """The run's figures; a run that failed, or was terminated, is an error naming why."""
+    described = await require_workflow(client, name, FEED)
+    handle = client.get_workflow_handle(name)
+    if described.status not in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+        state = described.status.name.lower() if described.status else "gone"
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            raise ConfigError(f"training run {name} {state}: {root_cause(err)}") from None
+        raise ConfigError(f"training run {name} {state}")
+    return FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
 
 
 def format_feed(status: FeedStatus) -> str:
@@ -156,7 +166,10 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "list":
         return await _list(client, console)
     if args.train_command == "stop":
-        await require_workflow(client, args.name, FEED)
+        described = await require_workflow(client, args.name, FEED)
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            state = described.status.name.lower() if described.status else "gone"
+            raise ConfigError(f"training run {args.name} is not running (it is {state})")
         await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
         console.print(f"{'cancelling' if args.now else 'draining'} {args.name}: "
                       f"`rollouts train status {args.name}` shows when it is done")

