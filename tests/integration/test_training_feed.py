@@ -118,3 +118,79 @@ async def test_a_rollout_the_machinery_lost_is_resumed_and_its_group_posted_once
     assert (done.figures.groups_posted, done.figures.groups_duplicated) == (1, 0)
     runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}/g0/r0'")]
     assert len(runs) == 2, "the terminated run, and the one that resumed it"
+
+
+@pytest.fixture
+def demo_sft(settings: Settings, demo_policy, smollm2_server: GenerateServerProcess) -> Iterator[str]:
+    """The demo policy with a local tokenizer: template-rendered tokens, no model server to wait on."""
+    from temporal_rollouts.core.settings import ChatPolicy
+    from tests.support import TEMPLATES
+
+    settings.policies["demo-sft"] = ChatPolicy(base_url=f"{demo_policy.url}/v1", model="demo-policy",
+                                               tokenizer=str(smollm2_server.tokenizer_dir),
+                                               chat_template=str(TEMPLATES / "qwen2_5.jinja"))
+    yield "demo-sft"
+    settings.policies.pop("demo-sft", None)
+
+
+@pytest.mark.timeout(600)
+async def test_the_feed_continues_as_new_without_waiting_for_its_rollouts_and_loses_nothing(
+    settings: Settings, parts, demo_sft: str
+) -> None:
+    """On a server that suggests continue-as-new every 150 events, a run of 8 groups spans several runs
+    while rollouts are in flight: every group is written once, nothing is dropped."""
+    from temporalio.testing import WorkflowEnvironment
+
+    from temporal_rollouts.core import search_attributes as sa
+    from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, connect, fast_step_flags, temporal_binary
+    from temporal_rollouts.sinks.jsonl import read_groups
+    from worker import build_worker
+
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), search_attributes=sa.ALL,
+                                                dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 150}))
+    try:
+        own = settings.model_copy(update={"temporal": settings.temporal.model_copy(
+            update={"address": env.client.service_client.config.target_host})})
+        client = await connect(own, objects=parts.objects, start_embedded=False)
+        run = f"feed-can-{uuid.uuid4().hex[:6]}"
+        feed = FeedInput(env="echo_chain", env_config={"steps": 2, "sleep_s": 1}, policy=demo_sft, group_size=2,
+                         max_groups=8, max_groups_in_flight=3, sink="jsonl")
+        async with build_worker(client, parts):
+            handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run, task_queue=own.temporal.task_queue)
+            done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
+            runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
+    finally:
+        await env.shutdown()
+    assert len(runs) > 1, "the run continued as new"
+    figures = done.figures
+    assert (figures.groups_started, figures.groups_posted, figures.dropped) == (8, 8, {}), figures
+    groups = read_groups(Path(done.output))
+    assert len(groups) == 8 and len({g["metadata"]["group_id"] for g in groups}) == 8
+
+
+@pytest.mark.timeout(600)
+async def test_a_restarted_run_api_gets_the_run_registered_again_and_posting_goes_on(
+    client: Client, settings: Settings, demo_sft: str, tmp_path: Path
+) -> None:
+    run_api = RunApiProcess(tmp_path / "run_api.log")
+    run_api.start()
+    run = f"feed-restart-{uuid.uuid4().hex[:6]}"
+    try:
+        async with TrajectoryApi(run_api.url) as api:
+            await register_trainer(api, batch_size=2 * GROUP_SIZE, max_token_len=4096, checkpoint_dir=tmp_path)
+            feed = FeedInput(env="echo_chain", env_config={"steps": 1}, policy=demo_sft, group_size=GROUP_SIZE,
+                             api_url=run_api.url, max_staleness=1, max_groups=6)
+            handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run,
+                                                 task_queue=settings.temporal.task_queue)
+            before = await pull_batch(api, timeout_s=120)
+        run_api.stop()  # what run-api held is lost with it; the trainer and the run register again
+        run_api.start()
+        async with TrajectoryApi(run_api.url) as api:
+            await register_trainer(api, batch_size=2 * GROUP_SIZE, max_token_len=4096, checkpoint_dir=tmp_path)
+            after = await pull_batch(api, timeout_s=240)
+        done = await until(handle, lambda s: s.phase == "done" or s.figures.groups_posted == 6)
+    finally:
+        run_api.stop()
+    assert len(before) == len(after) == 2
+    assert {g["group_overrides"]["group_id"] for g in before}.isdisjoint(g["group_overrides"]["group_id"] for g in after)
+    assert done.figures.dropped == {} and done.trainer.env_id is not None
