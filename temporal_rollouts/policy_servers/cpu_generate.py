@@ -14,7 +14,8 @@ it, for the same reason, that its logprobs are exactly what a trainer recomputes
 Routes, as SGLang names and shapes them:
 
 - `POST /generate`: either shape; every answer carries the `weight_version` that
-  produced all of its tokens.
+  produced all of its tokens (and SGLang's `cached_tokens`: the prompt tokens reused
+  from the previous request, which the rollouts of one group share).
 - `POST /update_weights_from_disk` `{"model_path", "weight_version"?, "load_format"?, ...}`
   -> `{"success", "message", "num_paused_requests"}` (400 when `success` is false): load a
   `save_pretrained` folder or a `.safetensors` state dict of the same architecture and
