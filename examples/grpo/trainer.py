@@ -97,29 +97,48 @@ def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequen
     return found
 
 
+def shared_prefix(sequences: list[Sequence]) -> int:
+    """How many first tokens every sequence has in common, short of the first trainable one."""
+    first = min(sequence.trainable[0] for sequence in sequences)
+    shared = 0
+    while shared < first - 1 and len({sequence.tokens[shared] for sequence in sequences}) == 1:
+        shared += 1
+    return shared
+
+
 def token_logprobs(model, sequences: list[Sequence]) -> list[torch.Tensor]:
     """log p(token) at each sequence's trainable positions, from one padded forward pass.
 
-    Only those positions go through the output layer: a full vocabulary of logits for
-    every position of every sequence would cost more than the model itself."""
-    longest = max(len(s.tokens) for s in sequences)
+    The beginning the sequences share (a group's prompt) runs once: its keys and values
+    are computed a single time and repeated for every sequence. Only the positions that
+    predict trainable tokens go through the output layer: a full vocabulary of logits
+    at every position would cost more than the model itself."""
+    shared = shared_prefix(sequences)
+    cache = None
+    if shared:
+        prefix = torch.tensor([sequences[0].tokens[:shared]])
+        cache = model.base_model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(sequences))
+    longest = max(len(s.tokens) for s in sequences) - shared
     ids = torch.zeros(len(sequences), longest, dtype=torch.long)
-    attention = torch.zeros(len(sequences), longest, dtype=torch.long)
+    attention = torch.ones(len(sequences), shared + longest, dtype=torch.long)
     for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence.tokens)] = torch.tensor(sequence.tokens)
-        attention[row, : len(sequence.tokens)] = 1
-    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state
+        rest = sequence.tokens[shared:]
+        ids[row, : len(rest)] = torch.tensor(rest)
+        attention[row, shared + len(rest):] = 0
+    hidden = model.base_model(input_ids=ids, attention_mask=attention, past_key_values=cache,
+                              use_cache=cache is not None).last_hidden_state
     head = model.get_output_embeddings()
     found = []
     for row, sequence in enumerate(sequences):
-        at = torch.tensor(sequence.trainable)
+        at = torch.tensor(sequence.trainable) - shared
         logits = head(hidden[row, at - 1]).float()
         found.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[row, at, None])[:, 0])
     return found
 
 
 def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], *, clip: float = 0.2,
-               micro_batch: int = 4, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
+               micro_batch: int = 8, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
     """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`)."""
     started = time.monotonic()
     rewards = [score for group in groups for score in group["scores"]]

@@ -82,11 +82,28 @@ def test_tokens_whose_ratio_is_past_the_clip_teach_nothing(model) -> None:
         assert torch.equal(tensor, untouched[name]), f"{name} moved on clipped tokens"
 
 
-def test_padding_in_a_micro_batch_does_not_change_logprobs(model) -> None:
+def test_a_shared_prompt_and_padding_change_neither_logprobs_nor_gradients(model) -> None:
+    """A micro-batch runs its sequences' common prompt once and pads them to one length; each
+    must get what a plain full forward pass of it alone gives, gradients included."""
     short = Sequence(PROMPT + GOOD, [4, 5, 6], [], 0.0)
     long = Sequence(PROMPT + BAD, [4, 5, 6, 7, 8], [], 0.0)
-    with torch.no_grad():
-        together = token_logprobs(model, [short, long])
-        alone = [token_logprobs(model, [short])[0], token_logprobs(model, [long])[0]]
-    for a, b in zip(together, alone):
+    other_prompt = Sequence([3] + PROMPT[1:] + GOOD, [4, 5, 6], [], 0.0)
+    batches = [[short, long], [other_prompt, long]]
+
+    def plain(sequence: Sequence) -> torch.Tensor:
+        ids = torch.tensor([sequence.tokens])
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        at = torch.tensor(sequence.trainable)
+        return logprobs[at - 1].gather(-1, ids[0, at, None])[:, 0]
+
+    def with_gradient(logprobs: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        sum(lp.sum() for lp in logprobs).backward()
+        grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        model.zero_grad()
+        return [lp.detach() for lp in logprobs], grad
+
+    together, together_grad = with_gradient([lp for batch in batches for lp in token_logprobs(model, batch)])
+    apart, apart_grad = with_gradient([plain(sequence) for batch in batches for sequence in batch])
+    for a, b in zip(together, apart):
         assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(together_grad, apart_grad, atol=1e-5)
