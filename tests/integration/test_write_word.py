@@ -54,7 +54,8 @@ async def test_the_grader_scores_what_the_workspace_holds(
 def test_items_prompts_and_config() -> None:
     env = get_env("write_word")
     items = env.load_items(3, offset=env.item_count() - 1)
-    assert [item.id for item in items] == ["out-bridge", "answer-apple", "answer-river"], "the task set cycles"
+    assert [item.id for item in items] == ["note-bridge", "answer-apple", "word-river"], "the task set cycles"
+    assert len({item.id for item in env.load_items(env.item_count())}) == 64, "every (file, word) pair once"
     messages = env.prompt_messages(ITEM)
     assert [m.role for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert messages[-1].content == "Create the file answer.txt containing the word apple."
