@@ -48,7 +48,7 @@ IGNORE_INDEX = -100
 
 
 @dataclass
-class Sequence:
+class ScoredSequence:
     tokens: list[int]
     trainable: list[int]
     """Positions of the tokens the model generated (mask != -100)."""
@@ -82,10 +82,12 @@ def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
     return [(score - mean) / (std + eps) for score in scores]
 
 
-def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequence]:
+def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[ScoredSequence]:
     """The batch's sequences that carry a learning signal, each with its advantage."""
     found = []
     for group in groups:
+        if group.get("inference_logprobs") is None:
+            raise ValueError("a group without inference_logprobs: train on groups of a token-level policy")
         if len(set(group["scores"])) < 2:
             continue
         advantages = group_advantages(group["scores"], eps)
@@ -93,11 +95,11 @@ def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequen
                                                       advantages):
             trainable = [i for i, mask in enumerate(masks) if mask != IGNORE_INDEX and i > 0]
             if trainable:
-                found.append(Sequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
+                found.append(ScoredSequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
     return found
 
 
-def shared_prefix(sequences: list[Sequence]) -> int:
+def shared_prefix(sequences: list[ScoredSequence]) -> int:
     """How many first tokens every sequence has in common, short of the first trainable one."""
     first = min(sequence.trainable[0] for sequence in sequences)
     shared = 0
@@ -106,7 +108,7 @@ def shared_prefix(sequences: list[Sequence]) -> int:
     return shared
 
 
-def token_logprobs(model, sequences: list[Sequence]) -> list[torch.Tensor]:
+def token_logprobs(model, sequences: list[ScoredSequence]) -> list[torch.Tensor]:
     """log p(token) at each sequence's trainable positions, from one padded forward pass.
 
     The beginning the sequences share (a group's prompt) runs once: its keys and values
