@@ -1,7 +1,7 @@
 """The synchronous proof that the stack trains: a batch of rollouts, one GRPO step, the new
 weights served as the next version, repeat, with the reward printed at every step.
 
-    python -m examples.grpo.sync_loop --steps 25 --out runs/grpo-sync
+    python -m examples.grpo.sync_loop --steps 30 --out runs/grpo-sync
 
 It starts what a user would: the CPU policy server, and `python worker.py` on its own
 embedded dev server and local sandbox (ports and data folder of its own, under --out),
@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,6 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
@@ -171,12 +170,12 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/grpo-sync"), help="logs, rollouts, checkpoints, curve")
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--items", type=int, default=2, help="write_word tasks per step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2, help="torch threads, for the server and the trainer each")
     args = parser.parse_args(argv)

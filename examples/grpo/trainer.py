@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step, whole groups")
     parser.add_argument("--max-token-len", type=int, default=2048)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stats", type=Path, default=None, help="append each step's stats here")
