@@ -72,7 +72,8 @@ class StepStats:
     seconds: float
 
     def line(self) -> str:
-        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  tokens {self.tokens:5d}  "
+        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  "
+                f"tokens {self.tokens:5d}  "
                 f"|dlogp| mean {self.logprob_gap_mean:.1e} max {self.logprob_gap_max:.1e}  clipped {self.clipped:.2f}  "
                 f"{self.seconds:.0f}s")
 

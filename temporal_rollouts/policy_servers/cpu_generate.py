@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--tokenizer-out", type=Path, default=None,
                         help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
