@@ -23,8 +23,9 @@ Routes, as SGLang names and shapes them:
   says how requests in flight are kept whole).
 - `GET /get_weight_version` -> `{"weight_version"}`; `GET /get_model_info` (and newer
   SGLang's `/model_info`) -> model path, tokenizer path, `weight_version`, architecture.
-- `GET /health`; `GET /requests` lists what was asked and sampled (with the version),
-  `POST /requests/reset` empties it, so tests can check a client against the server.
+- `GET /health`; `GET /requests` lists what was asked and sampled (with the version) in
+  the last RECORDS_KEPT requests, `POST /requests/reset` empties it, so tests and the
+  GRPO example can check a client against the server.
 
 With `--api-key` every route but `/health` needs `Authorization: Bearer KEY`.
 """
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ UPDATE_FIELDS = {"model_path", "weight_version", "load_format", "abort_all_reque
                  "flush_cache", "torch_empty_cache", "recapture_cuda_graph", "token_step"}
 """SGLang's `UpdateWeightFromDiskReqInput`; the cache and CUDA-graph fields mean nothing on CPU."""
 LOAD_FORMATS = {None, "auto", "safetensors"}
+RECORDS_KEPT = 4096
+"""Requests `/requests` remembers, so a server that runs for days does not grow."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -98,7 +102,7 @@ def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
-    served: list[dict] = []
+    served: deque[dict] = deque(maxlen=RECORDS_KEPT)
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -106,7 +110,7 @@ def create_app(sampler: TokenSampler, api_key: str | None = None) -> Starlette:
     async def requests(request: Request) -> JSONResponse:
         if request.method == "POST":
             served.clear()
-        return JSONResponse(served)
+        return JSONResponse(list(served))
 
     async def generate(request: Request) -> JSONResponse:
         try:
