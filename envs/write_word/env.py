@@ -8,7 +8,8 @@ word in the right file: mean reward 0.15). That leaves room a tiny model climbs 
 tens of steps on two cores (0.98 after 30 steps in examples/grpo's run).
 
 The examples are assistant turns with calls and no tool results, so a chat API that
-demands a result after every call refuses the prompt; set `examples` to 0 for one.
+demands a result after every call refuses the prompt, and the demo policy (which reads
+the first user message) does not know the task; set `examples` to 0 for either.
 Run it with one model turn (`limits.max_turns = 1`): the turn's calls still run, then
 the rollout stops and is scored.
 

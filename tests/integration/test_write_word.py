@@ -1,19 +1,25 @@
 """The `write_word` env graded through the real sandbox server: each shaped reward for the
-workspace that earns it, written with the same `write_file` tool the model calls."""
+workspace that earns it, written with the same `write_file` tool the model calls; and whole
+rollouts through the worker with the demo policy."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
+from temporalio.client import Client
 
 from envs import get_env
 from temporal_rollouts.core.errors import BadItem, ConfigError
+from temporal_rollouts.core.records import BatchInput, RolloutLimits
+from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder
 from tests.support.sandbox import needs_bubblewrap
+from tests.support.waiting import batch_id
+from workflows.batch import BatchWorkflow
 
 pytestmark = [pytest.mark.slow, needs_bubblewrap]
 
@@ -66,3 +72,13 @@ def test_items_prompts_and_config() -> None:
         env.format_prompt(Item(id="answer-kiwi"))
     with pytest.raises(ConfigError, match="examples"):
         get_env("write_word", {"examples": 3})
+
+
+async def test_the_reference_call_scores_one_through_the_worker(client: Client, settings: Settings) -> None:
+    result = await client.execute_workflow(
+        BatchWorkflow.run,
+        BatchInput(env="write_word", env_config={"examples": 0}, num_items=3, group_size=1,
+                   limits=RolloutLimits(max_turns=1)),
+        id=batch_id("write-word"), task_queue=settings.temporal.task_queue,
+    )
+    assert (result.completed, result.mean_score, result.stop_reasons) == (3, 1.0, {"max_turns": 3})
