@@ -3,11 +3,13 @@
 Made for proving that RL on this stack trains (examples/grpo): SmolLM2-135M-Instruct
 almost never writes a tool call unprompted, but after two worked examples (earlier
 turns in which the assistant answered a request like this one with a `write_file`
-call) it writes a well-formed call about a third of the time, often with the wrong
-file or word. That leaves room a tiny model can climb in tens of steps on two cores.
+call) it writes a file in about a quarter of its tries (35 of 128, 9 of them the right
+word in the right file: mean reward 0.15). That leaves room a tiny model climbs in
+tens of steps on two cores (0.98 after 30 steps in examples/grpo's run).
 
 The examples are assistant turns with calls and no tool results, so a chat API that
-demands a result after every call refuses the prompt; set `examples` to 0 for one.
+demands a result after every call refuses the prompt, and the demo policy (which reads
+the first user message) does not know the task; set `examples` to 0 for either.
 Run it with one model turn (`limits.max_turns = 1`): the turn's calls still run, then
 the rollout stops and is scored.
 

@@ -1,8 +1,9 @@
 """The `write_word` task set: which word goes into which file, and the worked examples the
 prompt shows before the task.
 
-Items are every (file, word) pair of two short lists, in a fixed order, so a batch's
-`item_offset` walks through them and a run can be repeated. The worked examples use
+Items are every (file, word) pair of two short lists, in a fixed order in which
+neighbours differ in both, so a batch's `item_offset` walks through them, any stretch
+of steps sees every file, and a run can be repeated. The worked examples use
 files and words that no task uses, so copying an example never solves a task.
 """
 
@@ -33,8 +34,10 @@ class WriteWordTask(BaseModel):
 
 
 def all_tasks() -> list[WriteWordTask]:
-    """Every task, words varying fastest: consecutive items share a file but not a word."""
-    return [WriteWordTask(path=path, word=word) for path in FILES for word in WORDS]
+    """Every task once; item i has word i mod 16 and the files shifted by one every 16 items."""
+    count = len(FILES) * len(WORDS)
+    return [WriteWordTask(path=FILES[(i + i // len(WORDS)) % len(FILES)], word=WORDS[i % len(WORDS)])
+            for i in range(count)]
 
 
 def worked_examples(count: int) -> list[WriteWordTask]:

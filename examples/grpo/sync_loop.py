@@ -1,7 +1,7 @@
 """The synchronous proof that the stack trains: a batch of rollouts, one GRPO step, the new
 weights served as the next version, repeat, with the reward printed at every step.
 
-    python -m examples.grpo.sync_loop --steps 25 --out runs/grpo-sync
+    python -m examples.grpo.sync_loop --steps 30 --out runs/grpo-sync
 
 It starts what a user would: the CPU policy server, and `python worker.py` on its own
 embedded dev server and local sandbox (ports and data folder of its own, under --out),
@@ -20,11 +20,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,8 +47,6 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
@@ -70,53 +68,54 @@ def stack_environment(out: Path, server_url: str, slots: int) -> dict[str, str]:
     }
 
 
-def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+class Stack:
+    """The CPU policy server and `python worker.py` (which starts its embedded dev server and
+    sandbox), on ports of their own; `close` stops all of it, whatever state it is in."""
 
+    def __init__(self, out: Path, threads: int, slots: int) -> None:
+        self.out, self.threads = out, threads
+        self.port = free_port()
+        self.server_url = f"http://{HOST}:{self.port}"
+        shared = stack_environment(out, self.server_url, slots)
+        os.environ.update(shared)
+        self.settings = Settings()
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.processes: list[subprocess.Popen] = []
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def _start(self, argv: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "ab") as out:
+            self.processes.append(subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT))
+        return self.processes[-1]
 
-
-@asynccontextmanager
-async def stack(out: Path, threads: int, slots: int):
-    """The policy server and a worker; yields (settings, server url). Everything stops on the way out."""
-    port = free_port()
-    server_url = f"http://{HOST}:{port}"
-    shared = stack_environment(out, server_url, slots)
-    env = {**os.environ, **shared, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    server = start([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate", "--port", str(port),
-                    "--tokenizer-out", str(out / "tokenizer"), "--threads", str(threads)], out / "policy_server.log", env)
-    worker = None
-    settings = None
-    try:
-        wait_for_port(HOST, port, server, "the CPU policy server", out / "policy_server.log", wait_s=600)
-        worker_log = out / "worker.log"
-        worker = start([sys.executable, str(REPO / "worker.py")], worker_log, env)
+    def start(self) -> None:
+        server_log, worker_log = self.out / "policy_server.log", self.out / "worker.log"
+        server = self._start([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate",
+                              "--port", str(self.port), "--tokenizer-out", str(self.out / "tokenizer"),
+                              "--threads", str(self.threads)], server_log)
+        wait_for_port(HOST, self.port, server, "the CPU policy server", server_log, wait_s=600)
+        worker = self._start([sys.executable, str(REPO / "worker.py")], worker_log)
         deadline = time.monotonic() + 300
         while "worker polling task queue" not in worker_log.read_text(errors="replace"):
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the worker did not start; see {worker_log}")
-            await asyncio.sleep(0.5)
-        os.environ.update(shared)
-        settings = Settings()
-        yield settings, server_url
-    finally:
-        if worker is not None:
-            stop(worker)
-        if settings is not None:
-            stop_dev_server(settings)
-            backend = LocalBackend.from_settings(settings)
-            for container in await backend.list_containers():
-                await backend.stop_container(container.container_id)
-        stop(server)
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        stop_dev_server(self.settings)
+        asyncio.run(self._stop_sandboxes())
+
+    async def _stop_sandboxes(self) -> None:
+        backend = LocalBackend.from_settings(self.settings)
+        for container in await backend.list_containers():
+            await backend.stop_container(container.container_id)
 
 
 def served_versions(server_url: str) -> set[str]:
@@ -126,45 +125,43 @@ def served_versions(server_url: str) -> set[str]:
     return {record["weight_version"] for record in records}
 
 
-async def run(args: argparse.Namespace) -> None:
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
     torch.set_num_threads(args.threads)
     model = load_policy()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     curve: list[float] = []
     task_count = get_env("write_word").item_count()
-    async with stack(out, args.threads, args.items * args.group_size) as (settings, server_url):
-        client = await connect(settings, start_embedded=False)
-        served_versions(server_url)
-        for step in range(1, args.steps + 1):
-            started = time.monotonic()
-            batch = BatchInput(
-                env="write_word", num_items=args.items, group_size=args.group_size,
-                item_offset=((step - 1) * args.items) % task_count, policy="cpu",
-                max_concurrency=args.items * args.group_size,
-                sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
-                limits=RolloutLimits(max_turns=1),
-            )
-            handle = await start_batch(client, settings, batch, f"grpo-sync-{out.name}-{step:03d}-{int(time.time())}")
-            result: BatchResult = await handle.result()
-            rolled = time.monotonic()
-            versions = served_versions(server_url)
-            expected = "default" if step == 1 else str(step - 1)
-            if versions != {expected}:
-                raise RuntimeError(f"step {step}: tokens from versions {sorted(versions)}, expected only {expected}")
-            groups = read_groups(Path(result.output)) if result.output else []
-            stats = train_step(model, optimizer, groups, clip=args.clip)
-            trained = time.monotonic()
-            save_and_publish(model, out / "checkpoints", step, server_url)
-            published = time.monotonic()
-            curve.append(stats.mean_reward)
-            print(f"step {step:3d}  v{expected:>7}  {stats.line()}  rollouts {rolled - started:.0f}s  "
-                  f"publish {published - trained:.0f}s  failed {result.failed}", flush=True)
-            with open(out / "curve.jsonl", "a") as log:
-                log.write(json.dumps({"step": step, "served_version": expected, **asdict(stats),
-                                      "rollout_s": rolled - started, "publish_s": published - trained,
-                                      "failed": result.failed}) + "\n")
+    settings, server_url = stack.settings, stack.server_url
+    client = await connect(settings, start_embedded=False)
+    served_versions(server_url)
+    for step in range(1, args.steps + 1):
+        started = time.monotonic()
+        batch = BatchInput(
+            env="write_word", num_items=args.items, group_size=args.group_size,
+            item_offset=((step - 1) * args.items) % task_count, policy="cpu",
+            max_concurrency=args.items * args.group_size,
+            sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
+            limits=RolloutLimits(max_turns=1),
+        )
+        handle = await start_batch(client, settings, batch, f"grpo-sync-{out.name}-{step:03d}-{int(time.time())}")
+        result: BatchResult = await handle.result()
+        rolled = time.monotonic()
+        versions = served_versions(server_url)
+        expected = "default" if step == 1 else str(step - 1)
+        if versions != {expected}:
+            raise RuntimeError(f"step {step}: tokens from versions {sorted(versions)}, expected only {expected}")
+        groups = read_groups(Path(result.output)) if result.output else []
+        stats = train_step(model, optimizer, groups, clip=args.clip)
+        trained = time.monotonic()
+        save_and_publish(model, out / "checkpoints", step, server_url)
+        published = time.monotonic()
+        curve.append(stats.mean_reward)
+        print(f"step {step:3d}  v{expected:>7}  {stats.line()}  rollouts {rolled - started:.0f}s  "
+              f"publish {published - trained:.0f}s  failed {result.failed}", flush=True)
+        with open(out / "curve.jsonl", "a") as log:
+            log.write(json.dumps({"step": step, "served_version": expected, **asdict(stats),
+                                  "rollout_s": rolled - started, "publish_s": published - trained,
+                                  "failed": result.failed}) + "\n")
     if len(curve) >= 10:
         first, last = statistics.fmean(curve[:5]), statistics.fmean(curve[-5:])
         print(f"mean reward, first 5 steps {first:.3f}, last 5 steps {last:.3f} ({last - first:+.3f})")
@@ -173,15 +170,29 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/grpo-sync"), help="logs, rollouts, checkpoints, curve")
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--items", type=int, default=2, help="write_word tasks per step")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2, help="torch threads, for the server and the trainer each")
-    asyncio.run(run(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # raised at once, even mid-step, so `close` runs
+        signal.signal(signum, _interrupt)
+    stack = Stack(out, args.threads, args.items * args.group_size)
+    try:
+        stack.start()
+        asyncio.run(run(args, out, stack))
+    finally:
+        stack.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

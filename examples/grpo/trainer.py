@@ -48,7 +48,7 @@ IGNORE_INDEX = -100
 
 
 @dataclass
-class Sequence:
+class ScoredSequence:
     tokens: list[int]
     trainable: list[int]
     """Positions of the tokens the model generated (mask != -100)."""
@@ -72,7 +72,8 @@ class StepStats:
     seconds: float
 
     def line(self) -> str:
-        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  tokens {self.tokens:5d}  "
+        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  "
+                f"tokens {self.tokens:5d}  "
                 f"|dlogp| mean {self.logprob_gap_mean:.1e} max {self.logprob_gap_max:.1e}  clipped {self.clipped:.2f}  "
                 f"{self.seconds:.0f}s")
 
@@ -82,10 +83,12 @@ def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
     return [(score - mean) / (std + eps) for score in scores]
 
 
-def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequence]:
+def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[ScoredSequence]:
     """The batch's sequences that carry a learning signal, each with its advantage."""
     found = []
     for group in groups:
+        if group.get("inference_logprobs") is None:
+            raise ValueError("a group without inference_logprobs: train on groups of a token-level policy")
         if len(set(group["scores"])) < 2:
             continue
         advantages = group_advantages(group["scores"], eps)
@@ -93,33 +96,52 @@ def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Sequen
                                                       advantages):
             trainable = [i for i, mask in enumerate(masks) if mask != IGNORE_INDEX and i > 0]
             if trainable:
-                found.append(Sequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
+                found.append(ScoredSequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
     return found
 
 
-def token_logprobs(model, sequences: list[Sequence]) -> list[torch.Tensor]:
+def shared_prefix(sequences: list[ScoredSequence]) -> int:
+    """How many first tokens every sequence has in common, short of the first trainable one."""
+    first = min(sequence.trainable[0] for sequence in sequences)
+    shared = 0
+    while shared < first - 1 and len({sequence.tokens[shared] for sequence in sequences}) == 1:
+        shared += 1
+    return shared
+
+
+def token_logprobs(model, sequences: list[ScoredSequence]) -> list[torch.Tensor]:
     """log p(token) at each sequence's trainable positions, from one padded forward pass.
 
-    Only those positions go through the output layer: a full vocabulary of logits for
-    every position of every sequence would cost more than the model itself."""
-    longest = max(len(s.tokens) for s in sequences)
+    The beginning the sequences share (a group's prompt) runs once: its keys and values
+    are computed a single time and repeated for every sequence. Only the positions that
+    predict trainable tokens go through the output layer: a full vocabulary of logits
+    at every position would cost more than the model itself."""
+    shared = shared_prefix(sequences)
+    cache = None
+    if shared:
+        prefix = torch.tensor([sequences[0].tokens[:shared]])
+        cache = model.base_model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(sequences))
+    longest = max(len(s.tokens) for s in sequences) - shared
     ids = torch.zeros(len(sequences), longest, dtype=torch.long)
-    attention = torch.zeros(len(sequences), longest, dtype=torch.long)
+    attention = torch.ones(len(sequences), shared + longest, dtype=torch.long)
     for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence.tokens)] = torch.tensor(sequence.tokens)
-        attention[row, : len(sequence.tokens)] = 1
-    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state
+        rest = sequence.tokens[shared:]
+        ids[row, : len(rest)] = torch.tensor(rest)
+        attention[row, shared + len(rest):] = 0
+    hidden = model.base_model(input_ids=ids, attention_mask=attention, past_key_values=cache,
+                              use_cache=cache is not None).last_hidden_state
     head = model.get_output_embeddings()
     found = []
     for row, sequence in enumerate(sequences):
-        at = torch.tensor(sequence.trainable)
+        at = torch.tensor(sequence.trainable) - shared
         logits = head(hidden[row, at - 1]).float()
         found.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[row, at, None])[:, 0])
     return found
 
 
 def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], *, clip: float = 0.2,
-               micro_batch: int = 4, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
+               micro_batch: int = 8, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
     """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`)."""
     started = time.monotonic()
     rewards = [score for group in groups for score in group["scores"]]
@@ -213,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step, whole groups")
     parser.add_argument("--max-token-len", type=int, default=2048)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stats", type=Path, default=None, help="append each step's stats here")

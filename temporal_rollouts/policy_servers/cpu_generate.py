@@ -14,7 +14,8 @@ it, for the same reason, that its logprobs are exactly what a trainer recomputes
 Routes, as SGLang names and shapes them:
 
 - `POST /generate`: either shape; every answer carries the `weight_version` that
-  produced all of its tokens.
+  produced all of its tokens (and SGLang's `cached_tokens`: the prompt tokens reused
+  from the previous request, which the rollouts of one group share).
 - `POST /update_weights_from_disk` `{"model_path", "weight_version"?, "load_format"?, ...}`
   -> `{"success", "message", "num_paused_requests"}` (400 when `success` is false): load a
   `save_pretrained` folder or a `.safetensors` state dict of the same architecture and
@@ -22,8 +23,9 @@ Routes, as SGLang names and shapes them:
   says how requests in flight are kept whole).
 - `GET /get_weight_version` -> `{"weight_version"}`; `GET /get_model_info` (and newer
   SGLang's `/model_info`) -> model path, tokenizer path, `weight_version`, architecture.
-- `GET /health`; `GET /requests` lists what was asked and sampled (with the version),
-  `POST /requests/reset` empties it, so tests can check a client against the server.
+- `GET /health`; `GET /requests` lists what was asked and sampled (with the version) in
+  the last RECORDS_KEPT requests, `POST /requests/reset` empties it, so tests and the
+  GRPO example can check a client against the server.
 
 With `--api-key` every route but `/health` needs `Authorization: Bearer KEY`.
 """
@@ -34,6 +36,7 @@ import argparse
 import asyncio
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,8 @@ UPDATE_FIELDS = {"model_path", "weight_version", "load_format", "abort_all_reque
                  "flush_cache", "torch_empty_cache", "recapture_cuda_graph", "token_step"}
 """SGLang's `UpdateWeightFromDiskReqInput`; the cache and CUDA-graph fields mean nothing on CPU."""
 LOAD_FORMATS = {None, "auto", "safetensors"}
+RECORDS_KEPT = 4096
+"""Requests `/requests` remembers, so a server that runs for days does not grow."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -98,7 +103,7 @@ def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None) -> Starlette:
-    served: list[dict] = []
+    served: deque[dict] = deque(maxlen=RECORDS_KEPT)
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -106,7 +111,7 @@ def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts:
     async def requests(request: Request) -> JSONResponse:
         if request.method == "POST":
             served.clear()
-        return JSONResponse(served)
+        return JSONResponse(list(served))
 
     async def generate(request: Request) -> JSONResponse:
         try:
@@ -199,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--tokenizer-out", type=Path, default=None,
                         help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
                         help="another name the server is reached by (repeatable); any other Host header is refused")

@@ -17,6 +17,10 @@ What the numbers mean:
   logprob, as in both servers; only the text leaves it out (special tokens are skipped
   by default) and is cut before a matched stop string.
 
+Like SGLang's radix cache, but with one entry: the KV cache of the previous prompt is
+kept, and a request whose prompt starts the same way (the rollouts of one group share
+their whole prompt) computes only the rest; `cached_tokens` says how many it reused.
+
 Weight updates follow SGLang's `update_weights_from_disk`: one lock covers a whole
 request (all of its `n` samples) and a whole update, so an update waits for the
 request in flight, requests that arrive during the load wait for it, and no request
@@ -25,11 +29,13 @@ is ever served by two versions. The version that served a request is returned wi
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,6 +73,7 @@ class Sample:
     finish_type: str  # "stop" | "length"
     matched: int | str | None
     text: str
+    cached_tokens: int = 0
 
 
 class TokenSampler:
@@ -85,6 +92,8 @@ class TokenSampler:
         self.model_path = model_path
         self.weight_version = weight_version
         self.lock = threading.Lock()
+        self._last_prompt: tuple[list[int], Any] | None = None
+        """The previous prompt's ids and its KV cache, computed by the weights now served."""
         self.vocab_size = model.config.vocab_size
         self.context = getattr(model.config, "max_position_embeddings", None) or 2**31
         eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
@@ -118,24 +127,45 @@ class TokenSampler:
         raises `WeightsError` and leaves the served weights as they were."""
         with self.lock:
             load_into(self.model, read_state_dict(Path(model_path)))
+            self._last_prompt = None
             self.model_path = model_path
             if weight_version is not None:
                 self.weight_version = weight_version
 
-    def _sample_one(self, req: SamplingRequest, generator: torch.Generator) -> Sample:
+    def _prompt_cache(self, input_ids: list[int]) -> tuple[Any, int]:
+        """A KV cache of the longest prefix `input_ids` shares with the previous prompt (never
+        the whole prompt: its last token must run to give the first logits), and its length."""
         from transformers import DynamicCache
 
+        if self._last_prompt is None:
+            return DynamicCache(config=self.model.config), 0
+        previous, cache = self._last_prompt
+        shared = 0
+        for mine, theirs in zip(input_ids[:-1], previous):
+            if mine != theirs:
+                break
+            shared += 1
+        if shared == 0:
+            return DynamicCache(config=self.model.config), 0
+        cache = copy.deepcopy(cache)
+        if cache.get_seq_length() > shared:
+            cache.crop(shared - cache.get_seq_length())  # negative: tokens to drop, in every transformers version
+        return cache, shared
+
+    def _sample_one(self, req: SamplingRequest, generator: torch.Generator) -> Sample:
         limit = min(req.max_new_tokens, self.context - len(req.input_ids))
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos_ids)
         output_ids: list[int] = []
         logprobs: list[float] = []
         tops: list[list[tuple[int, float]]] = []
         finish_type, matched = "length", None
-        cache = DynamicCache(config=self.model.config)
-        step_input = torch.tensor([req.input_ids])
+        cache, cached = self._prompt_cache(req.input_ids)
+        step_input = torch.tensor([req.input_ids[cached:]])
         while len(output_ids) < limit:
             out = self.model(input_ids=step_input, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
+            if not output_ids:
+                self._last_prompt = (req.input_ids, copy.deepcopy(cache))
             logits = out.logits[0, -1].float()
             raw = torch.log_softmax(logits, dim=-1)
             token = self._draw(logits, req, generator)
@@ -157,7 +187,7 @@ class TokenSampler:
         text = self.tokenizer.decode(output_ids, skip_special_tokens=req.skip_special_tokens)
         if isinstance(matched, str) and matched in text:
             text = text[: text.index(matched)]
-        return Sample(output_ids, logprobs, tops, finish_type, matched, text)
+        return Sample(output_ids, logprobs, tops, finish_type, matched, text, cached)
 
     @staticmethod
     def _draw(logits: torch.Tensor, req: SamplingRequest, generator: torch.Generator) -> int:

@@ -11,6 +11,7 @@ its token embedding) follow the tensor they share storage with.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -67,14 +68,17 @@ def save_weights(model: torch.nn.Module, folder: Path) -> Path:
 
     transformers' `save_pretrained` refuses a model de-quantized from a GGUF, so the state
     dict is written with safetensors' `save_model` (tied tensors stored once). The file is
-    written beside the folder and moved in place, so a server never sees half a checkpoint.
+    written beside the folder and moved in place, so a server never sees half a checkpoint;
+    a folder of the same name (an earlier run's) is replaced.
     """
     from safetensors.torch import save_model
 
     folder = Path(folder)
     partial = folder.with_name(folder.name + ".partial")
-    partial.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     save_model(model, str(partial / f"model{SUFFIX}"))
+    shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     return folder
 

@@ -125,7 +125,7 @@ def sglang_response(req: SamplingRequest, samples: list[Sample], version: str, b
             "id": uuid.uuid4().hex,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(sample.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": sample.cached_tokens,
             "weight_version": version,
             "finish_reason": finish,
             "e2e_latency": elapsed_s,

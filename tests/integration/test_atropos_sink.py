@@ -24,14 +24,6 @@ from workflows.batch import BatchWorkflow
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def run_api(tmp_path_factory) -> Iterator[RunApiProcess]:
-    server = RunApiProcess(tmp_path_factory.mktemp("run_api") / "run_api.log")
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def atropos_settings(settings: Settings, run_api: RunApiProcess) -> Iterator[Settings]:
     before = settings.atropos.api_url

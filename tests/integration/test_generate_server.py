@@ -142,3 +142,22 @@ def test_a_request_without_input_ids_is_a_400(smollm2_server) -> None:
     response = post(smollm2_server, {"input_ids": [1, 2], "sampling_params": {"max_token": 4}})
     assert response.status_code == 400
     assert "max_token" in response.json()["error"]["message"]
+
+
+def test_a_prompt_shared_with_the_previous_request_is_reused_with_the_same_logprobs(
+    smollm2_server, smollm2_model, smollm2_tokenizer
+) -> None:
+    prompt = chat_ids(smollm2_tokenizer, "Name three colours.")
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0}, "return_logprob": True}
+    first, again = post(smollm2_server, body).json(), post(smollm2_server, body).json()
+    assert again["meta_info"]["cached_tokens"] == len(prompt) - 1, "all but the last prompt token reused"
+    assert again["output_ids"] == first["output_ids"]
+    logprobs = [entry[0] for entry in again["meta_info"]["output_token_logprobs"]]
+    assert_forward_logprobs(smollm2_model, prompt, again["output_ids"], logprobs)
+
+    longer = prompt + first["output_ids"]
+    body["input_ids"] = longer
+    continued = post(smollm2_server, body).json()
+    assert continued["meta_info"]["cached_tokens"] == len(prompt)
+    logprobs = [entry[0] for entry in continued["meta_info"]["output_token_logprobs"]]
+    assert_forward_logprobs(smollm2_model, longer, continued["output_ids"], logprobs)

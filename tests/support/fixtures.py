@@ -22,6 +22,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.servers.run_api import RunApiProcess
 from worker import Parts, build_worker
 
 
@@ -40,6 +41,15 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture(scope="session")
 def demo_policy(tmp_path_factory) -> Iterator[DemoPolicyProcess]:
     server = DemoPolicyProcess(tmp_path_factory.mktemp("policy") / "demo_policy.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def run_api(tmp_path_factory) -> Iterator[RunApiProcess]:
+    """Atropos' real trajectory API, one per test module (its queue and trainer are the module's)."""
+    server = RunApiProcess(tmp_path_factory.mktemp("run_api") / "run_api.log")
     server.start()
     yield server
     server.stop()

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from examples.grpo.trainer import (  # noqa: E402
     IGNORE_INDEX,
-    Sequence,
+    ScoredSequence,
     group_advantages,
     sequences_of,
     token_logprobs,
@@ -34,7 +34,7 @@ def model():
 
 
 def completion_logprob(model, completion: list[int]) -> float:
-    sequence = Sequence(PROMPT + completion, list(range(len(PROMPT), len(PROMPT) + len(completion))), [], 0.0)
+    sequence = ScoredSequence(PROMPT + completion, list(range(len(PROMPT), len(PROMPT) + len(completion))), [], 0.0)
     with torch.no_grad():
         return float(token_logprobs(model, [sequence])[0].sum())
 
@@ -46,7 +46,7 @@ def group(model, scores: list[float], completions: list[list[int]], shift: list[
     for index, completion in enumerate(completions):
         sequence = PROMPT + completion
         with torch.no_grad():
-            own = token_logprobs(model, [Sequence(sequence, list(range(len(PROMPT), len(sequence))), [], 0.0)])[0]
+            own = token_logprobs(model, [ScoredSequence(sequence, list(range(len(PROMPT), len(sequence))), [], 0.0)])[0]
         tokens.append(sequence)
         masks.append([IGNORE_INDEX] * len(PROMPT) + completion)
         logprobs.append([1.0] * len(PROMPT) + [v + (shift[index] if shift else 0.0) for v in own.tolist()])
@@ -82,11 +82,28 @@ def test_tokens_whose_ratio_is_past_the_clip_teach_nothing(model) -> None:
         assert torch.equal(tensor, untouched[name]), f"{name} moved on clipped tokens"
 
 
-def test_padding_in_a_micro_batch_does_not_change_logprobs(model) -> None:
-    short = Sequence(PROMPT + GOOD, [4, 5, 6], [], 0.0)
-    long = Sequence(PROMPT + BAD, [4, 5, 6, 7, 8], [], 0.0)
-    with torch.no_grad():
-        together = token_logprobs(model, [short, long])
-        alone = [token_logprobs(model, [short])[0], token_logprobs(model, [long])[0]]
-    for a, b in zip(together, alone):
+def test_a_shared_prompt_and_padding_change_neither_logprobs_nor_gradients(model) -> None:
+    """A micro-batch runs its sequences' common prompt once and pads them to one length; each
+    must get what a plain full forward pass of it alone gives, gradients included."""
+    short = ScoredSequence(PROMPT + GOOD, [4, 5, 6], [], 0.0)
+    long = ScoredSequence(PROMPT + BAD, [4, 5, 6, 7, 8], [], 0.0)
+    other_prompt = ScoredSequence([3] + PROMPT[1:] + GOOD, [4, 5, 6], [], 0.0)
+    batches = [[short, long], [other_prompt, long]]
+
+    def plain(sequence: ScoredSequence) -> torch.Tensor:
+        ids = torch.tensor([sequence.tokens])
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        at = torch.tensor(sequence.trainable)
+        return logprobs[at - 1].gather(-1, ids[0, at, None])[:, 0]
+
+    def with_gradient(logprobs: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        sum(lp.sum() for lp in logprobs).backward()
+        grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        model.zero_grad()
+        return [lp.detach() for lp in logprobs], grad
+
+    together, together_grad = with_gradient([lp for batch in batches for lp in token_logprobs(model, batch)])
+    apart, apart_grad = with_gradient([plain(sequence) for batch in batches for sequence in batch])
+    for a, b in zip(together, apart):
         assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(together_grad, apart_grad, atol=1e-5)

@@ -38,6 +38,11 @@ def test_saved_weights_load_back_and_stay_tied(tmp_path: Path) -> None:
         assert torch.equal(served.state_dict()[name], tensor), name
     assert served.head.weight is served.embed.weight
 
+    again = TiedModel(seed=3)
+    assert save_weights(again, tmp_path / "step-1") == folder, "an earlier run's checkpoint of that name is replaced"
+    load_into(served, read_state_dict(folder))
+    assert torch.equal(served.embed.weight, again.embed.weight)
+
 
 def test_one_safetensors_file_is_a_checkpoint_too(tmp_path: Path) -> None:
     source, served = TiedModel(seed=1), TiedModel(seed=2)

@@ -22,7 +22,8 @@ LOAD_WAIT_S = 600.0  # de-quantizing the GGUF takes ~30s on a busy two-core mach
 
 
 class GenerateServerProcess(LoopbackServer):
-    """`python -m temporal_rollouts.policy_servers.cpu_generate` on a free port; the port opens once the model is loaded."""
+    """`python -m temporal_rollouts.policy_servers.cpu_generate` on a free port; the port opens once the
+    model is loaded."""
 
     what = "the generate server"
 
@@ -62,6 +63,16 @@ def smollm2_server(smollm2_process: GenerateServerProcess) -> GenerateServerProc
     """The server, ready: its port opens once the model is loaded."""
     smollm2_process.wait_ready()
     return smollm2_process
+
+
+@pytest.fixture(scope="module")
+def own_smollm2_server(smollm2_gguf: Path, tmp_path_factory) -> Iterator[GenerateServerProcess]:
+    """A generate server of the module's own, ready, for tests that change the weights it serves."""
+    server = GenerateServerProcess(smollm2_gguf, tmp_path_factory.mktemp("own_generate_server"))
+    server.start()
+    server.wait_ready()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
