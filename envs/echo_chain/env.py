@@ -5,7 +5,9 @@ chain.log, so a run measures the machinery (model calls, tool calls, checkpoints
 not the task. The verifier demands each step exactly once and in order: a tool call
 executed twice scores 0. Config `sleep_s`, `setup_sleep_s` and `verify_sleep_s`
 stretch the tool calls, setup and verification, so tests can crash a worker mid-step;
-`output_chars` makes each call print that many more characters (long contexts).
+`output_chars` makes each call print that many more characters (long contexts);
+`stamp` makes each call also print the time in nanoseconds, so no two runs of it answer
+alike (a fork that replays them diverges).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class EchoChainEnv(Env):
         self.setup_sleep_s = _seconds(self.config, "setup_sleep_s")
         self.verify_sleep_s = _seconds(self.config, "verify_sleep_s")
         self.output_chars = int(_seconds(self.config, "output_chars"))
+        self.stamp = bool(self.config.get("stamp", False))
 
     def load_items(self, count: int, offset: int = 0) -> list[Item]:
         return [Item(id=f"echo-{offset + i}", data={"steps": self.steps}) for i in range(count)]
@@ -69,6 +72,8 @@ class EchoChainEnv(Env):
         command = f"echo step-{step} | tee -a {LOG}"
         if self.output_chars:
             command += f"; head -c {self.output_chars} /dev/zero | tr '\\0' x"
+        if self.stamp:
+            command += "; date +%s%N"
         return f"sleep {self.sleep_s:g}; {command}" if self.sleep_s else command
 
     async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:

@@ -1,0 +1,137 @@
+"""Forks after the fact and live branches, through the real worker, dev server, sandbox and demo policy.
+
+echo_chain is the witness: its verifier scores 1.0 only when chain.log holds every step once
+and in order, so a continuation scores only if its workspace was exactly the source's after
+turn K (steps 1..K) and it ran steps K+1.. itself; the demo policy's counters show which
+turns the model was asked for, so a prefix generated again would show.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from temporalio.client import Client
+
+from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.core.trees import RolloutTreeResult
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sinks.jsonl import read_groups
+from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.waiting import batch_id, leased_slots
+from workflows.batch import BatchWorkflow
+from workflows.trajectory import TrajectoryWorkflow
+
+STEPS = 4
+
+
+async def source_rollout(client: Client, settings: Settings, **fields) -> TrajectoryResult:
+    env_config = {"steps": STEPS, **fields.pop("env_config", {})}
+    return TrajectoryResult.model_validate(await client.execute_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="echo_chain", item=Item(id=f"echo-{uuid.uuid4().int % 10**6}"), env_config=env_config, **fields),
+        id=f"source-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
+    ))
+
+
+async def fork_of(client: Client, settings: Settings, source: str, at_turn: int, count: int, **options) -> RolloutTreeResult:
+    handle, _, _ = await start_fork(client, settings, source, at_turn, count, **options)
+    return RolloutTreeResult.model_validate(await handle.result())
+
+
+def requested_turns(demo_policy: DemoPolicyProcess) -> list[int]:
+    return sorted(t for turns in demo_policy.stats()["conversations"].values() for t in turns)
+
+
+async def test_a_fork_takes_over_the_first_turns_and_rebuilds_the_workspace_by_replay(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess, pool: SandboxPool, transcripts: TranscriptStore,
+) -> None:
+    source = await source_rollout(client, settings)
+    assert source.score == 1.0 and source.turns == STEPS + 1
+    demo_policy.reset()
+
+    tree = await fork_of(client, settings, source.rollout_id, 2, 3)
+
+    assert [r.score for r in tree.results] == [1.0, 1.0, 1.0], [r.stop_detail for r in tree.results]
+    root, *siblings = tree.results
+    assert root.fork and root.fork.parent == source.rollout_id and root.fork.workspace == "replay"
+    assert root.fork.replayed_calls == 2 and not root.fork.divergences
+    assert all(s.fork and s.fork.parent == root.rollout_id and s.fork.workspace == "copy" for s in siblings)
+    assert all(r.turns == STEPS + 1 and r.tool_calls == STEPS for r in tree.results)
+    assert requested_turns(demo_policy) == sorted([2, 3, 4] * 3), "turns 1 and 2 were not asked for again"
+    prefix = await transcripts.cut(source.transcript, 2)
+    for result in tree.results:
+        assert (await transcripts.cut(result.transcript, 2)).head == prefix.head, "the prefix is the source's own chain"
+        assert result.completion_tokens < source.completion_tokens
+    found = {e.id async for e in client.list_workflows(f"RolloutForkedFrom = '{source.rollout_id}'")}
+    assert found == {root.rollout_id}
+    described = await client.get_workflow_handle(siblings[0].rollout_id).describe()
+    assert described.typed_search_attributes.get(sa.FORK_TURN) == 2
+    assert await leased_slots(pool) == []
+
+
+async def test_a_fork_restores_the_snapshot_of_its_turn_when_the_source_kept_them(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess,
+) -> None:
+    source = await source_rollout(client, settings, snapshot_turns=True)
+    tree = await fork_of(client, settings, source.rollout_id, 3, 1)
+    (result,) = tree.results
+    assert result.score == 1.0 and result.fork and result.fork.workspace == "snapshot" and result.fork.replayed_calls == 0
+
+
+async def test_a_replay_that_answers_differently_stops_before_the_model_runs_unless_allowed(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess, pool: SandboxPool,
+) -> None:
+    source = await source_rollout(client, settings, env_config={"stamp": True})
+    demo_policy.reset()
+
+    (diverged,) = (await fork_of(client, settings, source.rollout_id, 2, 1)).results
+    assert diverged.stop_reason is StopReason.FORK_DIVERGED and diverged.fork
+    assert [d.turn for d in diverged.fork.divergences] == [1, 2] and "allow_divergence" in diverged.stop_detail
+    assert demo_policy.stats()["total"] == 0, "the model was not asked for anything"
+    with_divergence = await fork_of(client, settings, source.rollout_id, 2, 2, allow_divergence=True)
+    assert [r.score for r in with_divergence.results] == [1.0, 1.0]
+    assert await leased_slots(pool) == []
+
+
+async def test_a_batch_branches_live_and_its_group_carries_the_tree(
+    client: Client, settings: Settings, pool: SandboxPool, transcripts: TranscriptStore,
+) -> None:
+    batch = BatchInput(env="echo_chain", env_config={"steps": STEPS}, num_items=1, group_size=2,
+                       branch={"at_turns": [1, 3], "factor": 2})
+    result = await client.execute_workflow(BatchWorkflow.run, batch, id=batch_id("branch"),
+                                           task_queue=settings.temporal.task_queue)
+
+    assert result.completed == 8 and result.failed == 0 and result.total == 8, result
+    (group,) = read_groups(Path(result.output))
+    assert group["scores"] == [1.0] * 8
+    nodes = {o["rollout_id"]: o for o in group["overrides"]}
+    roots = [r for r, o in nodes.items() if o["parent"] is None]
+    assert len(roots) == 2 and sorted(o["branch_turn"] for o in nodes.values() if o["parent"]) == [1, 1, 3, 3, 3, 3]
+    assert all(o["parent"] in nodes for o in nodes.values() if o["parent"])
+    points = group["group_overrides"]["tree"]["branch_points"]
+    assert len(points) == 6 and group["group_overrides"]["tree"]["prefix_tokens"] == "once"
+    children = [TrajectoryResult.model_validate(await client.get_workflow_handle(r).result())
+                for r, o in nodes.items() if o["parent"]]
+    assert all(c.fork and c.fork.workspace == "copy" for c in children)
+    for child in children:
+        parent = TrajectoryResult.model_validate(await client.get_workflow_handle(child.fork.parent).result())
+        turn = child.fork.at_turn
+        assert (await transcripts.cut(child.transcript, turn)).head == (await transcripts.cut(parent.transcript, turn)).head
+    assert await leased_slots(pool) == []
+
+
+async def test_a_fork_of_a_turn_the_rollout_never_reached_is_refused(client: Client, settings: Settings) -> None:
+    source = await source_rollout(client, settings)
+    try:
+        await start_fork(client, settings, source.rollout_id, STEPS + 3, 2)
+    except Exception as err:  # noqa: BLE001
+        assert "fork at a turn from 0 to 5" in str(err)
+    else:
+        raise AssertionError("a fork past the last turn started")
+
