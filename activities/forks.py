@@ -125,10 +125,12 @@ class ForkActivities:
         with activity_boundary():
             started = time.monotonic()
             in_place = input.source.container_id == input.target.container_id
-            try:
-                moved = await heartbeating(self._copy(input, in_place))
-            except LeaseLost:  # the parent has released its slot: it has long stopped waiting
-                moved = None
+            moved = None
+            if not (in_place and input.source.slot == input.target.slot):  # else the parent's slot is ours now
+                try:
+                    moved = await heartbeating(self._copy(input, in_place))
+                except LeaseLost:  # the parent has released its slot: it has long stopped waiting
+                    pass
             copied = moved is not None and await self._still_awaited(input)
             _, turns = await self._transcripts.recorded_turns(input.prefix)
             outcome = CopyOutcome(copied=copied, in_place=in_place, bytes=moved or 0, session_used=session_used(turns),

@@ -168,10 +168,10 @@ def create_app(
 
     async def copy(request: Request) -> BaseModel:
         body = await _parse(request, CopyRequest)
-        if body.source_slot == body.slot:
-            raise BadToolRequest("a slot's workspace cannot be copied onto itself")
         source = manager.leased_slot(body.source_slot, body.source_lease_id)
         target = manager.leased_slot(body.slot, body.lease_id)
+        if source is target:
+            raise BadToolRequest("a slot's workspace cannot be copied onto itself")
         return await transfer.copy_workspace(source, target, body.max_bytes, manager.owner(body.slot))
 
     async def list_files(request: Request) -> BaseModel:

@@ -13,17 +13,19 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.cli.fork import find_fork_point, start_fork
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.forks import BranchPlan, ForkSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.core.trees import RolloutTreeResult
 from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.schema import SlotRef
 from temporal_rollouts.sinks.jsonl import read_groups
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import batch_id, leased_slots
+from tests.support.waiting import batch_id, leased_slots, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -135,3 +137,56 @@ async def test_a_fork_of_a_turn_the_rollout_never_reached_is_refused(client: Cli
     else:
         raise AssertionError("a fork past the last turn started")
 
+
+
+async def test_a_branch_that_cannot_copy_its_parent_restores_the_turn_snapshot_or_replays(
+    client: Client, settings: Settings, pool: SandboxPool,
+) -> None:
+    """A branch whose parent's slot is gone (the parent stopped waiting and released it) falls back."""
+    for kept in (True, False):
+        source = await source_rollout(client, settings, snapshot_turns=kept)
+        point = await find_fork_point(client, settings, source.rollout_id, 2)
+        container = (await pool.fleet.refresh())[0].container_id
+        gone = SlotRef(container_id=container, slot=0, lease_id="released-long-ago")
+        fork = ForkSpec(source=source.rollout_id, source_run=point.source_run, at_turn=2, prefix=point.prefix,
+                        copy_from=gone)
+        result = TrajectoryResult.model_validate(await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(env="echo_chain", item=Item(id=source.item_id), env_config={"steps": STEPS}, fork=fork),
+            id=f"late-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
+        ))
+        assert result.score == 1.0 and result.fork
+        assert result.fork.workspace == ("snapshot" if kept else "replay")
+
+
+async def test_a_parent_that_waits_too_long_saves_its_workspace_for_the_late_branches(
+    client: Client, settings: Settings, pool: SandboxPool,
+) -> None:
+    """The parent's tree here is a rollout that never starts branches (it sits in setup), so the parent
+    waits out copy_wait_s, saves its workspace and goes on; a branch that comes later restores that."""
+    queue = settings.temporal.task_queue
+    idle = await client.start_workflow(
+        TrajectoryWorkflow.run, TrajectoryInput(env="echo_chain", item=Item(id="echo-5"), env_config={"setup_sleep_s": 60}),
+        id=f"idle-tree-{uuid.uuid4().hex[:6]}", task_queue=queue)
+    try:
+        parent = await source_rollout(client, settings, branch=BranchPlan(at_turns=[2], factor=2, tree=idle.id,
+                                                                          copy_wait_s=1.0))
+    finally:
+        await idle.cancel()
+    (record,) = parent.branches
+    assert parent.score == 1.0 and record.snapshot and record.copied == []
+    point = await find_fork_point(client, settings, parent.rollout_id, 2)
+    container = (await pool.fleet.refresh())[0].container_id
+    fork = ForkSpec(source=parent.rollout_id, source_run=point.source_run, at_turn=2, prefix=point.prefix,
+                    copy_from=SlotRef(container_id=container, slot=0, lease_id="the-parents-lease-is-gone"))
+    late = TrajectoryResult.model_validate(await client.execute_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="echo_chain", item=Item(id=parent.item_id), env_config={"steps": STEPS}, fork=fork),
+        id=record.children[0], task_queue=queue,
+    ))
+    assert late.score == 1.0 and late.fork and late.fork.workspace == "snapshot"
+    await wait_until(lambda: _no_leases(pool), timeout_s=15)
+
+
+async def _no_leases(pool: SandboxPool) -> bool:
+    return await leased_slots(pool) == []
