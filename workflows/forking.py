@@ -97,7 +97,7 @@ class Forking:
         source: WorkspaceSource | None = None
         in_place = False
         snapshot, session_used, report, meta = self._snapshot, prefix.session_used, None, prefix.setup_meta
-        copy_from = fork.copy_from if not input.resume_from_run else None
+        copy_from = fork.copy_from  # on a resume too: the copy then finds its parent gone on, and falls back
         if copy_from is not None:
             outcome = None
             try:

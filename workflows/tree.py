@@ -6,7 +6,8 @@ names as children too, each a fork of the parent at that turn that copies the pa
 live workspace while the parent waits. The tree ends once every rollout in it has ended
 and returns all their results, failed ones included, roots first. A batch runs one per
 item when it branches, `rollouts fork` one per fork, and a training feed can run one per
-group the same way (`execute_child_workflow(RolloutTreeWorkflow.run, RolloutTreeInput(...))`).
+group the same way (`execute_child_workflow(RolloutTreeWorkflow.run, RolloutTreeInput(...))`, or
+started abandoned with `notify`, which it signals its result when it ends).
 
 Gathered again (`resume`), it keeps every rollout that was scored, resumes the others, and
 walks each rollout's recorded branch points to find the branches an earlier run started.
@@ -27,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.core.forks import BRANCH_REQUESTED, BranchPlan, BranchRequest, ForkSpec
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult
-    from temporal_rollouts.core.trees import RolloutTreeInput, RolloutTreeResult, TreeNode
+    from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult, TreeNode
     from workflows import params
     from workflows.children import result_from_failure, rollout_attributes
     from workflows.trajectory import TrajectoryWorkflow
@@ -83,8 +84,11 @@ class RolloutTreeWorkflow:
                 task.cancel()
             await asyncio.gather(*self._running.values(), return_exceptions=True)
             raise
-        return RolloutTreeResult(results=[task.result() for task in self._running.values()],
+        tree = RolloutTreeResult(results=[task.result() for task in self._running.values()],
                                  nodes=list(self._nodes.values()))
+        if input.notify:
+            await _tell(input.notify, tree)
+        return tree
 
     def _all_done(self) -> bool:
         return all(task.done() for task in self._running.values())
@@ -135,3 +139,11 @@ class RolloutTreeWorkflow:
             for child in record.children:
                 if child not in self._nodes:
                     self._start(child, None, earlier.rollout_id, record.turn)
+
+
+async def _tell(workflow_id: str, tree: RolloutTreeResult) -> None:
+    """Signal the workflow that started this tree with its result; one that is gone is logged, not this tree's failure."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(ROLLOUT_TREE_FINISHED, tree)
+    except Exception as err:  # noqa: BLE001
+        workflow.logger.warning("could not tell %s that tree %s ended: %s", workflow_id, workflow.info().workflow_id, err)

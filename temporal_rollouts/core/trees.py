@@ -13,6 +13,10 @@ from temporal_rollouts.core.forks import BranchSpec
 from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult
 
 
+ROLLOUT_TREE_FINISHED = "rollout_tree_finished"
+"""The signal a tree started with `notify` sends that workflow when it ends, carrying its RolloutTreeResult."""
+
+
 class RolloutTreeInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -20,6 +24,10 @@ class RolloutTreeInput(BaseModel):
     root_ids: list[str] = Field(min_length=1, description="Workflow ids of the roots; their branches are named after them.")
     branch: BranchSpec | None = Field(default=None, description="Where the roots and their branches branch.")
     resume: bool = Field(default=False, description="Gather an earlier run again: keep scored rollouts, resume failed ones.")
+    notify: str | None = Field(
+        default=None, description="Workflow id told when the tree ends (signal `rollout_tree_finished`, with the "
+                                  "RolloutTreeResult): a training feed that does not wait on its children.",
+    )
 
 
 class TreeNode(BaseModel):

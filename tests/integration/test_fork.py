@@ -15,11 +15,11 @@ from temporalio.client import Client
 
 from temporal_rollouts.cli.fork import find_fork_point, start_fork
 from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.forks import BranchPlan, ForkSpec
+from temporal_rollouts.core.forks import BranchPlan, BranchSpec, ForkSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
-from temporal_rollouts.core.trees import RolloutTreeResult
+from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import SlotRef
 from temporal_rollouts.sinks.jsonl import read_groups
@@ -28,6 +28,7 @@ from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import batch_id, leased_slots, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
+from workflows.tree import RolloutTreeWorkflow
 
 STEPS = 4
 
@@ -190,3 +191,25 @@ async def test_a_parent_that_waits_too_long_saves_its_workspace_for_the_late_bra
 
 async def _no_leases(pool: SandboxPool) -> bool:
     return await leased_slots(pool) == []
+
+
+async def test_a_tree_started_with_notify_signals_its_result_to_that_workflow(client: Client, settings: Settings) -> None:
+    """How a training feed that does not wait on its children learns that a tree ended."""
+    queue = settings.temporal.task_queue
+    feed = await client.start_workflow(
+        TrajectoryWorkflow.run, TrajectoryInput(env="echo_chain", item=Item(id="echo-6"), env_config={"setup_sleep_s": 60}),
+        id=f"feed-stand-in-{uuid.uuid4().hex[:6]}", task_queue=queue)
+    try:
+        rollout = TrajectoryInput(env="echo_chain", item=Item(id="echo-7"), env_config={"steps": 2})
+        tree = RolloutTreeResult.model_validate(await client.execute_workflow(
+            RolloutTreeWorkflow.run,
+            RolloutTreeInput(rollout=rollout, root_ids=[f"notified-{uuid.uuid4().hex[:6]}"], notify=feed.id,
+                             branch=BranchSpec(at_turns=[1], factor=2)),
+            id=f"tree-{uuid.uuid4().hex[:6]}", task_queue=queue))
+        assert [r.score for r in tree.results] == [1.0, 1.0]
+        history = await feed.fetch_history()
+        signals = [e.workflow_execution_signaled_event_attributes.signal_name for e in history.events
+                   if e.HasField("workflow_execution_signaled_event_attributes")]
+        assert signals == [ROLLOUT_TREE_FINISHED]
+    finally:
+        await feed.cancel()
