@@ -106,8 +106,8 @@ class Forking:
                     child=workflow.info().workflow_id, prefix=prefix.transcript,
                 ), params.COPY_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
             finally:
-                await _signal(fork.source, fork.source_run, BRANCH_COPIED, BranchCopied(child=workflow.info().workflow_id,
-                                                                       ok=bool(outcome and outcome.copied)))
+                note = BranchCopied(child=workflow.info().workflow_id, ok=bool(outcome and outcome.copied))
+                await _signal(fork.source, fork.source_run, BRANCH_COPIED, note)
             source = "copy" if outcome.copied else None
             in_place = outcome.copied and outcome.in_place
             snapshot, session_used = outcome.fallback_snapshot, outcome.session_used
