@@ -31,6 +31,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.envs import EnvActivities
 from activities.feed import FeedActivities
+from activities.fork_points import ForkPoints
+from activities.forks import ForkActivities
 from activities.llm import LlmActivities
 from activities.pool import PoolActivities
 from activities.resume import ResumeActivities
@@ -59,10 +61,11 @@ from workflows.batch import BatchWorkflow
 from workflows.feed import TrainingFeedWorkflow
 from workflows.pool import SlotPoolMaintenanceWorkflow
 from workflows.trajectory import TrajectoryWorkflow
+from workflows.tree import RolloutTreeWorkflow
 
 log = logging.getLogger("temporal_rollouts.worker")
 
-WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, TrainingFeedWorkflow, SlotPoolMaintenanceWorkflow]
+WORKFLOWS = [BatchWorkflow, TrajectoryWorkflow, RolloutTreeWorkflow, TrainingFeedWorkflow, SlotPoolMaintenanceWorkflow]
 
 
 class Parts:
@@ -90,6 +93,8 @@ def build_activities(client: Client, parts: Parts) -> list:
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
     feed = FeedActivities(settings, client, GroupBuilder(transcripts, parts.traces))
+    fork_points = ForkPoints(client, transcripts, parts.traces, parts.objects, settings.storage.bucket)
+    forks = ForkActivities(client, pool, transcripts, parts.objects, settings.storage)
     return [
         EnvActivities(settings).load_items,
         slots.acquire_slot,
@@ -103,6 +108,10 @@ def build_activities(client: Client, parts: Parts) -> list:
         resume.load_resume_point,
         resume.rollout_outcome,
         resume.await_rollout,
+        resume.started_input,
+        fork_points.load_fork_point,
+        forks.copy_workspace,
+        forks.replay_tool_calls,
         sinks.open_sink,
         sinks.write_group,
         PoolActivities(pool, client, snapshots, settings.sandbox).maintain_slot_pool,

@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
-from temporal_rollouts.core.records import TrajectoryResult, failed_rollout_result
+from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult, failed_rollout_result
 from temporal_rollouts.core.settings import StorageSettings
 from temporal_rollouts.storage.snapshots import snapshot_key
 
@@ -110,3 +110,14 @@ class ResumeActivities:
                     return outcome
                 activity.heartbeat()
                 await asyncio.sleep(POLL_S)
+
+    @activity.defn(name="started_input")
+    @checked_input
+    async def started_input(self, input: RunRef) -> TrajectoryInput:
+        """The input a rollout's first run was started with (a branch's own, which only its history holds)."""
+        with activity_boundary():
+            handle = self._client.get_workflow_handle(input.workflow_id, run_id=input.run_id)
+            history = await handle.fetch_history()
+            payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+            [started] = await self._client.data_converter.decode(payloads, [TrajectoryInput])
+            return started.model_copy(update={"resume_from_run": None})

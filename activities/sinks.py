@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
+from temporal_rollouts.core.forks import PrefixTokens
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
 from temporal_rollouts.core.settings import Settings
@@ -38,6 +39,7 @@ class WriteGroupInput(BaseModel):
     sink: Literal["jsonl", "atropos"] = "jsonl"
     max_token_length: int = 0
     policy: str | None = Field(default=None, description="The batch's policy: a chat policy with a tokenizer renders SFT tokens.")
+    prefix_tokens: PrefixTokens | None = Field(default=None, description="A tree's shared prefixes: trained once or in every branch.")
 
 
 class WriteGroupResult(BaseModel):
@@ -75,7 +77,8 @@ class SinkActivities:
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
                 group = await self._groups.build(input.group_id, input.results, max_token_length=limit,
-                                                 sft_template=await self._templates.for_policy(input.policy))
+                                                 sft_template=await self._templates.for_policy(input.policy),
+                                                 prefix_tokens=input.prefix_tokens)
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())

@@ -26,6 +26,8 @@ class AcquireSlotInput(BaseModel):
     env_config: dict[str, Any] = Field(default_factory=dict)
     allow_network: bool = False
     """Ignored (kept so that inputs written by older workflows still parse): see `env`."""
+    near: str | None = None
+    """A container to try first: a branch's parent's, whose workspace its server then copies in place."""
 
 
 class SlotActivities:
@@ -48,7 +50,7 @@ class SlotActivities:
             try:
                 lease = await heartbeating(self._pool.acquire(
                     holder, ttl_s=self._settings.lease_ttl_s, wait_s=max(remaining, 0.0),
-                    allow_network=allow_network, may_hold=info.attempt > 1,
+                    allow_network=allow_network, may_hold=info.attempt > 1, near=input.near,
                 ))
             except SlotUnavailable as err:
                 raise SlotUnavailable(

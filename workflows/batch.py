@@ -8,7 +8,9 @@ Temporal suggests it, so 10,000 rollouts never reach the history or pending-chil
 Items are read a page at a time as the batch goes, and the continue-as-new cursor carries
 only where it is, so a batch of a million items costs a page of items in the worker and
 in history. A batch is checked before it starts: its input here, the worker's limits,
-the env's size and the output path by its first two steps, whose refusal fails it.
+the env's size and the output path by its first two steps, whose refusal fails it. A
+batch that branches (`branch`) runs each item's group as one RolloutTreeWorkflow, whose
+whole tree is the group.
 """
 
 from __future__ import annotations
@@ -19,35 +21,29 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    CancelledError,
-    ChildWorkflowError,
-    TerminatedError,
-    TimeoutError,
-)
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from activities.envs import BatchShape, EnvActivities, LoadItemsInput
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error, stop_reason_of
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         BatchCursor,
         BatchInput,
         BatchProgress,
         BatchResult,
-        StopReason,
         TrajectoryInput,
         TrajectoryResult,
-        failed_rollout_result,
     )
     from temporal_rollouts.core.tasks import Item
+    from temporal_rollouts.core.trees import RolloutTreeInput, RolloutTreeResult
     from workflows import params
+    from workflows.children import result_from_failure  # noqa: F401  (the training feed imports it from here)
     from workflows.trajectory import TrajectoryWorkflow
+    from workflows.tree import RolloutTreeWorkflow
 
 
 ITEM_PAGE = 100
@@ -90,25 +86,6 @@ def rollout_id(batch_id: str, item_index: int, group_index: int) -> str:
     return f"{batch_id}/item-{item_index}/g{group_index}"
 
 
-def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: Item, group_index: int) -> TrajectoryResult:
-    """A failed child's TrajectoryResult: carried in its failure, or rebuilt from how it ended."""
-    cause = err.cause
-    if (carried := failed_rollout_result(cause)) is not None:
-        return carried
-    if isinstance(cause, TerminatedError):
-        reason = StopReason.TERMINATED
-    elif isinstance(cause, CancelledError):
-        reason = StopReason.CANCELLED
-    elif isinstance(cause, TimeoutError):
-        reason = StopReason.TIMED_OUT
-    elif isinstance(cause, ApplicationError) and (declared := stop_reason_of(cause.type or "")):
-        reason = StopReason(declared)  # e.g. a rollout refused its input: config_error
-    else:
-        reason = StopReason.ENV_ERROR
-    return TrajectoryResult(rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,
-                            stop_reason=reason, stop_detail=str(cause or err))
-
-
 @workflow.defn(name="BatchWorkflow")
 class BatchWorkflow:
     def __init__(self) -> None:
@@ -137,7 +114,7 @@ class BatchWorkflow:
                 EnvActivities.load_items,
                 LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
                                offset=input.item_offset,
-                               check=BatchShape(num_items=input.num_items, group_size=input.group_size,
+                               check=BatchShape(num_items=input.num_items, group_size=_per_group(input),
                                                 policy=input.policy, max_concurrency=input.max_concurrency)),
                 params.LOAD_ITEMS,
             )
@@ -147,7 +124,7 @@ class BatchWorkflow:
             page = loaded.items
             cursor = BatchCursor(
                 next_item=0, allow_network=loaded.allow_network,
-                progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * input.group_size,
+                progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * _per_group(input),
                                        output=output),
             )
         else:
@@ -156,13 +133,14 @@ class BatchWorkflow:
         progress = self._progress = cursor.progress
         workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(batch_id)])
 
-        room = max(input.max_concurrency, input.group_size)
+        per_group = _per_group(input)
+        room = max(input.max_concurrency, per_group)
         groups: set[asyncio.Task] = set()
         try:
             while cursor.next_item < input.num_items:
                 if workflow.info().is_continue_as_new_suggested():
                     break
-                await workflow.wait_condition(lambda: self._active + input.group_size <= room)
+                await workflow.wait_condition(lambda: self._active + per_group <= room)
                 if input.start_rate:
                     await self._pace(input.start_rate, input.group_size)
                 _reap(groups)
@@ -217,21 +195,54 @@ class BatchWorkflow:
 
     async def _run_group(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item) -> None:
         progress = cursor.progress
-        self._active += input.group_size
-        results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
+        if input.branch:
+            results = await self._run_tree(input, cursor, index, item)
+        else:
+            self._active += input.group_size
+            results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
             # The name inside the results folder, not the opening worker's absolute path: the worker that
             # writes this group may be on another host, with the results folder at another place.
             WriteGroupInput(path=input.output or f"{progress.batch_id}.jsonl", group_id=f"{progress.batch_id}/item-{index}",
                             results=list(results),
-                            sink=input.sink, max_token_length=input.max_token_length, policy=input.policy),
+                            sink=input.sink, max_token_length=input.max_token_length, policy=input.policy,
+                            **({"prefix_tokens": input.branch.prefix_tokens} if input.branch else {})),
             **params.WRITE_GROUP.options(),
         )
         if written.status == "pending":
             progress.groups_pending += 1
         else:
             progress.groups_written += 1
+
+    async def _run_tree(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item) -> list[TrajectoryResult]:
+        """The item's group as one tree: its roots, and every branch they make. It is counted at its largest
+        while it runs, and by what it made once it ends."""
+        assert input.branch is not None
+        progress, size = cursor.progress, _per_group(input)
+        roots = [rollout_id(progress.batch_id, index, g) for g in range(input.group_size)]
+        rollout = TrajectoryInput(
+            env=input.env, item=item, env_config=input.env_config, policy=input.policy,
+            tool_call_parser=input.tool_call_parser, allow_network=cursor.allow_network, limits=input.limits,
+            sampling=input.sampling, batch_id=progress.batch_id, snapshot_turns=input.snapshot_turns,
+        )
+        self._active += size
+        progress.running += input.group_size
+        try:
+            tree = await workflow.execute_child_workflow(
+                RolloutTreeWorkflow.run, RolloutTreeInput(rollout=rollout, root_ids=roots, branch=input.branch,
+                                                          resume=input.resume),
+                id=f"{progress.batch_id}/item-{index}/tree", task_queue=workflow.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+            results = RolloutTreeResult.model_validate(tree).results
+        except ChildWorkflowError as err:
+            results = [result_from_failure(err, root, input.env, item, g) for g, root in enumerate(roots)]
+        finally:
+            progress.running -= input.group_size
+            self._active -= size
+        progress.total += len(results) - size
+        return [self._record(result) for result in results]
 
     async def _run_rollout(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item,
                            group_index: int) -> TrajectoryResult:
@@ -255,6 +266,7 @@ class BatchWorkflow:
                         tool_call_parser=input.tool_call_parser,
                         allow_network=cursor.allow_network, limits=input.limits, sampling=input.sampling,
                         batch_id=progress.batch_id, group_index=group_index, resume_from_run=resume_from,
+                        snapshot_turns=input.snapshot_turns,
                     ),
                     id=rollout,
                     task_queue=workflow.info().task_queue,
@@ -294,3 +306,8 @@ class BatchWorkflow:
         progress.stop_reasons[reason] = progress.stop_reasons.get(reason, 0) + 1
         workflow.upsert_search_attributes([sa.COMPLETED.value_set(progress.completed + progress.failed)])
         return result
+
+
+def _per_group(input: BatchInput) -> int:
+    """Rollouts of one item at most: the group, or the whole tree when the batch branches."""
+    return input.branch.tree_size(input.group_size) if input.branch else input.group_size

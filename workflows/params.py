@@ -69,6 +69,11 @@ WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10)
 # A batch gathering again waits on a rollout that something else resumed.
 AWAIT_ROLLOUT = StepParams(start_to_close_s=24 * 3600, heartbeat_s=10, retry=_retry(10))
 SNAPSHOT = StepParams(start_to_close_s=600, heartbeat_s=10, retry=_retry(3))
+# Forks: find the state after turn K (reads of storage), copy a parent's live workspace (in place or
+# through the worker), replay recorded tool calls (each answered from the journal when retried).
+LOAD_FORK_POINT = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(5))
+COPY_WORKSPACE = StepParams(start_to_close_s=900, heartbeat_s=10, retry=_retry(5))
+REPLAY_TOOL_CALLS = StepParams(start_to_close_s=3600, heartbeat_s=10, retry=_retry(5))
 # Slot-pool maintenance: health checks, reaping and scale-down each take seconds.
 POOL_MAINTENANCE = StepParams(start_to_close_s=120, heartbeat_s=None, retry=_retry(3))
 # A training feed: its check before it starts, then run-api steps that must outlast a run-api restart.

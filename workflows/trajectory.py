@@ -6,7 +6,9 @@ so history grows by a fixed number of bytes per turn. A rollout the model ended 
 stopped calling tools, or hit a limit) is verified and scored. A rollout the machinery
 ended (model down past its retries, no slot, an env bug) saves its workspace, releases
 its slot and fails as a workflow carrying its TrajectoryResult, so it shows as Failed in
-the UI and a new run (`resume_from_run`) continues from where it stopped.
+the UI and a new run (`resume_from_run`) continues from where it stopped. A fork (`fork`)
+begins with another rollout's first K turns and workspace instead of a fresh setup, and a
+rollout with a branch plan branches at its turns (workflows/forking.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from activities.llm import LlmActivities, LlmTurnInput
@@ -27,7 +29,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error, stop_reason_of
+    from temporal_rollouts.core.errors import InvalidInput, as_application_error
+    from temporal_rollouts.core.forks import BRANCH_COPIED, BRANCH_WAITING, BranchCopied
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import (
         ROLLOUT_FAILED,
@@ -42,29 +45,11 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.sandbox_server.schema import SlotLease, SlotRef
     from temporal_rollouts.storage.snapshots import snapshot_key
     from workflows import params
+    from workflows.forking import Forking
+    from workflows.steps import StepFailed, stop_for
 
 # Tool calls run as local activities from this patch on (see params.TOOL_CALL_LOCAL).
 TOOL_CALLS_LOCAL = "tool-calls-local"
-
-class StepFailed(Exception):
-    """A step failed for good; carries why the rollout stops."""
-
-    def __init__(self, reason: StopReason, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-def _stop_for(err: ActivityError, phase_default: StopReason) -> StepFailed:
-    """Why the rollout stops: the stop reason the error's class declares (core.errors), else the step's default."""
-    cause = err.cause
-    if isinstance(cause, ApplicationError):
-        name = cause.type or ""
-        declared = stop_reason_of(name)
-        return StepFailed(StopReason(declared) if declared else phase_default, f"{name}: {cause.message}")
-    if isinstance(cause, TimeoutError):
-        return StepFailed(phase_default, f"{err.activity_type} timed out ({cause.type.name if cause.type else ''})")
-    return StepFailed(phase_default, f"{err.activity_type} failed: {cause or err}")
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -72,6 +57,7 @@ class TrajectoryWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"
         self._result: TrajectoryResult | None = None
+        self._forking = Forking()
 
     @workflow.query
     def progress(self) -> dict:
@@ -83,6 +69,15 @@ class TrajectoryWorkflow:
     def resume_state(self) -> TrajectoryResult | None:
         """How far the rollout got; answered by replay even after it was terminated."""
         return self._result
+
+    @workflow.signal(name=BRANCH_COPIED)
+    def branch_copied(self, note: BranchCopied) -> None:
+        """A branch of this rollout has copied its workspace (or given up)."""
+        self._forking.copied(note)
+
+    @workflow.query(name=BRANCH_WAITING)
+    def branch_waiting(self) -> list[str]:
+        return self._forking.waiting()
 
     @workflow.run
     async def run(self, input: Any = None) -> TrajectoryResult:
@@ -102,9 +97,18 @@ class TrajectoryWorkflow:
         lease: SlotLease | None = None
         try:
             snapshot = await self._resume_point(input) if input.resume_from_run else None
+            if input.fork is not None:
+                workflow.upsert_search_attributes([sa.FORKED_FROM.value_set(input.fork.source),
+                                                   sa.FORK_TURN.value_set(input.fork.at_turn)])
+            forking = input.fork is not None and result.transcript is None
+            if forking:
+                self._phase = "fork"
+                await self._forking.locate(input, self._step)
             self._phase = "acquire"
+            near = self._forking.near(input) if forking else None
             lease = await self._step(
-                SlotActivities.acquire_slot, AcquireSlotInput(env=input.env, env_config=input.env_config),
+                SlotActivities.acquire_slot,
+                AcquireSlotInput(env=input.env, env_config=input.env_config, near=near),
                 params.ACQUIRE_SLOT, StopReason.SANDBOX_ERROR, "acquire",
             )
             slot = lease.ref()
@@ -112,6 +116,9 @@ class TrajectoryWorkflow:
                 self._phase = "restore"
                 await self._step(SnapshotActivities.restore_workspace, SnapshotInput(lease=slot, key=snapshot),
                                  params.SETUP_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
+            elif forking:
+                self._phase = "rebuild"
+                await self._forking.rebuild(input, slot, result, rollout_key, self._step)
             else:
                 self._phase = "setup"
                 ready = await self._step(
@@ -121,6 +128,7 @@ class TrajectoryWorkflow:
                     params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
                 )
                 result.transcript, result.setup_meta = ready.transcript, ready.meta
+            self._forking.begin(result.turns, resumed=snapshot is not None)
             if result.agent_stop is None:
                 await self._agent_loop(input, slot)
                 result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
@@ -176,7 +184,7 @@ class TrajectoryWorkflow:
             return None
         earlier = point.result
         for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "tool_stats", "pending",
-                      "agent_stop", "agent_stop_detail", "policy_versions", "completion_tokens"):
+                      "agent_stop", "agent_stop_detail", "policy_versions", "completion_tokens", "fork", "branches"):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
@@ -189,6 +197,8 @@ class TrajectoryWorkflow:
         loop_started = workflow.now()
         while True:
             if result.pending is None:
+                if input.branch or input.snapshot_turns:
+                    await self._forking.turn_done(input, slot, result)
                 if result.turns >= limits.max_turns:
                     return self._stop(StopReason.MAX_TURNS, f"reached {limits.max_turns} turns")
                 if _seconds_since(loop_started) >= limits.wall_clock_s:
@@ -260,7 +270,7 @@ class TrajectoryWorkflow:
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise asyncio.CancelledError() from err
-            raise _stop_for(err, phase_default) from err
+            raise stop_for(err, phase_default) from err
         except (asyncio.CancelledError, StepFailed, workflow.NondeterminismError):
             raise
         except Exception as err:  # anything else this step raised is still this step's failure

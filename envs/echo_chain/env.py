@@ -5,7 +5,10 @@ chain.log, so a run measures the machinery (model calls, tool calls, checkpoints
 not the task. The verifier demands each step exactly once and in order: a tool call
 executed twice scores 0. Config `sleep_s`, `setup_sleep_s` and `verify_sleep_s`
 stretch the tool calls, setup and verification, so tests can crash a worker mid-step;
-`output_chars` makes each call print that many more characters (long contexts).
+`output_chars` makes each call print that many more characters (long contexts);
+`stamp` makes each call also print the time in nanoseconds, so no two runs of it answer
+alike (a fork that replays them diverges); `ballast_kb` has setup write that many KB of
+random bytes into the workspace, so snapshots and copies of it cost what a real one would.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class EchoChainEnv(Env):
         self.setup_sleep_s = _seconds(self.config, "setup_sleep_s")
         self.verify_sleep_s = _seconds(self.config, "verify_sleep_s")
         self.output_chars = int(_seconds(self.config, "output_chars"))
+        self.stamp = bool(self.config.get("stamp", False))
+        self.ballast_kb = int(_seconds(self.config, "ballast_kb"))
 
     def load_items(self, count: int, offset: int = 0) -> list[Item]:
         return [Item(id=f"echo-{offset + i}", data={"steps": self.steps}) for i in range(count)]
@@ -69,11 +74,15 @@ class EchoChainEnv(Env):
         command = f"echo step-{step} | tee -a {LOG}"
         if self.output_chars:
             command += f"; head -c {self.output_chars} /dev/zero | tr '\\0' x"
+        if self.stamp:
+            command += "; date +%s%N"
         return f"sleep {self.sleep_s:g}; {command}" if self.sleep_s else command
 
     async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
         if self.setup_sleep_s:
             await slot.exec("sleep", f"sleep {self.setup_sleep_s:g}", timeout_s=self.setup_sleep_s + 30)
+        if self.ballast_kb:
+            await slot.exec("ballast", f"head -c {self.ballast_kb * 1024} /dev/urandom > ballast.bin", timeout_s=120)
         return {}
 
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:

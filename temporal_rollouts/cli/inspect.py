@@ -25,6 +25,7 @@ from temporal_rollouts.cli.records import (
     list_batches,
     load_rollout,
     require_workflow,
+    rollout_branches,
 )
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.storage.objects import object_client
@@ -71,6 +72,7 @@ def format_rollout(record: RolloutRecord) -> str:
     if record.batch_id:
         out.append(f"batch   {record.batch_id}")
     result = record.result
+    out += _tree_lines(record)
     out.append("")
     for message in record.messages:
         out += [format_message(message), ""]
@@ -92,9 +94,27 @@ def format_rollout(record: RolloutRecord) -> str:
     return "\n".join(out)
 
 
+def _tree_lines(record: RolloutRecord) -> list[str]:
+    """Where the rollout was forked from, and the rollouts forked or branched from it, by turn."""
+    lines = []
+    fork = record.result.fork if record.result else None
+    if fork is not None:
+        how = fork.workspace + (f", {fork.replayed_calls} tool call(s) replayed" if fork.workspace == "replay" else "")
+        diverged = f", {len(fork.divergences)} diverged" if fork.divergences else ""
+        lines.append(f"forked  from {fork.parent} after turn {fork.at_turn} (workspace: {how}{diverged})")
+        lines += [f"        not carried: {item}" for item in fork.not_carried]
+    by_turn: dict[int | None, list[str]] = {}
+    for link in record.branches:
+        by_turn.setdefault(link.at_turn, []).append(f"{link.rollout_id} ({link.status})")
+    for turn, links in by_turn.items():
+        lines.append(f"branches after turn {turn}: " + ", ".join(links))
+    return lines
+
+
 async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     client, transcripts = await inspection_client(settings)
     record = await load_rollout(client, transcripts, args.rollout_id)
+    record.branches = await rollout_branches(client, args.rollout_id)
     if args.json:
         print(record.model_dump_json(exclude_none=True))
     else:

@@ -24,6 +24,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_rollouts.cli import fork as cli_fork
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
@@ -90,6 +91,10 @@ def _json_option(flag: str, text: str) -> Any:
 async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
     from workflows.batch import BatchWorkflow
 
+    if batch.branch is not None:  # its rollouts carry RolloutForkedFrom, which an older server may lack
+        from temporal_rollouts.runtime.registration import add_missing_search_attributes
+
+        await add_missing_search_attributes(client, settings.temporal.namespace)
     attributes = [SearchAttributePair(sa.ENV, batch.env)]
     if batch.policy:
         attributes.append(SearchAttributePair(sa.POLICY, batch.policy))
@@ -343,11 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_inspect.add_parsers(sub)
     cli_train.add_parser(sub)
+    cli_fork.add_parser(sub)
     return parser
 
 
 COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
-            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, "train": cli_train.cmd_train,
+            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, "train": cli_train.cmd_train, "fork": cli_fork.cmd_fork,
             **cli_inspect.COMMANDS}
 
 

@@ -32,6 +32,14 @@ QUERY_TIMEOUT = timedelta(seconds=5)
 """A query of a closed batch needs a worker to replay it; without one, its counts are left out."""
 
 
+class BranchLink(BaseModel):
+    """A rollout forked or branched from another, as `rollouts show` lists it under its parent."""
+
+    rollout_id: str
+    at_turn: int | None = None
+    status: str
+
+
 class RolloutRecord(BaseModel):
     """One rollout as a person reads it: how its latest run stands, its result and its conversation."""
 
@@ -45,6 +53,7 @@ class RolloutRecord(BaseModel):
     result: TrajectoryResult | None = None
     messages: list[Message] = Field(default_factory=list)
     transcript_error: str | None = Field(default=None, description="Why the conversation could not be read, if so.")
+    branches: list[BranchLink] = Field(default_factory=list, description="Rollouts forked or branched from this one.")
 
 
 class BatchSummary(BaseModel):
@@ -117,6 +126,18 @@ async def load_rollout(client: Client, transcripts: TranscriptStore, rollout_id:
         except Exception as err:  # a store that lost objects must not hide the result
             record.transcript_error = f"{type(err).__name__}: {err}"
     return record
+
+
+async def rollout_branches(client: Client, rollout_id: str) -> list[BranchLink]:
+    """Every rollout forked or branched from `rollout_id` (search attribute RolloutForkedFrom), by turn;
+    a resumed branch is listed once, as its latest run stands."""
+    query = f"RolloutForkedFrom = {quoted(rollout_id)} AND WorkflowType = 'TrajectoryWorkflow'"
+    latest: dict[str, BranchLink] = {}
+    async for execution in client.list_workflows(query):
+        if execution.id not in latest:
+            turn = execution.typed_search_attributes.get(sa.FORK_TURN)
+            latest[execution.id] = BranchLink(rollout_id=execution.id, at_turn=turn, status=status_name(execution.status))
+    return sorted(latest.values(), key=lambda link: (link.at_turn or 0, _natural_key(link.rollout_id)))
 
 
 async def batch_rollout_ids(client: Client, batch_id: str) -> list[str]:

@@ -29,7 +29,7 @@ from temporal_rollouts.runtime.temporal import connect
 CLOSED_UNSUCCESSFULLY = ("Failed", "Terminated", "TimedOut", "Canceled")
 
 
-async def _started_input(client: Client, handle: WorkflowHandle, model: type[BaseModel]) -> BaseModel:
+async def started_input(client: Client, handle: WorkflowHandle, model: type[BaseModel]) -> BaseModel:
     """The input a run was started with, read from its history."""
     history = await handle.fetch_history()
     payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
@@ -56,7 +56,7 @@ async def resume_rollout(client: Client, settings: Settings, rollout: str) -> di
 
     handle = client.get_workflow_handle(rollout)
     described = await handle.describe()
-    original = await _started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
+    original = await started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
     resumed = original.model_copy(update={"resume_from_run": described.run_id})
     new = await client.start_workflow(
         TrajectoryWorkflow.run, resumed, id=rollout, task_queue=settings.temporal.task_queue,
@@ -90,7 +90,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     if described.workflow_type != "BatchWorkflow":
         raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
     failed = await _failed_rollouts(client, args.id)
-    original = await _started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
+    original = await started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
     batch = original.model_copy(update={"resume": True, "cursor": None})
     new = await client.start_workflow(
         BatchWorkflow.run, batch, id=args.id, task_queue=settings.temporal.task_queue,

@@ -9,10 +9,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temporal_rollouts.core.forks import BranchPlan, BranchRecord, BranchSpec, ForkOrigin, ForkSpec
 from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
 from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.core.tool_stats import ToolCallOutcome, ToolErrorRecord, ToolStats  # noqa: F401  (re-exported)
 from temporal_rollouts.sandbox_server.schema import DEFAULT_COMMAND_TIMEOUT_S
 
 
@@ -34,6 +36,7 @@ class StopReason(StrEnum):
     BAD_ITEM = "bad_item"
     ENV_ERROR = "env_error"
     CONFIG_ERROR = "config_error"
+    FORK_DIVERGED = "fork_diverged"
     CANCELLED = "cancelled"
     TERMINATED = "terminated"
     TIMED_OUT = "timed_out"
@@ -119,7 +122,20 @@ class BatchInput(BaseModel):
                                      "(the atropos sink then uses the trainer's max_token_len)."
     )
     resume: bool = Field(default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts.")
+    branch: BranchSpec | None = Field(
+        default=None, description="Branch every rollout at these turns into `factor` siblings that share its prefix "
+                                  "(an item's group is then its whole tree).",
+    )
+    snapshot_turns: bool = Field(default=False, description="Save each rollout's workspace after every turn, so a "
+                                                            "later fork restores it instead of replaying tool calls.")
     cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
+
+    @model_validator(mode="after")
+    def _tree_fits(self) -> BatchInput:
+        if self.branch is not None and self.branch.tree_size(self.group_size) > MAX_GROUP_SIZE:
+            raise ValueError(f"branch: group_size x factor^len(at_turns) = {self.branch.tree_size(self.group_size)} "
+                             f"rollouts per item, over {MAX_GROUP_SIZE}")
+        return self
 
 
 class TrajectoryInput(BaseModel):
@@ -145,6 +161,9 @@ class TrajectoryInput(BaseModel):
         default=None, description="run-api, asked for the trainer's step as each turn's policy version where the "
                                   "model server reports none.",
     )
+    fork: ForkSpec | None = Field(default=None, description="Begin with another rollout's first turns and workspace.")
+    branch: BranchPlan | None = Field(default=None, description="Branch at these turns; the tree starts the siblings.")
+    snapshot_turns: bool = Field(default=False, description="Save the workspace after every turn (for later forks).")
 
 
 class PendingCalls(BaseModel):
@@ -153,41 +172,6 @@ class PendingCalls(BaseModel):
     assistant: str = Field(description="Transcript key of the assistant message holding the calls.")
     count: int
     next_index: int = 0
-
-
-class ToolErrorRecord(BaseModel):
-    turn: int
-    tool_name: str
-    arguments: str
-    error: str
-
-
-ToolCallOutcome = Literal["invalid", "ok", "error"]
-"""One tool call: not schema-valid (unknown tool, bad arguments), run fine, or run and failed."""
-
-
-class ToolStats(BaseModel):
-    """A rollout's tool calls, counted as the original counted them. A command that ran and exited
-    non-zero is `executed_ok` (a failing test run is information); `execution_errors` are calls the
-    tool itself failed (a timeout, a missing file, a lost terminal session)."""
-
-    attempted: int = 0
-    schema_valid: int = 0
-    executed_ok: int = 0
-    execution_errors: int = 0
-
-    def record(self, outcome: ToolCallOutcome) -> None:
-        self.attempted += 1
-        if outcome != "invalid":
-            self.schema_valid += 1
-            if outcome == "ok":
-                self.executed_ok += 1
-            else:
-                self.execution_errors += 1
-
-    @classmethod
-    def total(cls, stats: list[ToolStats]) -> ToolStats:
-        return cls(**{name: sum(getattr(s, name) for s in stats) for name in cls.model_fields})
 
 
 class TrajectoryResult(BaseModel):
@@ -216,7 +200,10 @@ class TrajectoryResult(BaseModel):
     policy_versions: list[int | None] = Field(
         default_factory=list, description="Per model turn, the version of the weights that produced it (None: unknown)."
     )
-    completion_tokens: int = Field(default=0, description="Tokens the model generated, all turns together.")
+    completion_tokens: int = Field(default=0, description="Tokens the model generated for this rollout: a fork's "
+                                                          "prefix, taken over and not generated again, is not counted.")
+    fork: ForkOrigin | None = Field(default=None, description="The rollout and turn this one was forked from.")
+    branches: list[BranchRecord] = Field(default_factory=list, description="Where this rollout branched, into which.")
 
     def version_range(self) -> tuple[int, int] | None:
         """(oldest, newest) known policy version of the rollout's turns."""

@@ -17,8 +17,13 @@ COMPLETED = SearchAttributeKey.for_int("RolloutsCompleted")
 RESUMED_FROM = SearchAttributeKey.for_keyword("RolloutResumedFrom")
 POLICY = SearchAttributeKey.for_keyword("RolloutPolicy")
 """The policy a batch runs on, as the CLI resolved it when it started the batch."""
+FORKED_FROM = SearchAttributeKey.for_keyword("RolloutForkedFrom")
+"""The rollout a fork or branch began from: `RolloutForkedFrom = 'ID'` lists a rollout's branches."""
+FORK_TURN = SearchAttributeKey.for_int("RolloutForkTurn")
+"""The turn of its parent after which a fork or branch began."""
 
-ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM, POLICY)
+ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM, POLICY,
+                                       FORKED_FROM, FORK_TURN)
 
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}
 

@@ -2,7 +2,7 @@
 
 The pool hands out and takes back leases (`SandboxPool.acquire`, `release`); what is done
 under a lease is here: renew it, narrow its limits, execute an operation, move files in and
-out, snapshot and restore the workspace. Each method builds the server's request model from
+out, snapshot and restore the workspace, or take another slot's workspace in the same container. Each method builds the server's request model from
 the lease and its own arguments, and the fleet carries it to the lease's container (restarting
 it in place if it died). The env's handle (`sandbox.handle.LeasedSlot`) is a Lease too.
 
@@ -25,6 +25,7 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_TRANSFER_BYTES,
     CacheEntry,
     CacheQuery,
+    CopyRequest,
     ExecuteRequest,
     FileListing,
     ListQuery,
@@ -106,6 +107,14 @@ class Lease:
     async def restore_from(self, archive: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> TransferResult:
         """Replace the slot's workspace with a gzipped tar written by `archive_to`, streamed."""
         return await self._upload(archive, ".", "tar.gz", max_bytes, replace=True)
+
+    async def copy_from(self, source: SlotRef, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> TransferResult:
+        """Replace this slot's workspace with `source`'s, a slot of the same container the caller also holds;
+        the server copies it in place (nothing travels)."""
+        if source.container_id != self._ref.container_id:
+            raise ValueError(f"slot {source.slot} of {source.container_id} is in another container than this lease")
+        return await self._send(CopyRequest(**self._held(), source_slot=source.slot, source_lease_id=source.lease_id,
+                                            max_bytes=max_bytes))
 
     async def _upload(self, source: Path, remote: str, format: TransferFormat, max_bytes: int,
                       replace: bool = False) -> TransferResult:  # fmt: skip

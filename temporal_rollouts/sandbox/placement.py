@@ -95,6 +95,20 @@ class Placement:
                 raise SlotUnavailable(f"no sandbox slot became free within {request.wait_s:g}s")
             await asyncio.sleep(min(RETRY_PAUSE_S, remaining))  # every line closed early (drained, died): look again
 
+    async def acquire_near(self, request: AcquireRequest, container_id: str) -> SlotLease | None:
+        """A free slot on `container_id` at once, or None when it has none (or does not answer). A branch of
+        a rollout asks beside its parent, whose workspace its server then copies in place. Only for a first
+        attempt: a holder that may already hold a slot elsewhere must go through `acquire`."""
+        if not self._fleet.accepting(container_id):
+            return None
+        try:
+            lease = await self._fleet.send(container_id, request.model_copy(update={"wait_s": 0.0}))
+        except (SlotUnavailable, SandboxUnreachable):
+            return None
+        if container_id in self._free_hints:
+            self._free_hints[container_id] = max(self._free_hints[container_id] - 1, 0)
+        return lease
+
     async def release(self, lease: SlotRef, reason: Literal["released", "reaped"] = "released") -> ReleaseResult:
         """Give a lease back; its slot is emptied for the next holder. Releasing twice is harmless."""
         request = ReleaseRequest(slot=lease.slot, lease_id=lease.lease_id, reason=reason)

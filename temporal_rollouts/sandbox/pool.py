@@ -103,10 +103,13 @@ class SandboxPool:
 
     async def acquire(
         self, holder: Holder, ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 30.0, allow_network: bool = False,
-        *, may_hold: bool = True,
+        *, may_hold: bool = True, near: str | None = None,
     ) -> SlotLease:
-        """Lease a slot on some container, waiting up to `wait_s`; see `Placement.acquire`."""
+        """Lease a slot on some container, waiting up to `wait_s`; see `Placement.acquire`. `near` names a
+        container to try first (only when the holder cannot hold a slot yet: `may_hold=False`)."""
         request = AcquireRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, allow_network=allow_network)
+        if near is not None and not may_hold and (lease := await self.placement.acquire_near(request, near)):
+            return lease
         return await self.placement.acquire(request, may_hold=may_hold)
 
     async def release(self, lease: SlotRef) -> ReleaseResult:

@@ -24,6 +24,7 @@ from temporal_rollouts.sandbox_server.schema import (
     AcquireRequest,
     CacheEntry,
     CacheQuery,
+    CopyRequest,
     DrainRequest,
     DrainResult,
     ExecOp,
@@ -76,6 +77,10 @@ def _route(method: Literal["GET", "POST", "PUT"], path: str, reply: Any,
     return Route(method, path, TypeAdapter(reply), runs_for)
 
 
+COPY_TIME_S = 600.0
+"""How long a server may take to copy a workspace between two of its slots (it packs and unpacks it)."""
+
+
 def _operation_time(request: ExecuteRequest) -> float:
     operation = request.operation
     return OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp | SessionOp) else 0.0)
@@ -90,6 +95,7 @@ ROUTES: dict[type[BaseModel], Route] = {
     RenewRequest: _route("POST", "/slots/renew", SlotLease),
     ReleaseRequest: _route("POST", "/slots/release", ReleaseResult),
     NarrowRequest: _route("POST", "/slots/limits", SlotLimitsRequest),
+    CopyRequest: _route("POST", "/slots/copy", TransferResult, lambda request: COPY_TIME_S),
     ExecuteRequest: _route("POST", "/execute", ToolOutput, _operation_time),
     ListQuery: _route("GET", "/files/list", FileListing),
     CacheQuery: _route("GET", "/cache", CacheEntry),

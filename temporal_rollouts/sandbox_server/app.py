@@ -59,6 +59,7 @@ from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
     CacheQuery,
+    CopyRequest,
     DrainRequest,
     ExecuteRequest,
     ListQuery,
@@ -165,6 +166,14 @@ def create_app(
         headers = {"content-length": str(size), "x-transfer-kind": kind}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
+    async def copy(request: Request) -> BaseModel:
+        body = await _parse(request, CopyRequest)
+        source = manager.leased_slot(body.source_slot, body.source_lease_id)
+        target = manager.leased_slot(body.slot, body.lease_id)
+        if source is target:
+            raise BadToolRequest("a slot's workspace cannot be copied onto itself")
+        return await transfer.copy_workspace(source, target, body.max_bytes, manager.owner(body.slot))
+
     async def list_files(request: Request) -> BaseModel:
         query = _parse_query(request, ListQuery)
         return await asyncio.to_thread(transfer.list_entries, manager.leased_slot(query.slot, query.lease_id), query)
@@ -189,6 +198,7 @@ def create_app(
         Route("/slots/release", endpoint(release), methods=["POST"]),
         Route("/slots/withdraw", endpoint(withdraw), methods=["POST"]),
         Route("/slots/limits", endpoint(narrow), methods=["POST"]),
+        Route("/slots/copy", endpoint(copy), methods=["POST"]),
         Route("/drain", endpoint(drain), methods=["POST"]),
         Route("/execute", endpoint(execute), methods=["POST"]),
         Route("/files", endpoint(upload), methods=["PUT"]),

@@ -100,6 +100,15 @@ class NarrowRequest(LeaseRequest):
     limits: SlotLimitsRequest
 
 
+class CopyRequest(LeaseRequest):
+    """`POST /slots/copy`: replace this slot's workspace with a copy of another slot's in the same container,
+    both leased by the caller (a branch of a rollout starts from its parent's files without a round trip)."""
+
+    source_slot: int
+    source_lease_id: str
+    max_bytes: int = Field(default=DEFAULT_MAX_ARCHIVE_BYTES, gt=0, description="Refuse a workspace larger than this.")
+
+
 class ReleaseRequest(LeaseRequest):
     reset: bool = Field(
         default=True, description="Ignored: a released slot is always emptied, so the next holder starts clean."

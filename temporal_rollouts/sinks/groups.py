@@ -3,7 +3,8 @@
 Built in activities (never in workflow code) from the rollouts' results and what their
 references point at: the transcripts and, for token-level policies, the token traces
 with masks and the model's own logprobs. The JSONL sink, the `run-api` sink and the
-Atropos env all send exactly this.
+Atropos env all send exactly this. A group that is a tree of rollouts also carries the
+tree (sinks/trees.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.forks import PrefixTokens
 from temporal_rollouts.core.records import ToolStats, TrajectoryResult
 from temporal_rollouts.llm.sft import sft_tokens
 from temporal_rollouts.llm.templates import ChatTemplate
+from temporal_rollouts.sinks.trees import is_tree, mask_prefix, masked_prefix, rollout_tree_fields, tree_summary
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -61,15 +64,17 @@ class GroupBuilder:
         self._traces = traces
 
     async def build(self, group_id: str, results: list[TrajectoryResult], *, max_token_length: int = 0,
-                    sft_template: ChatTemplate | None = None) -> ScoredGroup:
+                    sft_template: ChatTemplate | None = None, prefix_tokens: PrefixTokens | None = None) -> ScoredGroup:
         """`max_token_length` > 0 cuts each token sequence from the end to that length: a
         long rollout still trains on its start instead of its whole group being dropped.
         `sft_template` renders rollouts without a token trace (a chat policy's) into token
-        ids and masks for SFT (llm/sft.py); without it they carry empty lists."""
+        ids and masks for SFT (llm/sft.py); without it they carry empty lists. `prefix_tokens`: how a tree's
+        shared prefixes are trained (sinks/trees.py)."""
         conversations = [await self._transcripts.load(r.transcript) if r.transcript else [] for r in results]
         messages = [[_for_trainer(m) for m in conversation] for conversation in conversations]
         tokens, masks, logprobs = [], [], []
-        for result, conversation in zip(results, conversations):
+        masked = masked_prefix(results, prefix_tokens)
+        for result, conversation, hidden in zip(results, conversations, masked):
             trace = await self._traces.load(result.tokens) if result.tokens else None
             if trace is not None and max_token_length > 0:
                 trace = trace.cut(max_token_length)
@@ -83,20 +88,27 @@ class GroupBuilder:
                 logprobs.append(None)
                 continue
             tokens.append(trace.tokens if trace else [])
-            masks.append(trace.masks() if trace else [])
+            masks.append(mask_prefix(trace.masks(), hidden) if trace else [])
             logprobs.append(trace.inference_logprobs() if trace else None)
         stats = tool_error_stats(results)
         calls = ToolStats.total([r.tool_stats for r in results])
+        tree = is_tree(results)
+        overrides = [{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value,
+                      **(rollout_tree_fields(r, hidden if r.tokens else 0) if tree else {})}
+                     for r, hidden in zip(results, masked)]
+        group_overrides = {"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"],
+                           "tool_stats": calls.model_dump()}
+        if tree:
+            group_overrides["tree"] = tree_summary(results, prefix_tokens)
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
             scores=[r.score for r in results],
             messages=messages,
             inference_logprobs=logprobs if all(lp is not None for lp in logprobs) else None,
-            overrides=[{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value} for r in results],
+            overrides=overrides,
             # travels with the group through run-api (which keeps only ScoredDataGroup fields)
-            group_overrides={"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"],
-                             "tool_stats": calls.model_dump()},
+            group_overrides=group_overrides,
             metadata={
                 "group_id": group_id,
                 "env": results[0].env,

@@ -5,7 +5,8 @@ each naming its parent and the messages it appends, stored under its own hash. A
 turn's activity input is the head node's key and its result a new head: history grows
 by a fixed number of bytes per turn whatever the context length, and nothing is ever
 stored twice. A worker keeps what it read in memory, so walking the chain costs one
-read per new node.
+read per new node. A rollout's state after turn K is an earlier head of its own chain,
+so a fork takes over its first K turns by reference (`cut`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ class _Node(BaseModel):
     parent: str | None
     messages: list[str]
     tools: str | None = Field(default=None, description="On the first node: the tools offered to the model.")
+
+
+class RecordedTurn(BaseModel):
+    """One model turn as the transcript holds it: the reply and the tool results that followed it."""
+
+    number: int
+    reply: Message
+    results: list[Message] = Field(default_factory=list)
 
 
 class TranscriptStore:
@@ -74,3 +83,39 @@ class TranscriptStore:
         """The tools the transcript was started with."""
         first = (await self._chain(transcript))[0]
         return await self.tools(first.tools) if first.tools else []
+
+    async def recorded_turns(self, transcript: TranscriptRef) -> tuple[list[Message], list[RecordedTurn]]:
+        """(the prompt, every model turn in order). A turn is a node holding one assistant message, as
+        llm_turn appends; the first node is the env's prompt, whatever it holds."""
+        prompt: list[Message] = []
+        turns: list[RecordedTurn] = []
+        for index, node in enumerate(await self._chain(transcript)):
+            messages = [await self.message(key) for key in node.messages]
+            if index > 0 and len(messages) == 1 and messages[0].role == "assistant":
+                turns.append(RecordedTurn(number=len(turns) + 1, reply=messages[0]))
+            elif turns:
+                turns[-1].results.extend(messages)
+            else:
+                prompt.extend(messages)
+        return prompt, turns
+
+    async def cut(self, transcript: TranscriptRef, turns: int) -> TranscriptRef:
+        """The transcript as it stood after `turns` model turns and their tool results: the node just
+        before turn `turns`+1's reply, an earlier head of the same chain (nothing is written)."""
+        nodes = await self._chain(transcript)
+        keys = [later.parent for later in nodes[1:]] + [transcript.head]
+        seen, kept = 0, 0
+        messages: list[Message] = []
+        for index, node in enumerate(nodes):
+            loaded = [await self.message(key) for key in node.messages]
+            if index > 0 and len(loaded) == 1 and loaded[0].role == "assistant":
+                if seen == turns:
+                    break
+                seen += 1
+            kept = index
+            messages.extend(loaded)
+        if seen < turns:
+            raise ValueError(f"the transcript holds {seen} model turns, not {turns}")
+        head = keys[kept]
+        assert head is not None
+        return TranscriptRef(head=head, messages=len(messages), tokens=estimate_tokens(messages))

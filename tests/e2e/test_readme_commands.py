@@ -244,8 +244,18 @@ def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine:
     assert text.returncode == 0 and text.stdout.startswith("training run readme-run (echo_chain): done")
 
 
+def test_a_fork_as_the_readme_shows_it(machine: Machine) -> None:
+    summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait",
+                                    "--env-config", '{"steps": 3}')
+    source = f"{summary['batch_id']}/item-0/g0"
+    forked = machine.run(str(ROLLOUTS), "fork", source, "--at-turn", "2", "-n", "2", "--wait", "--json")
+    assert forked.returncode == 0, forked.stdout + forked.stderr
+    shown = machine.run(str(ROLLOUTS), "show", source)
+    assert shown.returncode == 0 and "branch" in shown.stdout.lower() or "fork" in shown.stdout.lower(), shown.stdout
+
+
 README_COMMANDS_RUN_HERE = {
-    "batch", "status", "view", "list", "show", "export", "resume", "cancel", "slots", "server", "reap", "train",
+    "batch", "status", "view", "list", "show", "export", "resume", "cancel", "slots", "server", "reap", "train", "fork",
 }
 """The `rollouts` subcommands the tests of this file run as the README shows them."""
 
