@@ -250,8 +250,10 @@ def test_a_fork_as_the_readme_shows_it(machine: Machine) -> None:
     source = f"{summary['batch_id']}/item-0/g0"
     forked = machine.run(str(ROLLOUTS), "fork", source, "--at-turn", "2", "-n", "2", "--wait", "--json")
     assert forked.returncode == 0, forked.stdout + forked.stderr
+    continuations = json.loads(forked.stdout)
     shown = machine.run(str(ROLLOUTS), "show", source)
-    assert shown.returncode == 0 and "branch" in shown.stdout.lower() or "fork" in shown.stdout.lower(), shown.stdout
+    assert shown.returncode == 0 and "branches after turn 2: " in shown.stdout, shown.stdout
+    assert continuations, "the fork reports its continuations"
 
 
 README_COMMANDS_RUN_HERE = {
