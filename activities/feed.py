@@ -24,6 +24,7 @@ from activities.sinks import results_path
 from envs import get_env
 from temporal_rollouts.core.errors import ConfigError, RolloutError, activity_boundary
 from temporal_rollouts.core.feed import StaleGroups, TrainerView
+from temporal_rollouts.core.forks import PrefixTokens
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
 from temporal_rollouts.core.settings import ChatPolicy, GeneratePolicy, Settings
@@ -76,6 +77,7 @@ class FeedGroupInput(BaseModel):
     max_token_length: int = 0
     max_staleness: int = 1
     stale_groups: StaleGroups = StaleGroups.POST
+    prefix_tokens: PrefixTokens | None = None
 
 
 class FeedGroupOutcome(BaseModel):
@@ -183,7 +185,8 @@ class FeedActivities:
             return FeedGroupOutcome(status="dropped", reason="stale", staleness=staleness, turns=turns), None
         try:
             group = await self._groups.build(input.group_id, results, max_token_length=limit,
-                                             sft_template=await self._templates.for_policy(input.policy))
+                                             sft_template=await self._templates.for_policy(input.policy),
+                                             prefix_tokens=input.prefix_tokens)
         except RolloutError:
             raise
         except Exception as err:  # a template or trace that cannot render: retrying renders it the same way

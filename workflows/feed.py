@@ -17,6 +17,8 @@ process (`serve`), `rollouts train` or the UI only start it or attach to it by n
 - **Posting**: once per group (`activities.feed`), with each rollout's per-turn policy versions;
   a group that ends staler than the bound is posted, masked or dropped as `stale_groups` says.
 - It continues as new when Temporal suggests it, without waiting for any rollout.
+- **Branching** (`branch`): a group is one RolloutTreeWorkflow (workflows/tree.py) of its roots and
+  the siblings they branch into; it is posted with its tree and resumed as a whole.
 
 Signals: `rollout_finished`, `stop` (drain: no new groups, finish and post the rest), `stop_now`
 (cancel the rollouts in flight). Query: `status`.
@@ -42,9 +44,11 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
     from temporal_rollouts.core.tasks import Item
+    from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult
     from workflows import params
-    from workflows.batch import result_from_failure
+    from workflows.children import result_from_failure
     from workflows.trajectory import TrajectoryWorkflow
+    from workflows.tree import RolloutTreeWorkflow
 
 ITEM_PAGE = 100
 TRAINER_WAIT_S = 30.0
@@ -54,6 +58,8 @@ VIEW_MAX_AGE_S = 1.0
 are counted into the queue here, so an older view never lets in a group the bound keeps out)."""
 CHECK_ROLLOUTS_S = 120.0
 MAX_BACKOFF_S = 300.0
+TREE = -1
+"""`GroupRun.resume_at` key of a branching group's whole tree."""
 """How often rollouts that never told how they ended are looked for."""
 
 
@@ -88,6 +94,10 @@ class TrainingFeedWorkflow:
     @workflow.signal(name=ROLLOUT_FINISHED)
     def rollout_finished(self, result: TrajectoryResult) -> None:
         self._state.inbox.append(result)
+
+    @workflow.signal(name=ROLLOUT_TREE_FINISHED)
+    def rollout_tree_finished(self, tree: RolloutTreeResult) -> None:
+        self._state.trees.append(tree)
 
     @workflow.signal
     def stop(self) -> None:
@@ -207,8 +217,53 @@ class TrainingFeedWorkflow:
                          attempts=[0] * input.group_size, started_step=state.trainer.current_step)
         state.groups[group_id] = group
         state.figures.groups_started += 1
+        if input.branch is not None:
+            await self._start_tree(group, resume=False)
+            return
         for index in range(input.group_size):
             await self._start_rollout(group, index, resume_from=None)
+
+    def _rollout_input(self, group: GroupRun, index: int, resume_from: str | None, notify: bool) -> TrajectoryInput:
+        input = self._input
+        assert input is not None
+        run = workflow.info().workflow_id
+        return TrajectoryInput(
+            env=input.env, item=group.item, env_config=input.env_config, policy=input.policy,
+            tool_call_parser=input.tool_call_parser, allow_network=self._allow_network, limits=input.limits,
+            sampling=input.sampling, batch_id=run, group_index=index, resume_from_run=resume_from,
+            notify=run if notify else None, trainer_api=self._api_url() if input.sink == "atropos" else None,
+        )
+
+    async def _start_tree(self, group: GroupRun, resume: bool) -> None:
+        """A branching group: one RolloutTreeWorkflow of its roots and their branches, abandoned like a rollout
+        and telling this run when it ends (signal `rollout_tree_finished`); `resume` gathers it again."""
+        input = self._input
+        assert input is not None
+        run = workflow.info().workflow_id
+        roots = [rollout_id(run, group.group_id, index) for index in range(input.group_size)]
+        handle = await workflow.start_child_workflow(
+            RolloutTreeWorkflow.run,
+            RolloutTreeInput(rollout=self._rollout_input(group, 0, None, notify=False), root_ids=roots,
+                             branch=input.branch, resume=resume, notify=run),
+            id=f"{run}/{group.group_id}/tree", task_queue=workflow.info().task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, parent_close_policy=ParentClosePolicy.ABANDON,
+        )
+        group.tree_run = handle.first_execution_run_id
+        group.tree_attempts += 1
+        self._state.figures.rollouts_started += 0 if resume else input.group_size
+        self._watching.add(asyncio.ensure_future(self._watch_tree(handle, group, roots)))
+
+    async def _watch_tree(self, handle: workflow.ChildWorkflowHandle, group: GroupRun, roots: list[str]) -> None:
+        input = self._input
+        assert input is not None
+        try:
+            tree = RolloutTreeResult.model_validate(await handle)
+        except ChildWorkflowError as err:
+            tree = RolloutTreeResult(results=[result_from_failure(err, root, input.env, group.item, index)
+                                              for index, root in enumerate(roots)], nodes=[])
+        except asyncio.CancelledError:
+            return
+        self._state.trees.append(tree)
 
     async def _start_rollout(self, group: GroupRun, index: int, resume_from: str | None) -> None:
         input = self._input
@@ -216,12 +271,7 @@ class TrainingFeedWorkflow:
         run = workflow.info().workflow_id
         handle = await workflow.start_child_workflow(
             TrajectoryWorkflow.run,
-            TrajectoryInput(
-                env=input.env, item=group.item, env_config=input.env_config, policy=input.policy,
-                tool_call_parser=input.tool_call_parser, allow_network=self._allow_network, limits=input.limits,
-                sampling=input.sampling, batch_id=run, group_index=index, resume_from_run=resume_from, notify=run,
-                trainer_api=self._api_url() if input.sink == "atropos" else None,
-            ),
+            self._rollout_input(group, index, resume_from, notify=True),
             id=rollout_id(run, group.group_id, index),
             task_queue=workflow.info().task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -256,7 +306,10 @@ class TrainingFeedWorkflow:
             for index, when in sorted(group.resume_at.items()):
                 if when <= now:
                     del group.resume_at[index]
-                    await self._start_rollout(group, index, resume_from=group.resume_from.pop(index, None))
+                    if index == TREE:
+                        await self._start_tree(group, resume=True)
+                    else:
+                        await self._start_rollout(group, index, resume_from=group.resume_from.pop(index, None))
 
     def _next_resume_in(self) -> float | None:
         due = [when for group in self._state.groups.values() for when in group.resume_at.values()]
@@ -285,6 +338,8 @@ class TrainingFeedWorkflow:
         while state.inbox:
             result = state.inbox.pop(0)
             await self._finish(result)
+        while state.trees:
+            await self._finish_tree(state.trees.pop(0))
         for group_id in [g.group_id for g in state.groups.values() if all(r is not None for r in g.results)]:
             await self._post(state.groups.pop(group_id))
 
@@ -318,6 +373,35 @@ class TrainingFeedWorkflow:
         spent = "retries_spent" if result.stop_reason in RETRIED_STOPS else "failed"
         await self._give_up(group, f"{spent}:{result.stop_reason.value}")
 
+    async def _finish_tree(self, tree: RolloutTreeResult) -> None:
+        """A branching group's tree ended: its rollouts are the group; failures of the machinery resume the tree."""
+        input, state = self._input, self._state
+        assert input is not None
+        try:
+            group_id, _ = _place(tree.results[0].rollout_id)
+        except (IndexError, ValueError):
+            return
+        group = state.groups.get(group_id)
+        if group is None or group.tree_run is None:
+            return  # given up, or news already heard (its signal and its result both tell)
+        figures = state.figures
+        failed = {r.stop_reason for r in tree.results if r.failed}
+        group.tree_run = None
+        if not failed:
+            group.results = list(tree.results)
+            figures.rollouts_started += len(tree.results) - input.group_size  # the branches it made
+            figures.rollouts_finished += len(tree.results)
+            figures.tokens_generated += sum(r.completion_tokens for r in tree.results)
+            figures.turns_finished += sum(r.turns for r in tree.results)
+            return
+        if failed <= RETRIED_STOPS and group.tree_attempts <= input.max_retries:
+            figures.rollouts_retried += sum(1 for r in tree.results if r.failed)
+            delay = min(input.retry_backoff_s * 2 ** (group.tree_attempts - 1), MAX_BACKOFF_S)
+            group.resume_at[TREE] = workflow.time() + delay
+            return
+        spent = "retries_spent" if failed <= RETRIED_STOPS else "failed"
+        await self._give_up(group, f"{spent}:{sorted(r.value for r in failed)[0]}")
+
     async def _give_up(self, group: GroupRun, reason: str) -> None:
         """Count the group as dropped, and cancel its rollouts still running (their work can no longer count)."""
         self._state.groups.pop(group.group_id, None)
@@ -344,7 +428,8 @@ class TrainingFeedWorkflow:
                                results=results, policy=input.policy, sink=input.sink, output=state.output,
                                api_url=self._api_url(), env_id=state.trainer.env_id,
                                max_token_length=input.max_token_length, max_staleness=input.max_staleness,
-                               stale_groups=input.stale_groups),
+                               stale_groups=input.stale_groups,
+                               prefix_tokens=input.branch.prefix_tokens if input.branch else None),
                 **params.POST_FEED_GROUP.options(),
             )
         except ActivityError as err:

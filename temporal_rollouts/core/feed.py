@@ -14,7 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from temporal_rollouts.core.records import MAX_GROUP_SIZE, MAX_ITEM_OFFSET, RolloutLimits, Sampling, StopReason, TrajectoryResult
+from temporal_rollouts.core.forks import BranchSpec
 from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.core.trees import RolloutTreeResult
 
 
 class StaleGroups(StrEnum):
@@ -67,6 +69,10 @@ class FeedInput(BaseModel):
     output: str | None = Field(default=None, description="The JSONL file (in the results folder) for `sink: jsonl`.")
     api_url: str | None = Field(default=None, description="run-api; the workers' settings atropos.api_url when unset.")
     max_token_length: int = Field(default=0, ge=0, description="Cut sequences to this; 0: below the trainer's max_token_len.")
+    branch: BranchSpec | None = Field(
+        default=None, description="Branch every rollout at these turns into `factor` siblings: a group is then one "
+                                  "tree (RolloutTreeWorkflow), posted with its tree, resumed as a whole."
+    )
     env_weight: float = Field(default=1.0, gt=0, description="This env's weight in run-api's batches.")
     state: FeedState | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
 
@@ -82,6 +88,8 @@ class GroupRun(BaseModel):
     resume_at: dict[int, float] = Field(default_factory=dict, description="Rollouts waiting to be resumed: index -> when.")
     resume_from: dict[int, str | None] = Field(default_factory=dict, description="...and the run each resumes from.")
     started_step: int = 0
+    tree_run: str | None = Field(default=None, description="A branching group: the run of its RolloutTreeWorkflow.")
+    tree_attempts: int = 0
 
 
 class FeedFigures(BaseModel):
@@ -133,6 +141,7 @@ class FeedState(BaseModel):
     figures: FeedFigures = Field(default_factory=FeedFigures)
     trainer: TrainerView = Field(default_factory=TrainerView)
     inbox: list[TrajectoryResult] = Field(default_factory=list)
+    trees: list[RolloutTreeResult] = Field(default_factory=list, description="Trees that ended, not yet taken.")
     stopping: bool = False
     output: str | None = None
     api_url: str | None = None

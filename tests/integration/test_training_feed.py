@@ -194,3 +194,24 @@ async def test_a_restarted_run_api_gets_the_run_registered_again_and_posting_goe
     assert len(before) == len(after) == 2
     assert {g["group_overrides"]["group_id"] for g in before}.isdisjoint(g["group_overrides"]["group_id"] for g in after)
     assert done.figures.dropped == {} and done.trainer.env_id is not None
+
+
+@pytest.mark.timeout(600)
+async def test_a_branching_feed_posts_each_group_as_one_tree(client: Client, settings: Settings, demo_sft: str) -> None:
+    from temporal_rollouts.core.forks import BranchSpec
+    from temporal_rollouts.sinks.jsonl import read_groups
+
+    run = f"feed-tree-{uuid.uuid4().hex[:6]}"
+    feed = FeedInput(env="echo_chain", env_config={"steps": 3}, policy=demo_sft, group_size=2, max_groups=2,
+                     sink="jsonl", branch=BranchSpec(at_turns=[1], factor=2))
+    handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue)
+    done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
+    assert (done.figures.groups_posted, done.figures.dropped) == (2, {}), done.figures
+    assert done.figures.rollouts_started == 8, "two roots a group, each branching into two after turn 1"
+    groups = read_groups(Path(done.output))
+    assert len(groups) == 2
+    for group in groups:
+        assert len(group["scores"]) == 4 and group["scores"] == [1.0] * 4
+        points = group["group_overrides"]["tree"]["branch_points"]
+        assert len(points) == 2 and all(point["turn"] == 1 for point in points)
+        assert sum(1 for override in group["overrides"] if override.get("parent")) == 2
