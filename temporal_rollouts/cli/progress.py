@@ -13,14 +13,6 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 from temporalio.client import (
     Client,
@@ -30,6 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
@@ -63,13 +56,12 @@ async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
 async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
     """A progress bar until the batch finishes; returns its result. Rollouts waiting on retries
     show under the bar with the cause (`model unreachable: connection refused, retry 3`)."""
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     result_task = asyncio.ensure_future(handle.result())
     retry_lines: list[str] = []
     next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(handle.id, total=None, detail="loading items")
+    with BatchBar(console) as bar:
+        task = bar.add_task(handle.id, total=None)
+        bar.notes = [("loading items", "")]
         while not result_task.done():
             try:
                 progress = await _progress(handle)
@@ -79,15 +71,12 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
             except RPCError:
                 progress = None
             if progress:
-                mean = progress.mean_score
-                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
-                    f"{mean:.2f}" if mean is not None else "-")
-                if retry_lines:
-                    detail += "\n  [yellow]" + "\n  ".join(retry_lines) + "[/yellow]"
-                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
+                bar.show(progress, retry_lines)
+                bar.update(task, total=progress.total, completed=progress.completed + progress.failed)
             await asyncio.wait({result_task}, timeout=0.5)
         result = BatchResult.model_validate(result_task.result())
-        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
+        bar.notes = []
+        bar.update(task, total=result.total, completed=result.completed + result.failed)
     return result
 
 
@@ -190,8 +179,9 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  error: {data['error']}")
     if data.get("total") is not None:
         counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
-        if data.get("running"):
-            counts += f", {data['running']} running"
+        if data["status"] == "running":
+            queued = data["total"] - (data.get("completed") or 0) - (data.get("failed") or 0) - (data.get("running") or 0)
+            counts += f", {data.get('running') or 0} running, {max(queued, 0)} queued"
         lines.append(counts)
         mean = data.get("mean_score")
         lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
