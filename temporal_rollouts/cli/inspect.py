@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.records import (
     RolloutRecord,
     batch_rollout_ids,
@@ -213,7 +214,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--json", action="store_true")
 
     view = sub.add_parser("view", help="a local web page of batches, rollouts and trajectories",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                          formatter_class=DefaultsHelpFormatter)
     view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
     view.add_argument("--port", type=int, default=8300)
     view.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",

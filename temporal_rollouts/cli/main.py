@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
@@ -289,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    defaults = DefaultsHelpFormatter
 
     demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults)
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")

@@ -24,6 +24,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
@@ -39,7 +40,7 @@ WATCH_EVERY_S = 2.0
 def add_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
     actions = train.add_subparsers(dest="train_command", required=True)
-    start = actions.add_parser("start", help="start a training run", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
