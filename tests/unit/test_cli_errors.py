@@ -4,6 +4,8 @@ here fails before any connection is made, so no server runs."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,20 @@ def test_policy_serve_passes_the_demo_policys_fault_flags(monkeypatch) -> None:
 def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
     code, err = run(capsys, "list", "--fail-rate", "0.5")
     assert code == cli.EXIT_USAGE and err.endswith("error: unrecognized arguments: --fail-rate 0.5")
+
+
+def test_a_typo_in_an_environment_variable_names_the_variable(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER", "3")
+    code, err = run(capsys, "list")
+    assert (code, err) == (cli.EXIT_ERROR, "error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
+                                           "sandbox.slots_per_contaner: unknown field")
+
+
+def test_the_worker_reports_bad_settings_with_the_clis_exit_code(monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER", "3")
+    worker = Path(__file__).resolve().parents[2] / "worker.py"
+    env = {**os.environ, "PYTHONPATH": str(worker.parent)}
+    done = subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == cli.EXIT_ERROR, done.stderr
+    assert done.stderr.strip().endswith("error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
+                                        "sandbox.slots_per_contaner: unknown field")
