@@ -168,9 +168,10 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
                   "(a scripted test policy that replays reference solutions, not a model)")
     async with running_worker(settings) as client:
-        batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
+        batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
+                           policy=resolve_policy(settings, None))
         handle = await start_batch(client, settings, batch)
-        code = await finish(client, handle, console, settings, as_json=False)
+        code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
     if settings.embedded:
         console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
                       "`rollouts server stop` stops them.")

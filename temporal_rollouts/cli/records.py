@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
@@ -60,6 +60,18 @@ class BatchSummary(BaseModel):
     failed: int | None = None
     running: int | None = None
     mean_score: float | None = None
+
+
+FIRST_STARTED = "first_started_at"
+"""Memo of a resumed batch run: when the batch's first run started (a resume starts a new run)."""
+
+
+async def first_started_at(execution: WorkflowExecution) -> datetime | None:
+    """When a batch first started: its run's start, or the first run's, carried in a resumed run's memo."""
+    memo = await execution.memo()
+    if isinstance(memo.get(FIRST_STARTED), str):
+        return datetime.fromisoformat(memo[FIRST_STARTED])
+    return execution.start_time
 
 
 def status_name(status: WorkflowExecutionStatus | None) -> str:
@@ -162,7 +174,7 @@ async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
         counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
         summaries.append(BatchSummary(
             batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
-            policy=attributes.get(sa.POLICY), started_at=execution.start_time, **counts,
+            policy=attributes.get(sa.POLICY), started_at=await first_started_at(execution), **counts,
         ))
         if len(summaries) >= limit:
             break
