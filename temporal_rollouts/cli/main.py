@@ -160,6 +160,12 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return status_exit_code(data)
 
 
+def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
+    """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
+    return BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
+                      policy=resolve_policy(settings, None))
+
+
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
     from worker import running_worker
@@ -168,8 +174,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
                   "(a scripted test policy that replays reference solutions, not a model)")
     async with running_worker(settings) as client:
-        batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
-                           policy=resolve_policy(settings, None))
+        batch = demo_batch(args, settings)
         handle = await start_batch(client, settings, batch)
         code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
     if settings.embedded:

@@ -100,6 +100,11 @@ def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> 
     assert cli._batch_input(args, Settings()).policy == "mine"
 
 
+def test_the_demo_batch_names_its_policy(clean_shell: Path) -> None:
+    args = cli.build_parser().parse_args(["demo"])
+    assert cli.demo_batch(args, Settings()).policy == "demo"
+
+
 @pytest.mark.parametrize(("completed", "failed", "code"), [(4, 0, 0), (3, 1, 3), (0, 4, 4)])
 def test_exit_codes_tell_succeeded_partial_and_failed_batches(completed: int, failed: int, code: int) -> None:
     assert cli.batch_exit_code(completed, failed) == code
