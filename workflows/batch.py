@@ -186,7 +186,7 @@ class BatchWorkflow:
         return BatchResult(
             batch_id=batch_id, env=input.env, total=progress.total, completed=progress.completed,
             failed=progress.failed, mean_score=progress.mean_score, stop_reasons=progress.stop_reasons,
-            output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
+            stop_details=progress.stop_details, output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
 
@@ -285,12 +285,6 @@ class BatchWorkflow:
     def _record(self, result: TrajectoryResult) -> TrajectoryResult:
         progress = self._progress
         assert progress is not None
-        if result.failed:
-            progress.failed += 1
-        else:
-            progress.completed += 1
-            progress.score_sum += result.score
-        reason = result.stop_reason.value
-        progress.stop_reasons[reason] = progress.stop_reasons.get(reason, 0) + 1
+        progress.count(result)
         workflow.upsert_search_attributes([sa.COMPLETED.value_set(progress.completed + progress.failed)])
         return result

@@ -84,6 +84,7 @@ def summary_json(result: BatchResult) -> dict[str, Any]:
     return {
         "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
         "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
+        "stop_details": result.stop_details,
         "output": result.output, "groups_written": result.groups_written,
         "groups_pending": result.groups_pending, "resumed": result.resumed,
     }
@@ -96,6 +97,8 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
     table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
+    for reason, detail in sorted(result.stop_details.items()):
+        table.add_row(f"why {reason}", detail)
     table.add_row("groups written", str(result.groups_written))
     if result.groups_pending:
         table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
@@ -153,7 +156,8 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     if progress:
         data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
                  "running": progress.running, "mean_score": progress.mean_score,
-                 "stop_reasons": progress.stop_reasons, "output": progress.output}
+                 "stop_reasons": progress.stop_reasons, "stop_details": progress.stop_details,
+                 "output": progress.output}
     if described.status == WorkflowExecutionStatus.RUNNING:
         data["retrying"] = [note.model_dump() | {"headline": note.headline}
                             for note in await waiting_on_retries(client, batch_id)]
@@ -187,6 +191,8 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
     if data.get("stop_reasons"):
         lines.append("  stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(data["stop_reasons"].items())))
+    for reason, detail in sorted((data.get("stop_details") or {}).items()):
+        lines.append(f"  why {reason}: {detail}")
     notes = data.get("retrying") or []
     if notes:
         lines.append(f"  waiting on retries: {len(notes)}")

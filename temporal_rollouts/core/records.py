@@ -243,6 +243,10 @@ def failed_rollout_result(cause: BaseException | None) -> TrajectoryResult | Non
     return None
 
 
+STOP_DETAILS = "For each way rollouts failed, why the first of them stopped (e.g. the model server's answer)."
+MAX_STOP_DETAIL_CHARS = 500
+
+
 class BatchProgress(BaseModel):
     batch_id: str
     env: str
@@ -255,12 +259,24 @@ class BatchProgress(BaseModel):
     groups_pending: int = 0
     score_sum: float = 0.0
     stop_reasons: dict[str, int] = Field(default_factory=dict)
+    stop_details: dict[str, str] = Field(default_factory=dict, description=STOP_DETAILS)
     output: str | None = None
     done: bool = False
 
     @property
     def mean_score(self) -> float | None:
         return self.score_sum / self.completed if self.completed else None
+
+    def count(self, result: TrajectoryResult) -> None:
+        """Count a finished rollout: scored or failed, its stop reason, and why the first of its kind failed."""
+        reason = result.stop_reason.value
+        if result.failed:
+            self.failed += 1
+            self.stop_details.setdefault(reason, result.stop_detail[:MAX_STOP_DETAIL_CHARS])
+        else:
+            self.completed += 1
+            self.score_sum += result.score
+        self.stop_reasons[reason] = self.stop_reasons.get(reason, 0) + 1
 
 
 class BatchResult(BaseModel):
@@ -271,6 +287,7 @@ class BatchResult(BaseModel):
     failed: int
     mean_score: float | None
     stop_reasons: dict[str, int]
+    stop_details: dict[str, str] = Field(default_factory=dict, description=STOP_DETAILS)
     output: str | None
     groups_written: int
     groups_pending: int = Field(default=0, description="Groups held back because a member failed; `rollouts resume` completes them.")
