@@ -29,7 +29,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from activities.envs import BatchShape, EnvActivities, LoadItemsInput
+    from activities.envs import BatchShape, EnvActivities, LoadItemsInput, distinct_items
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
@@ -137,8 +137,8 @@ class BatchWorkflow:
                 EnvActivities.load_items,
                 LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
                                offset=input.item_offset,
-                               check=BatchShape(num_items=input.num_items, group_size=input.group_size,
-                                                policy=input.policy, max_concurrency=input.max_concurrency)),
+                               check=BatchShape(num_items=input.num_items, group_size=input.group_size, policy=input.policy,
+                                                max_concurrency=input.max_concurrency, cycle_items=input.cycle_items)),
                 params.LOAD_ITEMS,
             )
             output = await _setup_step(
@@ -148,7 +148,8 @@ class BatchWorkflow:
             cursor = BatchCursor(
                 next_item=0, allow_network=loaded.allow_network,
                 progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * input.group_size,
-                                       output=output),
+                                       items=input.num_items,
+                                       distinct_items=distinct_items(loaded.item_count, input.num_items), output=output),
             )
         else:
             cursor = input.cursor
@@ -186,7 +187,8 @@ class BatchWorkflow:
         return BatchResult(
             batch_id=batch_id, env=input.env, total=progress.total, completed=progress.completed,
             failed=progress.failed, mean_score=progress.mean_score, stop_reasons=progress.stop_reasons,
-            stop_details=progress.stop_details, output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
+            stop_details=progress.stop_details, items=progress.items, distinct_items=progress.distinct_items,
+            output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
 

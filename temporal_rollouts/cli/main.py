@@ -74,11 +74,23 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
     fields = {
         "env": known_env(args.env), "num_items": args.items, "group_size": args.group_size,
-        "item_offset": args.offset, "policy": resolve_policy(settings, args.policy), "limits": limits,
+        "item_offset": args.offset, "cycle_items": args.cycle, "policy": resolve_policy(settings, args.policy),
+        "limits": limits,
         "max_concurrency": args.max_concurrency, "start_rate": args.start_rate, "output": args.output,
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
-    return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+    batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+    _check_items(batch)
+    return batch
+
+
+def _check_items(batch: BatchInput) -> None:
+    """The batch's first step checks this too; here it is refused before anything starts."""
+    from activities.envs import check_items_fit
+    from envs.registry import get_env
+
+    item_count = get_env(batch.env, batch.env_config).item_count()
+    check_items_fit(batch.env, item_count, batch.num_items, batch.item_offset, batch.cycle_items)
 
 
 def _json_option(flag: str, text: str) -> Any:
@@ -308,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument("--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)")
     batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument("--cycle", action="store_true",
+                       help="go round the task set again when --items runs past its end (repeats tasks)")
     batch.add_argument("--policy", default=None,
                        help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
                             "default: the config's default_policy")

@@ -84,7 +84,7 @@ def summary_json(result: BatchResult) -> dict[str, Any]:
     return {
         "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
         "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
-        "stop_details": result.stop_details,
+        "stop_details": result.stop_details, "items": result.items, "distinct_items": result.distinct_items,
         "output": result.output, "groups_written": result.groups_written,
         "groups_pending": result.groups_pending, "resumed": result.resumed,
     }
@@ -94,6 +94,8 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
     table = Table(title=f"batch {result.batch_id}", show_header=False)
     if policy:
         table.add_row("policy", policy)
+    if result.items is not None:
+        table.add_row("items", f"{result.items} ({result.distinct_items} distinct)")
     table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))

@@ -65,6 +65,9 @@ CASES: list[tuple[str, str, str | None, list[str]]] = [
      ["group_size: must be at most 1024"]),
     ("item_offset past the task set", "BatchWorkflow", '{"env": "terminal_tasks", "item_offset": 1000000000000}',
      [f"item_offset: 1000000000000 is past the end of env 'terminal_tasks', which has {len(bundled_tasks())} items"]),
+    ("num_items past the task set", "BatchWorkflow", '{"env": "terminal_tasks", "num_items": 500}',
+     [f"num_items: 500 items from offset 0 run past the end of env 'terminal_tasks', which has {len(bundled_tasks())} "
+      "items", "cycle_items"]),
     ("absurd item_offset", "BatchWorkflow", '{"env": "echo_chain", "item_offset": 1000000000000000000}',
      ["item_offset: must be at most 1000000000000"]),
     ("output outside results", "BatchWorkflow",

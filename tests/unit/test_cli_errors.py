@@ -140,3 +140,18 @@ def test_the_worker_reports_bad_settings_with_the_clis_exit_code(monkeypatch) ->
     assert done.returncode == cli.EXIT_ERROR, done.stderr
     assert done.stderr.strip().endswith("error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
                                         "sandbox.slots_per_contaner: unknown field")
+
+
+def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> None:
+    from envs.terminal_tasks import bundled_tasks
+
+    count = len(bundled_tasks())
+    code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "500")
+    assert (code, err) == (cli.EXIT_ERROR, f"error: num_items: 500 items from offset 0 run past the end of env "
+                                           f"'terminal_tasks', which has {count} items: ask for at most {count}, or go "
+                                           f"round the task set again with cycle_items (`rollouts batch --cycle`), "
+                                           f"which repeats tasks")
+    code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "3", "--offset", str(count - 2))
+    assert code == cli.EXIT_ERROR and "ask for at most 2" in err
+    args = cli.build_parser().parse_args(["batch", "--env", "terminal_tasks", "--items", "500", "--cycle"])
+    assert cli._batch_input(args, Settings()).cycle_items is True
