@@ -203,4 +203,6 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
     if data.get("output"):
         lines.append(f"  results: {data['output']}")
+    if data.get("total"):
+        lines.append(f"  rollouts: `rollouts list {data['batch_id']}` (ids, stop reasons, scores)")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
@@ -60,6 +60,19 @@ class BatchSummary(BaseModel):
     failed: int | None = None
     running: int | None = None
     mean_score: float | None = None
+
+    @computed_field
+    @property
+    def outcome(self) -> str:
+        """What became of the batch, for people: `failed` when no rollout of a finished batch was
+        scored, `partial` when some failed, else its workflow status (`completed`, `running`, ...)."""
+        return batch_outcome(self.status, self.completed, self.failed)
+
+
+def batch_outcome(status: str, completed: int | None, failed: int | None) -> str:
+    if status != "completed" or not failed:
+        return status
+    return "partial" if completed else "failed"
 
 
 FIRST_STARTED = "first_started_at"
@@ -135,10 +148,10 @@ async def batch_rollout_ids(client: Client, batch_id: str) -> list[str]:
     """Every rollout of a batch, in item and group order (a resumed rollout is listed once)."""
     query = f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow'"
     ids = {execution.id async for execution in client.list_workflows(query)}
-    return sorted(ids, key=_natural_key)
+    return sorted(ids, key=natural_key)
 
 
-def _natural_key(value: str) -> list[Any]:
+def natural_key(value: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value)]
 
 
@@ -162,8 +175,10 @@ async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionS
             "mean_score": progress.mean_score}
 
 
-async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
-    """The latest `limit` batches, newest first, with their counts."""
+async def list_batches(client: Client, limit: int = 20,
+                       closed_counts: dict[str, dict[str, Any]] | None = None) -> list[BatchSummary]:
+    """The latest `limit` batches, newest first, with their counts. `closed_counts` (by run id) keeps
+    the counts of closed runs between calls, as they never change."""
     summaries: list[BatchSummary] = []
     seen: set[str] = set()
     async for execution in client.list_workflows("WorkflowType = 'BatchWorkflow'"):
@@ -171,7 +186,12 @@ async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
             continue
         seen.add(execution.id)
         attributes = execution.typed_search_attributes
-        counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
+        if closed_counts is not None and execution.run_id in closed_counts:
+            counts = closed_counts[execution.run_id]
+        else:
+            counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
+            if closed_counts is not None and counts and execution.status != WorkflowExecutionStatus.RUNNING:
+                closed_counts[execution.run_id] = counts
         summaries.append(BatchSummary(
             batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
             policy=attributes.get(sa.POLICY), started_at=await first_started_at(execution), **counts,
@@ -234,7 +254,7 @@ async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
             error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
             notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
                                    attempt=pending.attempt, error_type=error_type or None, reason=failure.message))
-    return sorted(notes, key=lambda note: _natural_key(note.rollout_id))
+    return sorted(notes, key=lambda note: natural_key(note.rollout_id))
 
 
 def retry_summary(notes: list[RetryNote]) -> list[str]:

@@ -160,6 +160,10 @@ async def test_a_resumed_batch_keeps_its_labels(client: Client, settings: Settin
     assert listed["policy"] == "demo"
     assert datetime.fromisoformat(listed["started_at"]) == first_started
     assert (await rollouts_cli(settings, "status", handle.id, "--json"))["policy"] == "demo"
+    # its rollout failed, then was resumed to a score: listed as it is now, not as its first run was
+    assert await rollouts_cli(settings, "list", handle.id, "--status", "failed", "--json") == []
+    [row] = await rollouts_cli(settings, "list", handle.id, "--json")
+    assert (row["status"], row["score"]) == ("completed", 1.0)
 
 
 async def test_resume_of_an_unknown_id_says_so_as_other_commands_do(settings: Settings, client: Client) -> None:

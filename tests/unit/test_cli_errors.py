@@ -121,7 +121,7 @@ def test_policy_serve_passes_the_demo_policys_fault_flags(monkeypatch) -> None:
 
 
 def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
-    code, err = run(capsys, "list", "--fail-rate", "0.5")
+    code, err = run(capsys, "slots", "--fail-rate", "0.5")
     assert code == cli.EXIT_USAGE and err.endswith("error: unrecognized arguments: --fail-rate 0.5")
 
 
