@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
@@ -25,7 +27,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow
+from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
@@ -173,23 +175,48 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
         await asyncio.sleep(WATCH_EVERY_S)
 
 
-async def _list(client: Client, console: Console) -> int:
+class RunSummary(BaseModel):
+    """One training run in `rollouts train list` and on the web page."""
+
+    run: str
+    status: str
+    env: str | None = None
+    started_at: datetime | None = None
+    groups_posted: int | None = None
+    in_flight: int | None = None
+
+
+async def list_training_runs(client: Client, limit: int = 50) -> list[RunSummary]:
+    """Training runs, newest first; a running one with its posted and in-flight groups."""
+    runs: list[RunSummary] = []
     seen: set[str] = set()
-    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'", limit=200):
+    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'"):
         if execution.id in seen:  # an earlier run of one that continued as new
             continue
         seen.add(execution.id)
-        state = execution.status.name.lower() if execution.status else "unknown"
-        started = execution.start_time.isoformat(timespec="seconds") if execution.start_time else "-"
-        line = f"{execution.id}  {state}  started {started}"
+        summary = RunSummary(run=execution.id, status=status_name(execution.status),
+                             env=execution.typed_search_attributes.get(sa.ENV), started_at=execution.start_time)
         if execution.status == WorkflowExecutionStatus.RUNNING:
             try:
                 status = FeedStatus.model_validate(
                     await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT))
-                line += f"  posted {status.figures.groups_posted}, in flight {status.in_flight}"
+                summary.groups_posted, summary.in_flight = status.figures.groups_posted, status.in_flight
             except RPCError:
                 pass
+        runs.append(summary)
+        if len(runs) >= limit:
+            break
+    return runs
+
+
+async def _list(client: Client, console: Console) -> int:
+    runs = await list_training_runs(client, limit=200)
+    for run in runs:
+        started = run.started_at.isoformat(timespec="seconds") if run.started_at else "-"
+        line = f"{run.run}  {run.status}  started {started}"
+        if run.groups_posted is not None:
+            line += f"  posted {run.groups_posted}, in flight {run.in_flight}"
         console.print(line, soft_wrap=True)
-    if not seen:
+    if not runs:
         console.print("no training runs (start one with `rollouts train start NAME --env ENV --policy P`)")
     return 0
