@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,12 +19,14 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
+from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.app import create_app
+from temporal_rollouts.view.figures import Counts, batch_figures
 from tests.support import TEMPLATES
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.process import free_port
@@ -386,4 +389,48 @@ async def test_a_training_run_is_listed_with_its_feed_figures(training_run: Feed
         await row_count(page, 4)  # the run's rollouts: two groups of two
         assert await page.locator("#rollout-rows tr.row", has_text="completed").count() == 4
         assert "Figures of training run" in await page.inner_text("#figures-title")
+        await browser.close()
+
+
+async def test_a_thousand_rollouts_render_at_once_and_the_two_zero_scores_are_one_click_away(served: str) -> None:
+    """The page against a batch of 1,000 rollouts (its API answered here, as the server would answer):
+    the list and the charts render within a second or two, and the score bar of 0 lists its two."""
+    rows = [RolloutRow(rollout_id=f"big/item-{i}/g0", run_id=f"run-{i}", status="completed", stop_reason="completed",
+                       score=0.0 if i in (17, 803) else 1.0) for i in range(1000)]
+    outcomes = {row.rollout_id: RolloutOutcome(turns=2 + i % 5, tool_calls=1, timings={"acquire": 0.1, "llm": 1.0, "tools": 0.2,
+                                                                                      "verify": 0.3, "total": 1.7})
+                for i, row in enumerate(rows)}
+    figures = batch_figures("big", "batch", "completed", Counts(total=1000, completed=1000), rows, outcomes, 0)
+    batch = {"batch_id": "big", "status": "completed", "outcome": "completed", "total": 1000, "completed": 1000,
+             "failed": 0, "running": 0, "mean_score": 0.998}
+    asked: list[str] = []
+
+    async def answer(route) -> None:
+        url = route.request.url
+        if url.endswith("/api/batches"):
+            body = [batch]
+        elif url.endswith("/api/runs"):
+            body = []
+        elif "/figures" in url:
+            body = figures.model_dump(mode="json")
+        else:
+            asked.append(url)
+            zeros = "max_score=0" in url
+            body = [row.model_dump(mode="json") for row in rows if not zeros or row.score == 0.0]
+        await route.fulfill(json=body)
+
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.route("**/api/**", answer)
+        await page.reload()
+        started = time.monotonic()
+        await page.locator("tr[data-batch='big']").click()
+        await row_count(page, 1000)
+        await page.locator("#chart-time [data-part='model']").wait_for()
+        elapsed = time.monotonic() - started
+        assert elapsed < 3.0, f"{elapsed:.1f} s to show 1,000 rollouts and their figures"
+        assert await page.locator("#chart-scores rect.bar").count() == 2  # 0 and 1
+        await page.locator("#chart-scores rect[data-label='0']").click()
+        await row_count(page, 2)
+        assert "min_score=0" in asked[-1] and "max_score=0" in asked[-1]
         await browser.close()
