@@ -174,8 +174,10 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
     """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
-    return BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
-                      policy=resolve_policy(settings, None))
+    batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
+                       policy=resolve_policy(settings, None))
+    _check_items(batch)
+    return batch
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -185,8 +187,8 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     console = Console()
     console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
                   "(a scripted test policy that replays reference solutions, not a model)")
+    batch = demo_batch(args, settings)  # refused before a worker or server is started
     async with running_worker(settings) as client:
-        batch = demo_batch(args, settings)
         handle = await start_batch(client, settings, batch)
         code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
     if settings.embedded:

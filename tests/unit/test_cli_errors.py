@@ -155,3 +155,5 @@ def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> No
     assert code == cli.EXIT_ERROR and "ask for at most 2" in err
     args = cli.build_parser().parse_args(["batch", "--env", "terminal_tasks", "--items", "500", "--cycle"])
     assert cli._batch_input(args, Settings()).cycle_items is True
+    code, err = run(capsys, "demo", "--items", "500")
+    assert code == cli.EXIT_ERROR and "num_items: 500 items from offset 0 run past the end" in err
