@@ -12,7 +12,13 @@ import json
 from temporalio.client import Client
 
 from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.rollout_rows import MAX_ROLLOUTS, RolloutFilter, RolloutRow, list_rollouts, read_outcomes
+from temporal_rollouts.cli.rollout_rows import (
+    MAX_ROLLOUTS,
+    RolloutFilter,
+    RolloutRow,
+    list_rollouts,
+    read_outcomes,
+)
 from temporal_rollouts.core.errors import ConfigError
 
 LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow")

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from rich.console import Console, RenderableType
 from rich.padding import Padding
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Column
 from rich.text import Text
 

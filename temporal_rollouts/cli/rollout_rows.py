@@ -11,17 +11,27 @@ Turns and timings live only in each run's result: `read_outcomes` reads them, cl
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from datetime import datetime
 
 from pydantic import BaseModel, Field
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 from temporalio.service import RPCError
 
 from temporal_rollouts.cli.records import natural_key, quoted, status_name
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.records import StopReason, TrajectoryResult, failed_rollout_result
+from temporal_rollouts.core.records import (
+    StopReason,
+    TrajectoryResult,
+    failed_rollout_result,
+)
 
 MAX_ROLLOUTS = 10_000
 """Rows listed for one batch at most; a filter narrows a larger batch."""
@@ -89,7 +99,7 @@ def rollouts_query(batch_id: str, wanted: RolloutFilter) -> str:
 
 def _number(value: float) -> str:
     """A score as the visibility query reads it: plain decimals, never `1e-05`."""
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise ConfigError(f"a score bound must be a finite number, not {value}")
     return f"{value:.12f}".rstrip("0").rstrip(".") or "0"
 

@@ -23,7 +23,13 @@ from starlette.routing import Route
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.records import batch_counts, describe_or_none, list_batches, load_rollout, status_name
+from temporal_rollouts.cli.records import (
+    batch_counts,
+    describe_or_none,
+    list_batches,
+    load_rollout,
+    status_name,
+)
 from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
 from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError

@@ -12,7 +12,12 @@ import asyncio
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.rollout_rows import READ_CONCURRENCY, RolloutOutcome, RolloutRow, read_outcome
+from temporal_rollouts.cli.rollout_rows import (
+    READ_CONCURRENCY,
+    RolloutOutcome,
+    RolloutRow,
+    read_outcome,
+)
 
 MAX_KEPT = 100_000
 """Outcomes kept at most (each is a few numbers); the oldest go first."""

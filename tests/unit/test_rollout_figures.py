@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from temporal_rollouts.cli.records import natural_key
-from temporal_rollouts.cli.rollout_rows import RolloutFilter, RolloutOutcome, RolloutRow, rollouts_query
+from temporal_rollouts.cli.rollout_rows import (
+    RolloutFilter,
+    RolloutOutcome,
+    RolloutRow,
+    rollouts_query,
+)
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.view.figures import histogram, stop_reason_bars, time_shares
 
