@@ -9,6 +9,7 @@ knows more.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from temporalio.client import Client
 
@@ -18,6 +19,8 @@ from temporal_rollouts.cli.rollout_rows import (
     RolloutRow,
     read_outcome,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_KEPT = 100_000
 """Outcomes kept at most (each is a few numbers); the oldest go first."""
@@ -47,10 +50,14 @@ class OutcomeCache:
         return task
 
     async def _fetch(self, row: RolloutRow) -> None:
+        outcome = None
         try:
             async with self._slots:
-                self._keep(row.run_id, await read_outcome(self._client, row))
+                outcome = await read_outcome(self._client, row)
+        except Exception as err:  # noqa: BLE001  an unreadable result is left out of the figures, not retried forever
+            log.warning("cannot read the result of %s (run %s): %s", row.rollout_id, row.run_id, err)
         finally:
+            self._keep(row.run_id, outcome)
             self._reading.pop(row.run_id, None)
 
     def _keep(self, run_id: str, outcome: RolloutOutcome | None) -> None:
