@@ -17,7 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
@@ -79,11 +84,22 @@ FIRST_STARTED = "first_started_at"
 """Memo of a resumed batch run: when the batch's first run started (a resume starts a new run)."""
 
 
-async def first_started_at(execution: WorkflowExecution) -> datetime | None:
-    """When a batch first started: its run's start, or the first run's, carried in a resumed run's memo."""
+async def first_started_at(client: Client, execution: WorkflowExecution) -> datetime | None:
+    """When a batch first started: the start of the first run of its chain of runs (a long batch
+    continues as new), or of the run it was resumed from, which a resumed run carries in its memo
+    (and passes on as it continues as new). A listed run does not name its chain's first run; a
+    description does."""
     memo = await execution.memo()
     if isinstance(memo.get(FIRST_STARTED), str):
         return datetime.fromisoformat(memo[FIRST_STARTED])
+    try:
+        if not execution.raw_info.first_run_id:
+            execution = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
+        first_run = execution.raw_info.first_run_id
+        if first_run and first_run != execution.run_id:
+            return (await client.get_workflow_handle(execution.id, run_id=first_run).describe()).start_time
+    except RPCError:
+        pass
     return execution.start_time
 
 
@@ -175,10 +191,10 @@ async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionS
             "mean_score": progress.mean_score}
 
 
-async def list_batches(client: Client, limit: int = 20,
-                       closed_counts: dict[str, dict[str, Any]] | None = None) -> list[BatchSummary]:
-    """The latest `limit` batches, newest first, with their counts. `closed_counts` (by run id) keeps
-    the counts of closed runs between calls, as they never change."""
+async def list_batches(client: Client, limit: int = 20, closed_counts: dict[str, dict[str, Any]] | None = None,
+                       first_starts: dict[str, datetime | None] | None = None) -> list[BatchSummary]:
+    """The latest `limit` batches, newest first, with their counts. `closed_counts` and `first_starts`
+    (by run id) keep what never changes between calls: the counts of closed runs, when chains began."""
     summaries: list[BatchSummary] = []
     seen: set[str] = set()
     async for execution in client.list_workflows("WorkflowType = 'BatchWorkflow'"):
@@ -194,11 +210,20 @@ async def list_batches(client: Client, limit: int = 20,
                 closed_counts[execution.run_id] = counts
         summaries.append(BatchSummary(
             batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
-            policy=attributes.get(sa.POLICY), started_at=await first_started_at(execution), **counts,
+            policy=attributes.get(sa.POLICY), started_at=await _first_start(client, execution, first_starts), **counts,
         ))
         if len(summaries) >= limit:
             break
     return summaries
+
+
+async def _first_start(client: Client, execution: WorkflowExecution,
+                       known: dict[str, datetime | None] | None) -> datetime | None:
+    if known is None:
+        return await first_started_at(client, execution)
+    if execution.run_id not in known:
+        known[execution.run_id] = await first_started_at(client, execution)
+    return known[execution.run_id]
 
 
 class RetryNote(BaseModel):

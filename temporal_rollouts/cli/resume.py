@@ -12,7 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -20,7 +25,11 @@ from temporalio.common import (
 )
 
 from temporal_rollouts.cli.progress import finish
-from temporal_rollouts.cli.records import FIRST_STARTED, describe_or_none, first_started_at
+from temporal_rollouts.cli.records import (
+    FIRST_STARTED,
+    describe_or_none,
+    first_started_at,
+)
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, TrajectoryInput
@@ -112,7 +121,7 @@ async def resume_batch(client: Client, settings: Settings, described: WorkflowEx
     attributes = [SearchAttributePair(sa.ENV, original.env)]
     if policy := described.typed_search_attributes.get(sa.POLICY) or original.policy:
         attributes.append(SearchAttributePair(sa.POLICY, policy))
-    first_started = await first_started_at(described)
+    first_started = await first_started_at(client, described)
     return await client.start_workflow(
         BatchWorkflow.run, original.model_copy(update={"resume": True, "cursor": None}), id=described.id,
         task_queue=settings.temporal.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

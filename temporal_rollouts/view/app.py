@@ -11,6 +11,7 @@ conversations and has no login. It also serves a codec endpoint for the Temporal
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ def create_app(
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
     header is refused, so a web page cannot read the conversations through DNS rebinding."""
     closed_counts: dict[str, dict[str, Any]] = {}
+    first_starts: dict[str, datetime | None] = {}
     outcomes = OutcomeCache(client)
 
     async def page(request: Request) -> FileResponse:
@@ -78,7 +80,7 @@ def create_app(
 
     async def batches(request: Request) -> JSONResponse:
         limit = int(request.query_params.get("limit", "50"))
-        found = await list_batches(client, limit, closed_counts)
+        found = await list_batches(client, limit, closed_counts, first_starts)
         return JSONResponse([batch.model_dump(mode="json") for batch in found])
 
     async def runs(request: Request) -> JSONResponse:

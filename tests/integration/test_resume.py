@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from envs.terminal_tasks.env import TerminalTasksEnv
 from temporal_rollouts.cli.main import start_batch
+from temporal_rollouts.cli.records import list_batches
 from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
@@ -210,8 +211,10 @@ async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Setting
                 id=batch_id, task_queue=own.temporal.task_queue,
             ))
             runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
+            [listed] = [b for b in await list_batches(client, 10) if b.batch_id == batch_id]
     finally:
         await env.shutdown()
     assert len(runs) > 1, "the batch continued as new"
+    assert listed.started_at == min(run.start_time for run in runs), "listed as started when its first run did"
     assert (result.total, result.completed, result.groups_written) == (12, 12, 12)
     assert len(read_groups(Path(result.output))) == 12
