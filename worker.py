@@ -42,6 +42,7 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from temporal_rollouts.cli.progress import EXIT_ERROR
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     asyncio.run(main_async(settings))
     return 0
 

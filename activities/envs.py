@@ -18,6 +18,28 @@ MAX_PAGE_ITEMS = 10_000
 """One page of items travels in one activity result; larger requests are refused."""
 
 
+def check_items_fit(env: str, item_count: int | None, num_items: int, offset: int, cycle: bool) -> None:
+    """A batch's items lie inside the env's task set, unless it asked to go round it again."""
+    if item_count is None:
+        return
+    if offset >= item_count:
+        raise ConfigError(
+            f"item_offset: {offset} is past the end of env {env!r}, which has {item_count} items "
+            f"(offsets 0..{item_count - 1})"
+        )
+    if not cycle and offset + num_items > item_count:
+        room = item_count - offset
+        raise ConfigError(
+            f"num_items: {num_items} items from offset {offset} run past the end of env {env!r}, which has "
+            f"{item_count} items: ask for at most {room}, or go round the task set again with cycle_items "
+            f"(`rollouts batch --cycle`), which repeats tasks"
+        )
+
+
+def distinct_items(item_count: int | None, num_items: int) -> int:
+    return num_items if item_count is None else min(num_items, item_count)
+
+
 class BatchShape(BaseModel):
     """What the first page checks against the worker's settings before the batch does any work."""
 
@@ -27,6 +49,7 @@ class BatchShape(BaseModel):
     group_size: int
     policy: str | None = None
     max_concurrency: int | None = None
+    cycle_items: bool = False
 
 
 class LoadItemsInput(BaseModel):
@@ -42,6 +65,7 @@ class LoadItemsInput(BaseModel):
 class LoadedItems(BaseModel):
     items: list[Item]
     allow_network: bool
+    item_count: int | None = Field(default=None, description="The env's distinct items; None: no end.")
 
 
 class EnvActivities:
@@ -53,9 +77,11 @@ class EnvActivities:
     async def load_items(self, input: LoadItemsInput) -> LoadedItems:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
+            item_count = env.item_count()
             if input.check is not None:
-                self._check_batch(input, env.item_count())
-            return LoadedItems(items=env.load_items(input.count, input.offset), allow_network=env.allow_network)
+                self._check_batch(input, item_count)
+            return LoadedItems(items=env.load_items(input.count, input.offset), allow_network=env.allow_network,
+                               item_count=item_count)
 
     def _check_batch(self, input: LoadItemsInput, item_count: int | None) -> None:
         shape = input.check
@@ -72,9 +98,5 @@ class EnvActivities:
                 f"max_concurrency: {shape.max_concurrency} rollouts at once is over this worker's limit of "
                 f"{self._settings.max_batch_concurrency} (settings max_batch_concurrency)"
             )
-        if item_count is not None and input.offset >= item_count:
-            raise ConfigError(
-                f"item_offset: {input.offset} is past the end of env {input.env!r}, which has {item_count} items "
-                f"(offsets 0..{item_count - 1})"
-            )
+        check_items_fit(input.env, item_count, shape.num_items, input.offset, shape.cycle_items)
         self._settings.policy_endpoint(shape.policy)

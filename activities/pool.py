@@ -8,6 +8,7 @@ after its workspace is saved for a resume.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -16,11 +17,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.snapshots import SnapshotActivities
-from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.errors import LeaseLost, activity_boundary
 from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, SlotLease
 from temporal_rollouts.storage.snapshots import snapshot_key
+
+log = logging.getLogger(__name__)
 
 
 class MaintenanceReport(BaseModel):
@@ -53,10 +56,16 @@ class PoolActivities:
 
     async def save_workspace(self, lease: SlotLease) -> None:
         """A closed holder never released its slot (terminated, or its worker died for good):
-        keep its workspace so that `rollouts resume` can continue the rollout."""
+        keep its workspace so that `rollouts resume` can continue the rollout. A lease the holder
+        gave back since the reaper listed it (its own release, as it closed) has nothing to save."""
         holder = lease.holder
-        if holder.workflow_id and holder.run_id:
+        if not (holder.workflow_id and holder.run_id):
+            return
+        try:
             await self._snapshots.save(lease, snapshot_key(holder.workflow_id, holder.run_id))
+        except LeaseLost:
+            log.debug("slot %d of %s was released by %s itself before it was reaped", lease.slot,
+                      lease.container_id, holder.workflow_id)
 
     @activity.defn(name="maintain_slot_pool")
     async def maintain_slot_pool(self) -> MaintenanceReport:

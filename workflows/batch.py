@@ -24,7 +24,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.envs import BatchShape, EnvActivities, LoadItemsInput
+    from activities.envs import BatchShape, EnvActivities, LoadItemsInput, distinct_items
     from activities.resume import ResumeActivities, RolloutOutcome, RunRef
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
@@ -115,7 +115,8 @@ class BatchWorkflow:
                 LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
                                offset=input.item_offset,
                                check=BatchShape(num_items=input.num_items, group_size=_per_group(input),
-                                                policy=input.policy, max_concurrency=input.max_concurrency)),
+                                                policy=input.policy, max_concurrency=input.max_concurrency,
+                                                cycle_items=input.cycle_items)),
                 params.LOAD_ITEMS,
             )
             output = await _setup_step(
@@ -125,7 +126,8 @@ class BatchWorkflow:
             cursor = BatchCursor(
                 next_item=0, allow_network=loaded.allow_network,
                 progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * _per_group(input),
-                                       output=output),
+                                       items=input.num_items,
+                                       distinct_items=distinct_items(loaded.item_count, input.num_items), output=output),
             )
         else:
             cursor = input.cursor
@@ -164,6 +166,7 @@ class BatchWorkflow:
         return BatchResult(
             batch_id=batch_id, env=input.env, total=progress.total, completed=progress.completed,
             failed=progress.failed, mean_score=progress.mean_score, stop_reasons=progress.stop_reasons,
+            stop_details=progress.stop_details, items=progress.items, distinct_items=progress.distinct_items,
             output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
@@ -297,13 +300,7 @@ class BatchWorkflow:
     def _record(self, result: TrajectoryResult) -> TrajectoryResult:
         progress = self._progress
         assert progress is not None
-        if result.failed:
-            progress.failed += 1
-        else:
-            progress.completed += 1
-            progress.score_sum += result.score
-        reason = result.stop_reason.value
-        progress.stop_reasons[reason] = progress.stop_reasons.get(reason, 0) + 1
+        progress.count(result)
         workflow.upsert_search_attributes([sa.COMPLETED.value_set(progress.completed + progress.failed)])
         return result
 

@@ -19,6 +19,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+from temporal_rollouts.cli.list_rollouts import add_filter_arguments, cmd_list_rollouts, refuse_filters_without_a_batch
 from temporal_rollouts.cli.records import (
     RolloutRecord,
     batch_rollout_ids,
@@ -27,12 +29,15 @@ from temporal_rollouts.cli.records import (
     require_workflow,
     rollout_branches,
 )
+from temporal_rollouts.cli.rollout_rows import MAX_ROLLOUTS
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 TOOL_RESULT_CHARS = 800
 """A tool result longer than this is shown as its head and tail in `rollouts show`."""
+BATCHES_LISTED = 20
+"""Batches `rollouts list` shows unless --limit says otherwise."""
 EXPORT_CONCURRENCY = 16
 """Rollouts `rollouts export` reads at once (each is a describe, a result and a transcript walk)."""
 
@@ -182,8 +187,12 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    if args.batch_id is None:
+        refuse_filters_without_a_batch(args)
     client, _ = await inspection_client(settings)
-    batches = await list_batches(client, args.limit)
+    if args.batch_id is not None:
+        return await cmd_list_rollouts(client, args)
+    batches = await list_batches(client, args.limit or BATCHES_LISTED)
     if args.json:
         print(json.dumps([b.model_dump(mode="json") for b in batches]))
         return 0
@@ -197,7 +206,7 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
             return "-" if value is None else str(value)
         score = "-" if b.mean_score is None else f"{b.mean_score:.2f}"
         started = b.started_at.strftime("%Y-%m-%d %H:%M:%S") if b.started_at else "-"
-        print(f"{b.batch_id:<36} {b.status:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
+        print(f"{b.batch_id:<36} {b.outcome:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
               f"{num(b.completed):>5} {num(b.failed):>6} {num(b.running):>7} {score:>6}  {started}")
     return 0
 
@@ -217,7 +226,7 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="a rollout's conversation, tool calls, results, stop reason, score and timings")
-    show.add_argument("rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1")
+    show.add_argument("rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1 (`rollouts list BATCH_ID` lists them)")
     show.add_argument("--json", action="store_true", help="the whole record as one JSON object")
 
     export = sub.add_parser("export", help="every rollout of a batch, failed ones included, as JSONL")
@@ -228,12 +237,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         help="also write the Atropos viewer's HTML beside it (needs the rl extra)")
     export.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    listing = sub.add_parser("list", help="batches, newest first, with their counts")
-    listing.add_argument("--limit", type=int, default=20, help="how many batches (default: %(default)s)")
+    listing = sub.add_parser("list", help="batches, newest first, with their counts; or the rollouts of one batch",
+                             description="Without BATCH_ID: batches, newest first, with their counts. With it: the "
+                                         "rollouts of that batch or training run (ids for `rollouts show`), filtered.")
+    listing.add_argument("batch_id", nargs="?", default=None, metavar="BATCH_ID",
+                         help="list this batch's (or training run's) rollouts instead")
+    listing.add_argument("--limit", type=int, default=None,
+                         help=f"how many batches (default {BATCHES_LISTED}) or rollouts (default {MAX_ROLLOUTS})")
+    add_filter_arguments(listing)
     listing.add_argument("--json", action="store_true")
 
     view = sub.add_parser("view", help="a local web page of batches, rollouts and trajectories",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                          formatter_class=DefaultsHelpFormatter)
     view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
     view.add_argument("--port", type=int, default=8300)
     view.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",

@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporal_rollouts.cli import fork as cli_fork
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
@@ -74,11 +75,23 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
     fields = {
         "env": known_env(args.env), "num_items": args.items, "group_size": args.group_size,
-        "item_offset": args.offset, "policy": resolve_policy(settings, args.policy), "limits": limits,
+        "item_offset": args.offset, "cycle_items": args.cycle, "policy": resolve_policy(settings, args.policy),
+        "limits": limits,
         "max_concurrency": args.max_concurrency, "start_rate": args.start_rate, "output": args.output,
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
-    return parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+    batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
+    _check_items(batch)
+    return batch
+
+
+def _check_items(batch: BatchInput) -> None:
+    """The batch's first step checks this too; here it is refused before anything starts."""
+    from activities.envs import check_items_fit
+    from envs.registry import get_env
+
+    item_count = get_env(batch.env, batch.env_config).item_count()
+    check_items_fit(batch.env, item_count, batch.num_items, batch.item_offset, batch.cycle_items)
 
 
 def _json_option(flag: str, text: str) -> Any:
@@ -164,6 +177,14 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return status_exit_code(data)
 
 
+def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
+    """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
+    batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
+                       policy=resolve_policy(settings, None))
+    _check_items(batch)
+    return batch
+
+
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
     from worker import running_worker
@@ -171,10 +192,10 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     console = Console()
     console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
                   "(a scripted test policy that replays reference solutions, not a model)")
+    batch = demo_batch(args, settings)  # refused before a worker or server is started
     async with running_worker(settings) as client:
-        batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size)
         handle = await start_batch(client, settings, batch)
-        code = await finish(client, handle, console, settings, as_json=False)
+        code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
     if settings.embedded:
         console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
                       "`rollouts server stop` stops them.")
@@ -294,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    defaults = DefaultsHelpFormatter
 
     demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults)
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
@@ -306,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument("--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)")
     batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument("--cycle", action="store_true",
+                       help="go round the task set again when --items runs past its end (repeats tasks)")
     batch.add_argument("--policy", default=None,
                        help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
                             "default: the config's default_policy")

@@ -13,14 +13,6 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 from temporalio.client import (
     Client,
@@ -30,6 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
@@ -63,13 +56,12 @@ async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
 async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
     """A progress bar until the batch finishes; returns its result. Rollouts waiting on retries
     show under the bar with the cause (`model unreachable: connection refused, retry 3`)."""
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
     result_task = asyncio.ensure_future(handle.result())
     retry_lines: list[str] = []
     next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(handle.id, total=None, detail="loading items")
+    with BatchBar(console) as bar:
+        task = bar.add_task(handle.id, total=None)
+        bar.notes = [("loading items", "")]
         while not result_task.done():
             try:
                 progress = await _progress(handle)
@@ -79,15 +71,12 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
             except RPCError:
                 progress = None
             if progress:
-                mean = progress.mean_score
-                detail = f"running {progress.running}  failed {progress.failed}  mean score " + (
-                    f"{mean:.2f}" if mean is not None else "-")
-                if retry_lines:
-                    detail += "\n  [yellow]" + "\n  ".join(retry_lines) + "[/yellow]"
-                bar.update(task, total=progress.total, completed=progress.completed + progress.failed, detail=detail)
+                bar.show(progress, retry_lines)
+                bar.update(task, total=progress.total, completed=progress.completed + progress.failed)
             await asyncio.wait({result_task}, timeout=0.5)
         result = BatchResult.model_validate(result_task.result())
-        bar.update(task, total=result.total, completed=result.completed + result.failed, detail="done")
+        bar.notes = []
+        bar.update(task, total=result.total, completed=result.completed + result.failed)
     return result
 
 
@@ -95,6 +84,7 @@ def summary_json(result: BatchResult) -> dict[str, Any]:
     return {
         "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
         "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
+        "stop_details": result.stop_details, "items": result.items, "distinct_items": result.distinct_items,
         "output": result.output, "groups_written": result.groups_written,
         "groups_pending": result.groups_pending, "resumed": result.resumed,
     }
@@ -104,9 +94,13 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
     table = Table(title=f"batch {result.batch_id}", show_header=False)
     if policy:
         table.add_row("policy", policy)
+    if result.items is not None:
+        table.add_row("items", f"{result.items} ({result.distinct_items} distinct)")
     table.add_row("rollouts", f"{result.total} ({result.completed} scored, {result.failed} failed)")
     table.add_row("mean score", f"{result.mean_score:.3f}" if result.mean_score is not None else "-")
     table.add_row("stop reasons", ", ".join(f"{k}: {v}" for k, v in sorted(result.stop_reasons.items())))
+    for reason, detail in sorted(result.stop_details.items()):
+        table.add_row(f"why {reason}", detail)
     table.add_row("groups written", str(result.groups_written))
     if result.groups_pending:
         table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
@@ -164,7 +158,8 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     if progress:
         data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
                  "running": progress.running, "mean_score": progress.mean_score,
-                 "stop_reasons": progress.stop_reasons, "output": progress.output}
+                 "stop_reasons": progress.stop_reasons, "stop_details": progress.stop_details,
+                 "output": progress.output}
     if described.status == WorkflowExecutionStatus.RUNNING:
         data["retrying"] = [note.model_dump() | {"headline": note.headline}
                             for note in await waiting_on_retries(client, batch_id)]
@@ -190,13 +185,16 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  error: {data['error']}")
     if data.get("total") is not None:
         counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
-        if data.get("running"):
-            counts += f", {data['running']} running"
+        if data["status"] == "running":
+            queued = data["total"] - (data.get("completed") or 0) - (data.get("failed") or 0) - (data.get("running") or 0)
+            counts += f", {data.get('running') or 0} running, {max(queued, 0)} queued"
         lines.append(counts)
         mean = data.get("mean_score")
         lines.append(f"  mean score: {'-' if mean is None else f'{mean:.3f}'}")
     if data.get("stop_reasons"):
         lines.append("  stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(data["stop_reasons"].items())))
+    for reason, detail in sorted((data.get("stop_details") or {}).items()):
+        lines.append(f"  why {reason}: {detail}")
     notes = data.get("retrying") or []
     if notes:
         lines.append(f"  waiting on retries: {len(notes)}")
@@ -205,4 +203,6 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
     if data.get("output"):
         lines.append(f"  results: {data['output']}")
+    if data.get("total"):
+        lines.append(f"  rollouts: `rollouts list {data['batch_id']}` (ids, stop reasons, scores)")
     return "\n".join(lines)

@@ -15,9 +15,14 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
@@ -69,6 +74,42 @@ class BatchSummary(BaseModel):
     failed: int | None = None
     running: int | None = None
     mean_score: float | None = None
+
+    @computed_field
+    @property
+    def outcome(self) -> str:
+        """What became of the batch, for people: `failed` when no rollout of a finished batch was
+        scored, `partial` when some failed, else its workflow status (`completed`, `running`, ...)."""
+        return batch_outcome(self.status, self.completed, self.failed)
+
+
+def batch_outcome(status: str, completed: int | None, failed: int | None) -> str:
+    if status != "completed" or not failed:
+        return status
+    return "partial" if completed else "failed"
+
+
+FIRST_STARTED = "first_started_at"
+"""Memo of a resumed batch run: when the batch's first run started (a resume starts a new run)."""
+
+
+async def first_started_at(client: Client, execution: WorkflowExecution) -> datetime | None:
+    """When a batch first started: the start of the first run of its chain of runs (a long batch
+    continues as new), or of the run it was resumed from, which a resumed run carries in its memo
+    (and passes on as it continues as new). A listed run does not name its chain's first run; a
+    description does."""
+    memo = await execution.memo()
+    if isinstance(memo.get(FIRST_STARTED), str):
+        return datetime.fromisoformat(memo[FIRST_STARTED])
+    try:
+        if not execution.raw_info.first_run_id:
+            execution = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
+        first_run = execution.raw_info.first_run_id
+        if first_run and first_run != execution.run_id:
+            return (await client.get_workflow_handle(execution.id, run_id=first_run).describe()).start_time
+    except RPCError:
+        pass
+    return execution.start_time
 
 
 def status_name(status: WorkflowExecutionStatus | None) -> str:
@@ -144,10 +185,10 @@ async def batch_rollout_ids(client: Client, batch_id: str) -> list[str]:
     """Every rollout of a batch, in item and group order (a resumed rollout is listed once)."""
     query = f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow'"
     ids = {execution.id async for execution in client.list_workflows(query)}
-    return sorted(ids, key=_natural_key)
+    return sorted(ids, key=natural_key)
 
 
-def _natural_key(value: str) -> list[Any]:
+def natural_key(value: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value)]
 
 
@@ -171,8 +212,10 @@ async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionS
             "mean_score": progress.mean_score}
 
 
-async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
-    """The latest `limit` batches, newest first, with their counts."""
+async def list_batches(client: Client, limit: int = 20, closed_counts: dict[str, dict[str, Any]] | None = None,
+                       first_starts: dict[str, datetime | None] | None = None) -> list[BatchSummary]:
+    """The latest `limit` batches, newest first, with their counts. `closed_counts` and `first_starts`
+    (by run id) keep what never changes between calls: the counts of closed runs, when chains began."""
     summaries: list[BatchSummary] = []
     seen: set[str] = set()
     async for execution in client.list_workflows("WorkflowType = 'BatchWorkflow'"):
@@ -180,14 +223,28 @@ async def list_batches(client: Client, limit: int = 20) -> list[BatchSummary]:
             continue
         seen.add(execution.id)
         attributes = execution.typed_search_attributes
-        counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
+        if closed_counts is not None and execution.run_id in closed_counts:
+            counts = closed_counts[execution.run_id]
+        else:
+            counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
+            if closed_counts is not None and counts and execution.status != WorkflowExecutionStatus.RUNNING:
+                closed_counts[execution.run_id] = counts
         summaries.append(BatchSummary(
             batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
-            policy=attributes.get(sa.POLICY), started_at=execution.start_time, **counts,
+            policy=attributes.get(sa.POLICY), started_at=await _first_start(client, execution, first_starts), **counts,
         ))
         if len(summaries) >= limit:
             break
     return summaries
+
+
+async def _first_start(client: Client, execution: WorkflowExecution,
+                       known: dict[str, datetime | None] | None) -> datetime | None:
+    if known is None:
+        return await first_started_at(client, execution)
+    if execution.run_id not in known:
+        known[execution.run_id] = await first_started_at(client, execution)
+    return known[execution.run_id]
 
 
 class RetryNote(BaseModel):
@@ -243,7 +300,7 @@ async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
             error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
             notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
                                    attempt=pending.attempt, error_type=error_type or None, reason=failure.message))
-    return sorted(notes, key=lambda note: _natural_key(note.rollout_id))
+    return sorted(notes, key=lambda note: natural_key(note.rollout_id))
 
 
 def retry_summary(notes: list[RetryNote]) -> list[str]:

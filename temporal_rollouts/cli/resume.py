@@ -12,7 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -20,6 +25,11 @@ from temporalio.common import (
 )
 
 from temporal_rollouts.cli.progress import finish
+from temporal_rollouts.cli.records import (
+    FIRST_STARTED,
+    describe_or_none,
+    first_started_at,
+)
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, TrajectoryInput
@@ -71,12 +81,11 @@ async def resume_rollout(client: Client, settings: Settings, rollout: str) -> di
 
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
-    from workflows.batch import BatchWorkflow
-
     console = Console(stderr=args.json)
     client = await connect(settings)
-    handle = client.get_workflow_handle(args.id)
-    described = await handle.describe()
+    described = await describe_or_none(client, args.id)
+    if described is None:
+        raise ConfigError(f"no batch or rollout with id {args.id!r} (see `rollouts list`)")
     if described.status == WorkflowExecutionStatus.RUNNING:
         raise ConfigError(f"{args.id} is still running; resume it once it has stopped")
     if described.workflow_type == "TrajectoryWorkflow":
@@ -91,11 +100,7 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
     failed = await _failed_rollouts(client, args.id)
     original = await started_input(client, client.get_workflow_handle(args.id, run_id=described.run_id), BatchInput)
-    batch = original.model_copy(update={"resume": True, "cursor": None})
-    new = await client.start_workflow(
-        BatchWorkflow.run, batch, id=args.id, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-    )
+    new = await resume_batch(client, settings, described, original)
     if not args.json:
         console.print(f"resuming {len(failed)} rollout(s) of {args.id}: " + (", ".join(failed) or "none"))
         console.print(f"the batch gathers its groups again as run {new.result_run_id}")
@@ -103,4 +108,24 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
         return 0
-    return await finish(client, new, console, settings, as_json=args.json, extra={"resumed": failed})
+    return await finish(client, new, console, settings, as_json=args.json, extra={"resumed": failed},
+                        policy=original.policy)
+
+
+async def resume_batch(client: Client, settings: Settings, described: WorkflowExecutionDescription,
+                       original: BatchInput) -> WorkflowHandle:
+    """A new run of the batch that gathers it again; it keeps the labels of the run it resumes (env,
+    policy) and the time the batch first started."""
+    from workflows.batch import BatchWorkflow
+
+    attributes = [SearchAttributePair(sa.ENV, original.env)]
+    if policy := described.typed_search_attributes.get(sa.POLICY) or original.policy:
+        attributes.append(SearchAttributePair(sa.POLICY, policy))
+    first_started = await first_started_at(client, described)
+    return await client.start_workflow(
+        BatchWorkflow.run, original.model_copy(update={"resume": True, "cursor": None}), id=described.id,
+        task_queue=settings.temporal.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=TypedSearchAttributes(attributes),
+        memo={"resumed_from_run": described.run_id,
+              FIRST_STARTED: first_started.isoformat() if first_started else None},
+    )

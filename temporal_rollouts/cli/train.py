@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import root_cause
-from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow
+from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
@@ -40,7 +43,7 @@ WATCH_EVERY_S = 2.0
 def add_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
     actions = train.add_subparsers(dest="train_command", required=True)
-    start = actions.add_parser("start", help="start a training run", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
@@ -185,23 +188,48 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
         await asyncio.sleep(WATCH_EVERY_S)
 
 
-async def _list(client: Client, console: Console) -> int:
+class RunSummary(BaseModel):
+    """One training run in `rollouts train list` and on the web page."""
+
+    run: str
+    status: str
+    env: str | None = None
+    started_at: datetime | None = None
+    groups_posted: int | None = None
+    in_flight: int | None = None
+
+
+async def list_training_runs(client: Client, limit: int = 50) -> list[RunSummary]:
+    """Training runs, newest first; a running one with its posted and in-flight groups."""
+    runs: list[RunSummary] = []
     seen: set[str] = set()
-    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'", limit=200):
+    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'"):
         if execution.id in seen:  # an earlier run of one that continued as new
             continue
         seen.add(execution.id)
-        state = execution.status.name.lower() if execution.status else "unknown"
-        started = execution.start_time.isoformat(timespec="seconds") if execution.start_time else "-"
-        line = f"{execution.id}  {state}  started {started}"
+        summary = RunSummary(run=execution.id, status=status_name(execution.status),
+                             env=execution.typed_search_attributes.get(sa.ENV), started_at=execution.start_time)
         if execution.status == WorkflowExecutionStatus.RUNNING:
             try:
                 status = FeedStatus.model_validate(
                     await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT))
-                line += f"  posted {status.figures.groups_posted}, in flight {status.in_flight}"
+                summary.groups_posted, summary.in_flight = status.figures.groups_posted, status.in_flight
             except RPCError:
                 pass
+        runs.append(summary)
+        if len(runs) >= limit:
+            break
+    return runs
+
+
+async def _list(client: Client, console: Console) -> int:
+    runs = await list_training_runs(client, limit=200)
+    for run in runs:
+        started = run.started_at.isoformat(timespec="seconds") if run.started_at else "-"
+        line = f"{run.run}  {run.status}  started {started}"
+        if run.groups_posted is not None:
+            line += f"  posted {run.groups_posted}, in flight {run.in_flight}"
         console.print(line, soft_wrap=True)
-    if not seen:
+    if not runs:
         console.print("no training runs (start one with `rollouts train start NAME --env ENV --policy P`)")
     return 0

@@ -98,6 +98,9 @@ class BatchInput(BaseModel):
     group_size: int = Field(default=2, ge=1, le=MAX_GROUP_SIZE)
     item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET,
                              description="Index of the first item in the env's task set; must lie inside it.")
+    cycle_items: bool = Field(
+        default=False, description="Go round the env's task set again when num_items runs past its end; "
+                                   "without it such a batch is refused, so no task is repeated by accident.")
     policy: str | None = Field(default=None, description="Policy name or base URL; the worker's default when unset.")
     tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's tool-call parser.")
     env_config: dict[str, Any] = Field(default_factory=dict)
@@ -230,6 +233,11 @@ def failed_rollout_result(cause: BaseException | None) -> TrajectoryResult | Non
     return None
 
 
+STOP_DETAILS = "For each way rollouts failed, why the first of them stopped (e.g. the model server's answer)."
+MAX_STOP_DETAIL_CHARS = 500
+DISTINCT_ITEMS = "Items of the task set the batch ran: fewer than `items` when it went round the set again (cycle_items)."
+
+
 class BatchProgress(BaseModel):
     batch_id: str
     env: str
@@ -242,12 +250,26 @@ class BatchProgress(BaseModel):
     groups_pending: int = 0
     score_sum: float = 0.0
     stop_reasons: dict[str, int] = Field(default_factory=dict)
+    stop_details: dict[str, str] = Field(default_factory=dict, description=STOP_DETAILS)
+    items: int | None = None
+    distinct_items: int | None = Field(default=None, description=DISTINCT_ITEMS)
     output: str | None = None
     done: bool = False
 
     @property
     def mean_score(self) -> float | None:
         return self.score_sum / self.completed if self.completed else None
+
+    def count(self, result: TrajectoryResult) -> None:
+        """Count a finished rollout: scored or failed, its stop reason, and why the first of its kind failed."""
+        reason = result.stop_reason.value
+        if result.failed:
+            self.failed += 1
+            self.stop_details.setdefault(reason, result.stop_detail[:MAX_STOP_DETAIL_CHARS])
+        else:
+            self.completed += 1
+            self.score_sum += result.score
+        self.stop_reasons[reason] = self.stop_reasons.get(reason, 0) + 1
 
 
 class BatchResult(BaseModel):
@@ -258,6 +280,9 @@ class BatchResult(BaseModel):
     failed: int
     mean_score: float | None
     stop_reasons: dict[str, int]
+    stop_details: dict[str, str] = Field(default_factory=dict, description=STOP_DETAILS)
+    items: int | None = None
+    distinct_items: int | None = Field(default=None, description=DISTINCT_ITEMS)
     output: str | None
     groups_written: int
     groups_pending: int = Field(default=0, description="Groups held back because a member failed; `rollouts resume` completes them.")

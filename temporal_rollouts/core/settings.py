@@ -59,14 +59,23 @@ def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
         top = loc[0] if loc else ""
         if top in values:
             source = "settings arguments"
-        elif f"ROLLOUTS_{top.upper()}" in os.environ or any(k.startswith(f"ROLLOUTS_{top.upper()}__") for k in os.environ):
-            source = f"environment variable ROLLOUTS_{top.upper()}"
+        elif variable := _variable_of(loc):
+            source = f"environment variable {variable}"
         elif path is not None and _has_key(in_file, loc):
             source = f"settings file {path}"
         else:
             source = "settings"
         lines.append(f"{source}: {describe_problem(error)}")
     return lines[0] if len(lines) == 1 else "bad settings:\n" + "\n".join(lines)
+
+
+def _variable_of(loc: tuple[str, ...]) -> str | None:
+    """The environment variable that set the key at `loc` (or the table holding it), as it is spelt."""
+    names = {name.upper(): name for name in os.environ if name.upper().startswith("ROLLOUTS_")}
+    for end in range(len(loc), 0, -1):
+        if (name := names.get("ROLLOUTS_" + "__".join(loc[:end]).upper())) is not None:
+            return name
+    return None
 
 
 def _has_key(table: Any, loc: tuple[str, ...]) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from temporal_rollouts.core.errors import MalformedModelReply
+from temporal_rollouts.core.errors import MalformedModelReply, ModelRequestRejected
 from temporal_rollouts.core.messages import FunctionCall, Message, ToolCall, ToolSpec
 from temporal_rollouts.llm.http_status import error_for_status, error_snippet
 from temporal_rollouts.llm.transport import model_http_client, post_json
@@ -92,8 +92,22 @@ class ChatClient:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         body.update(extra_body or {})
-        response = await post_json(self._http, "chat/completions", body, secrets=self._secrets)
+        try:
+            response = await post_json(self._http, "chat/completions", body, secrets=self._secrets)
+        except ModelRequestRejected as err:
+            if err.status_code != 404:
+                raise
+            raise ModelRequestRejected(not_found_message(err.message, self._http.base_url), status_code=404) from None
         return parse_chat_completion(response.content, fallback_model=self.model, secrets=self._secrets)
+
+
+def not_found_message(message: str, base_url: httpx.URL) -> str:
+    """A 404 names the URL it came from and, when the base URL lacks it, suggests `/v1`: the usual
+    cause is a server root given where an OpenAI-compatible base URL was meant."""
+    root = str(base_url.copy_with(username=None, password=None, query=None)).rstrip("/")
+    answer = message.removeprefix("model server answered HTTP 404 Not Found")
+    hint = "" if root.endswith("/v1") else f" (an OpenAI-compatible base URL usually ends in /v1: try {root}/v1)"
+    return f"model server answered HTTP 404 Not Found from {root}/chat/completions{answer}{hint}"
 
 
 def parse_chat_completion(body: bytes | str, *, fallback_model: str, secrets: Iterable[str] = ()) -> ChatReply:

@@ -1,15 +1,17 @@
-"""The web page `rollouts view` serves: batches, their rollouts, and one trajectory at a time.
+"""The web page `rollouts view` serves: batches and training runs, their rollouts and figures, one trajectory at a time.
 
-A small JSON API over temporal_rollouts/cli/records.py (the same reads as `rollouts
-show` and `export`) plus one static page that renders it. Rollout lists come from the
-visibility store (search attributes: status, stop reason, score), so filtering a batch of
-thousands costs one query, not a result fetch per rollout; a trajectory is loaded only
-when it is opened. It binds to loopback by default: it shows conversations and has no login.
-It also serves a codec endpoint for the Temporal UI (codec.py).
+A small JSON API over temporal_rollouts/cli (the same reads as `rollouts list`, `show` and
+`train status`) plus one static page that renders it and refreshes while something runs.
+Rollout lists come from the visibility store (search attributes: status, stop reason, score),
+so filtering a batch of thousands costs one query, not a result fetch per rollout; the
+figures are reduced here (figures.py), from closed runs' results read once (outcome_cache.py);
+a trajectory is loaded only when it is opened. It binds to loopback by default: it shows
+conversations and has no login. It also serves a codec endpoint for the Temporal UI (codec.py).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,42 +22,46 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 from temporalio.client import Client
+from temporalio.service import RPCError
 
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.records import StopReason
 from temporal_rollouts.cli.records import (
+    batch_counts,
+    describe_or_none,
     list_batches,
     load_rollout,
-    quoted,
     status_name,
 )
+from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
+from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.codec import codec_routes
+from temporal_rollouts.view.figures import Counts, batch_figures, counts_of_rows
+from temporal_rollouts.view.outcome_cache import OutcomeCache
 
 PAGE = Path(__file__).with_name("page.html")
 MAX_ROLLOUTS = 2000
-"""Rollouts listed for one batch at most (the list is paged by the visibility store)."""
-
-STATUS_FILTERS = {
-    "running": "Running", "completed": "Completed", "failed": "Failed", "canceled": "Canceled",
-    "terminated": "Terminated", "timed_out": "TimedOut",
-}
+"""Rollouts listed for one batch at most (filters narrow a larger one); the figures count them all."""
+FIGURES_WAIT_S = 2.0
+"""How long a figures request waits for results not read yet; the rest come with a later refresh."""
+KINDS = {"BatchWorkflow": "batch", FEED: "training_run"}
 
 
-def rollouts_query(batch_id: str, status: str | None, stop_reason: str | None) -> str:
-    """The visibility query for a batch's rollouts, filtered; unknown filter values are refused."""
-    clauses = [f"RolloutBatchId = {quoted(batch_id)}", "WorkflowType = 'TrajectoryWorkflow'"]
-    if status:
-        if status not in STATUS_FILTERS:
-            raise ConfigError(f"unknown status {status!r}: one of {', '.join(STATUS_FILTERS)}")
-        clauses.append(f"ExecutionStatus = '{STATUS_FILTERS[status]}'")
-    if stop_reason:
-        if stop_reason not in {reason.value for reason in StopReason}:
-            raise ConfigError(f"unknown stop reason {stop_reason!r}")
-        clauses.append(f"RolloutStopReason = '{stop_reason}'")
-    return " AND ".join(clauses)
+def rollout_filter(request: Request) -> RolloutFilter:
+    params = request.query_params
+
+    def number(name: str) -> float | None:
+        text = params.get(name) or None
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{name}: {text!r} is not a number") from None
+
+    return RolloutFilter(status=params.get("status") or None, stop_reason=params.get("stop_reason") or None,
+                         min_score=number("min_score"), max_score=number("max_score"))
 
 
 def create_app(
@@ -65,30 +71,46 @@ def create_app(
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
     header is refused, so a web page cannot read the conversations through DNS rebinding."""
+    closed_counts: dict[str, dict[str, Any]] = {}
+    first_starts: dict[str, datetime | None] = {}
+    outcomes = OutcomeCache(client)
+
     async def page(request: Request) -> FileResponse:
         return FileResponse(PAGE, media_type="text/html")
 
     async def batches(request: Request) -> JSONResponse:
         limit = int(request.query_params.get("limit", "50"))
-        found = await list_batches(client, limit)
+        found = await list_batches(client, limit, closed_counts, first_starts)
         return JSONResponse([batch.model_dump(mode="json") for batch in found])
 
+    async def runs(request: Request) -> JSONResponse:
+        found = await list_training_runs(client, int(request.query_params.get("limit", "50")))
+        return JSONResponse([run.model_dump(mode="json") for run in found])
+
     async def rollouts(request: Request) -> JSONResponse:
-        query = rollouts_query(request.path_params["batch_id"], request.query_params.get("status") or None,
-                               request.query_params.get("stop_reason") or None)
-        rows: dict[str, dict[str, Any]] = {}
-        async for execution in client.list_workflows(query, limit=MAX_ROLLOUTS):
-            if execution.id in rows:  # an earlier run of a resumed rollout
-                continue
-            attributes = execution.typed_search_attributes
-            rows[execution.id] = {
-                "rollout_id": execution.id, "status": status_name(execution.status),
-                "item_id": attributes.get(sa.ITEM_ID), "stop_reason": attributes.get(sa.STOP_REASON),
-                "score": attributes.get(sa.SCORE),
-                "started_at": execution.start_time.isoformat() if execution.start_time else None,
-                "closed_at": execution.close_time.isoformat() if execution.close_time else None,
-            }
-        return JSONResponse(sorted(rows.values(), key=lambda row: row["rollout_id"]))
+        rows = await list_rollouts(client, request.path_params["batch_id"], rollout_filter(request), MAX_ROLLOUTS)
+        return JSONResponse([row.model_dump(mode="json", exclude={"turns"}) for row in rows])
+
+    async def figures(request: Request) -> JSONResponse:
+        batch_id = request.path_params["batch_id"]
+        described = await describe_or_none(client, batch_id)
+        if described is None or described.workflow_type not in KINDS:
+            raise ConfigError(f"no batch or training run with id {batch_id!r}")
+        rows = await list_rollouts(client, batch_id)
+        known, pending = await outcomes.outcomes(rows, FIGURES_WAIT_S)
+        kind = KINDS[described.workflow_type]
+        counts = counts_of_rows(rows)
+        if kind == "batch" and (progress := await batch_counts(client, batch_id, described.status)).get("total"):
+            done = progress["completed"] + progress["failed"] + progress["running"]
+            counts = Counts(**{k: progress[k] for k in ("total", "completed", "failed", "running")},
+                            queued=max(progress["total"] - done, 0))
+        shown = batch_figures(batch_id, kind, status_name(described.status), counts, rows, known, pending)
+        if kind == "training_run":
+            try:
+                shown.feed = (await feed_status(client, batch_id)).model_dump(mode="json")
+            except RPCError as err:
+                shown.feed_error = f"the run's figures need a worker to answer its status query ({err.message})"
+        return JSONResponse(shown.model_dump(mode="json"))
 
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
@@ -103,7 +125,9 @@ def create_app(
         routes=[
             Route("/", page),
             Route("/api/batches", batches),
+            Route("/api/runs", runs),
             Route("/api/batches/{batch_id}/rollouts", rollouts),
+            Route("/api/batches/{batch_id}/figures", figures),
             Route("/api/rollouts/{rollout_id:path}", rollout),
             Route("/codec/decode", decode, methods=["POST"]),
             Route("/codec/encode", encode, methods=["POST"]),

@@ -121,6 +121,8 @@ def test_list_show_and_export_read_a_batch(machine: Machine, tmp_path: Path) -> 
     assert summary["policy"] == "demo"  # decided by the CLI when it started the batch
     listed = {b["batch_id"]: b for b in machine.rollouts_json("list")}
     assert listed[batch]["total"] == 2 and listed[batch]["completed"] == 2 and listed[batch]["policy"] == "demo"
+    rollouts = machine.rollouts_json("list", batch, "--status", "completed")
+    assert [r["rollout_id"] for r in rollouts] == [f"{batch}/item-0/g0", f"{batch}/item-1/g0"]
 
     shown = machine.run(str(ROLLOUTS), "show", f"{batch}/item-0/g0")
     assert shown.returncode == 0, shown.stderr

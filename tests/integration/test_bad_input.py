@@ -65,6 +65,9 @@ CASES: list[tuple[str, str, str | None, list[str]]] = [
      ["group_size: must be at most 1024"]),
     ("item_offset past the task set", "BatchWorkflow", '{"env": "terminal_tasks", "item_offset": 1000000000000}',
      [f"item_offset: 1000000000000 is past the end of env 'terminal_tasks', which has {len(bundled_tasks())} items"]),
+    ("num_items past the task set", "BatchWorkflow", '{"env": "terminal_tasks", "num_items": 500}',
+     [f"num_items: 500 items from offset 0 run past the end of env 'terminal_tasks', which has {len(bundled_tasks())} "
+      "items", "cycle_items"]),
     ("absurd item_offset", "BatchWorkflow", '{"env": "echo_chain", "item_offset": 1000000000000000000}',
      ["item_offset: must be at most 1000000000000"]),
     ("output outside results", "BatchWorkflow",
@@ -113,6 +116,14 @@ def temporal_cli_status(settings: Settings, workflow_id: str) -> str:
     return json.loads(described.stdout)["workflowExecutionInfo"]["status"]
 
 
+def temporal_cli_describe(settings: Settings, workflow_id: str) -> str:
+    """What `temporal workflow describe` shows a person."""
+    return subprocess.run(
+        [temporal_binary(), "workflow", "describe", "--address", settings.temporal_address, "--workflow-id", workflow_id],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout
+
+
 def temporal_cli_result(settings: Settings, workflow_id: str) -> str:
     """What `temporal workflow result` shows for a workflow (it exits non-zero for a failed one)."""
     shown = subprocess.run(
@@ -155,6 +166,9 @@ async def test_bad_input_fails_at_once_naming_the_field(
     history = await handle.fetch_history()
     tasks_failed = [e for e in history.events if e.event_type == 8]  # EVENT_TYPE_WORKFLOW_TASK_FAILED
     assert tasks_failed == [], "an invalid input must fail the workflow, never a workflow task"
+    [closed] = [e for e in history.events if e.HasField("workflow_execution_failed_event_attributes")]
+    assert closed.workflow_execution_failed_event_attributes.failure.stack_trace == "", "the message says it all"
+    assert 'File "' not in temporal_cli_describe(settings, workflow_id)
     assert not OUTSIDE.exists(), "nothing may be written outside the results folder"
     assert files_under(settings.results_dir) == results_before, "a refused batch writes nothing"
     assert rss_mb() - rss_before < BAD_INPUT_RSS_GROWTH_MB, "a refused batch builds nothing in the worker"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 
+from envs.echo_chain.env import EchoChainEnv
+from temporal_rollouts.cli.progress import print_summary
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import temporal_binary
@@ -72,6 +76,24 @@ async def test_unknown_env_fails_the_batch_with_the_known_names(client: Client, 
         await run_batch(client, settings, BatchInput(env="no_such_env", num_items=1, group_size=1))
     message = str(caught.value.cause)  # the batch's own error, not a wrapped activity failure
     assert "no_such_env" in message and "terminal_tasks" in message
+
+
+async def test_items_past_the_task_set_are_refused_unless_the_batch_cycles(
+    client: Client, settings: Settings, monkeypatch
+) -> None:
+    """An env of three items (echo_chain made finite; the worker runs in this process). Five items
+    are refused, naming cycle_items; with it the batch runs them and says only three were distinct."""
+    monkeypatch.setattr(EchoChainEnv, "item_count", lambda self: 3)
+    with pytest.raises(WorkflowFailureError) as caught:
+        await run_batch(client, settings, BatchInput(env="echo_chain", num_items=5, group_size=1))
+    assert "num_items: 5 items from offset 0 run past the end of env 'echo_chain', which has 3 items" in str(caught.value.cause)
+    assert "cycle_items" in str(caught.value.cause)
+
+    result = await run_batch(client, settings, BatchInput(env="echo_chain", num_items=5, group_size=1, cycle_items=True))
+    assert (result.completed, result.items, result.distinct_items) == (5, 5, 3)
+    screen = io.StringIO()
+    print_summary(result, Console(file=screen, width=120), settings)
+    assert "5 (3 distinct)" in screen.getvalue()
 
 
 async def test_start_rate_spreads_the_rollouts_starts(client: Client, settings: Settings) -> None:

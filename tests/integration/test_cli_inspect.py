@@ -11,6 +11,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
 from temporal_rollouts.cli import inspect as cli_inspect
+from temporal_rollouts.cli.main import build_parser
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
@@ -87,14 +88,48 @@ async def test_show_of_an_unknown_rollout_names_it(settings: Settings, client: C
         await cli_inspect.cmd_export(_args(batch_id="no-such-batch", output=None, html=False), settings)
 
 
+def _list_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["list", *argv])
+
+
 async def test_list_shows_the_batch_with_its_counts(partial_batch: BatchResult, settings: Settings, capsys) -> None:
-    assert await cli_inspect.cmd_list(argparse.Namespace(json=True, limit=50), settings) == 0
+    assert await cli_inspect.cmd_list(_list_args("--json", "--limit", "50"), settings) == 0
     batches = {b["batch_id"]: b for b in json.loads(capsys.readouterr().out)}
     mine = batches[partial_batch.batch_id]
     assert (mine["status"], mine["total"], mine["completed"], mine["failed"]) == ("completed", 2, 1, 1)
+    assert mine["outcome"] == "partial"
     assert mine["env"] == "terminal_tasks"
-    assert await cli_inspect.cmd_list(argparse.Namespace(json=False, limit=50), settings) == 0
+    assert await cli_inspect.cmd_list(_list_args("--limit", "50"), settings) == 0
     assert partial_batch.batch_id in capsys.readouterr().out
+
+
+async def test_list_of_a_batch_lists_its_rollouts_filtered(partial_batch: BatchResult, settings: Settings, capsys) -> None:
+    batch = partial_batch.batch_id
+
+    async def listed(*flags: str) -> list[dict]:
+        assert await cli_inspect.cmd_list(_list_args(batch, "--json", *flags), settings) == 0
+        return json.loads(capsys.readouterr().out)
+
+    rows = await listed()
+    assert [r["rollout_id"] for r in rows] == [f"{batch}/item-0/g0", f"{batch}/item-0/g1"]
+    by_status = {r["status"]: r for r in rows}
+    assert by_status["failed"]["stop_reason"] == "model_rejected" and by_status["failed"]["score"] is None
+    assert by_status["completed"]["score"] == 1.0 and by_status["completed"]["turns"] >= 2
+    assert [r["status"] for r in await listed("--status", "failed")] == ["failed"]
+    assert [r["stop_reason"] for r in await listed("--stop-reason", "completed")] == ["completed"]
+    assert [r["score"] for r in await listed("--min-score", "1")] == [1.0]
+    assert await listed("--max-score", "0.5") == []  # a failed rollout has no score, not a zero
+
+    assert await cli_inspect.cmd_list(_list_args(batch), settings) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].split() == ["rollout", "status", "stop", "reason", "score", "turns"]
+    assert f"{batch}/item-0/g0" in text and "2 rollouts of " in text
+    with pytest.raises(ConfigError, match="no batch with id 'no-such-batch'"):
+        await cli_inspect.cmd_list(_list_args("no-such-batch"), settings)
+    with pytest.raises(ConfigError, match="unknown status 'broken'"):
+        await cli_inspect.cmd_list(_list_args(batch, "--status", "broken"), settings)
+    with pytest.raises(ConfigError, match="filter the rollouts of one batch"):
+        await cli_inspect.cmd_list(_list_args("--status", "failed"), settings)
 
 
 async def test_cancel_stops_the_batch_and_its_rollouts_give_back_their_slots(

@@ -4,6 +4,7 @@ pass, sleeps, and continues as new; started idempotently; the old reaper schedul
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 
@@ -18,7 +19,8 @@ from temporalio.client import (
 )
 
 import workflows.pool as pool_workflow
-from activities.pool import MaintenanceReport
+from activities.pool import MaintenanceReport, PoolActivities
+from activities.snapshots import SnapshotActivities
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.schedules import (
     ensure_maintenance_workflow,
@@ -79,6 +81,27 @@ async def test_reap_now_frees_the_lease_of_a_holder_that_is_gone(
     assert leaked.lease_id in {lease.lease_id for lease in report.reaped}
     assert all(s.lease.holder != holder for s in await leased_slots(pool))
     assert (await handle.query("status"))["passes"] == 2  # the update's pass, not a periodic one
+
+
+async def test_a_lease_given_back_while_it_was_reaped_is_no_warning(
+    client: Client, settings: Settings, parts, pool: SandboxPool, caplog
+) -> None:
+    """The reaper lists a lease, then finds its holder closed: in between the rollout released the
+    slot itself (its `finally`), as ordinary batches do all the time. Nothing is left to save."""
+    activities = PoolActivities(pool, client, SnapshotActivities(pool, parts.objects, settings.storage), settings.sandbox)
+    holder = Holder(workflow_id=f"closing-rollout-{uuid.uuid4().hex[:8]}/item-0/g0", run_id=str(uuid.uuid4()))
+    lease = await pool.acquire(holder, ttl_s=600, wait_s=10)
+
+    async def closed_just_after_releasing(candidate: Holder) -> bool:
+        if candidate != holder:
+            return False
+        await pool.release(lease)
+        return True
+
+    caplog.set_level(logging.WARNING)
+    freed = await pool.reap(closed_just_after_releasing, activities.save_workspace)
+    assert lease.lease_id not in {f.lease_id for f in freed}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def _passes_at_least(handle, count: int) -> dict | None:

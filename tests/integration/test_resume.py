@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -9,13 +10,18 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from envs.terminal_tasks.env import TerminalTasksEnv
+from temporal_rollouts.cli.main import start_batch
+from temporal_rollouts.cli.records import list_batches
+from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import (
     BatchInput,
     BatchResult,
@@ -139,6 +145,33 @@ async def test_resume_a_batch_completes_its_pending_groups(
     assert summary["mean_score"] == 1.0
 
 
+async def test_a_resumed_batch_keeps_its_labels(client: Client, settings: Settings, demo_policy: DemoPolicyProcess) -> None:
+    """After `rollouts resume`, `list`, `status` and the summary still name the batch's policy, and
+    `list` says when the batch first started, not when it was resumed."""
+    demo_policy.control(fail_next=10_000, fail_status=503, retry_after=0.01)
+    handle = await start_batch(client, settings, BatchInput(env="echo_chain", num_items=1, group_size=1, policy="demo"),
+                               f"resume-labels-{uuid.uuid4().hex[:6]}")
+    assert BatchResult.model_validate(await handle.result()).failed == 1
+    first_started = (await handle.describe()).start_time
+
+    demo_policy.reset()
+    summary = await rollouts_cli(settings, "resume", handle.id, "--wait", "--json")
+    assert summary["policy"] == "demo" and summary["completed"] == 1
+    [listed] = [b for b in await rollouts_cli(settings, "list", "--json") if b["batch_id"] == handle.id]
+    assert listed["policy"] == "demo"
+    assert datetime.fromisoformat(listed["started_at"]) == first_started
+    assert (await rollouts_cli(settings, "status", handle.id, "--json"))["policy"] == "demo"
+    # its rollout failed, then was resumed to a score: listed as it is now, not as its first run was
+    assert await rollouts_cli(settings, "list", handle.id, "--status", "failed", "--json") == []
+    [row] = await rollouts_cli(settings, "list", handle.id, "--json")
+    assert (row["status"], row["score"]) == ("completed", 1.0)
+
+
+async def test_resume_of_an_unknown_id_says_so_as_other_commands_do(settings: Settings, client: Client) -> None:
+    with pytest.raises(ConfigError, match=r"^no batch or rollout with id 'nope' \(see `rollouts list`\)$"):
+        await cmd_resume(argparse.Namespace(id="nope", wait=False, json=True), settings)
+
+
 async def test_a_hundred_turn_rollout_keeps_its_history_small(client: Client, settings: Settings) -> None:
     """Tool outputs of ~2,000 tokens (8,000 characters) for 100 turns: the context grows to
     ~800 KB, the history must not."""
@@ -178,8 +211,10 @@ async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Setting
                 id=batch_id, task_queue=own.temporal.task_queue,
             ))
             runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
+            [listed] = [b for b in await list_batches(client, 10) if b.batch_id == batch_id]
     finally:
         await env.shutdown()
     assert len(runs) > 1, "the batch continued as new"
+    assert listed.started_at == min(run.start_time for run in runs), "listed as started when its first run did"
     assert (result.total, result.completed, result.groups_written) == (12, 12, 12)
     assert len(read_groups(Path(result.output))) == 12

