@@ -139,7 +139,7 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
         batch = BatchInput(
             env="write_word", num_items=args.items, group_size=args.group_size,
             item_offset=((step - 1) * args.items) % task_count, policy="cpu",
-            max_concurrency=args.items * args.group_size,
+            max_concurrency=args.items * args.group_size, cycle_items=True,
             sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
             limits=RolloutLimits(max_turns=1),
         )
