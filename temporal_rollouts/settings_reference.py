@@ -18,7 +18,6 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from temporal_rollouts.core import settings as settings_module
 from temporal_rollouts.core.settings import ChatPolicy, GeneratePolicy, Settings
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "settings.md"

@@ -178,7 +178,7 @@ async def rollout_branches(client: Client, rollout_id: str) -> list[BranchLink]:
         if execution.id not in latest:
             turn = execution.typed_search_attributes.get(sa.FORK_TURN)
             latest[execution.id] = BranchLink(rollout_id=execution.id, at_turn=turn, status=status_name(execution.status))
-    return sorted(latest.values(), key=lambda link: (link.at_turn or 0, _natural_key(link.rollout_id)))
+    return sorted(latest.values(), key=lambda link: (link.at_turn or 0, natural_key(link.rollout_id)))
 
 
 async def batch_rollout_ids(client: Client, batch_id: str) -> list[str]:

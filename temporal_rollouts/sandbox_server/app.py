@@ -55,7 +55,6 @@ from temporal_rollouts.sandbox_server.errors import (
 from temporal_rollouts.sandbox_server.config import ServerConfig
 from temporal_rollouts.sandbox_server.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_MAX_OUTPUT_CHARS,
     DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
     CacheQuery,

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, MIB, SlotLimits
+from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, SlotLimits
 from temporal_rollouts.sandbox_server.watchdog import Watchdog
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
 from temporal_rollouts.sandbox_server.files import read_text, settle, write_text
 from temporal_rollouts.sandbox_server.isolation import run_command
-from temporal_rollouts.sandbox_server.limits import MIB, Confinement
+from temporal_rollouts.sandbox_server.config import MIB
+from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
 
 SEARCH_TIMEOUT_S = 30.0
