@@ -34,7 +34,7 @@ import math
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class ScoredSequence:
     inference_logprobs: list[float]
     """The server's logprob of each trainable token, in the order of `trainable`."""
     advantage: float
+    versions: list[int | None] = field(default_factory=list)
+    """The policy version of each model turn (the feed's `overrides[i].policy_versions`), where known."""
 
 
 @dataclass
@@ -70,6 +72,11 @@ class StepStats:
     clipped: float
     """Share of trained tokens whose ratio fell outside the clip range."""
     seconds: float
+    current_gap_mean: float = math.nan
+    """The same gap over the tokens sampled by the weights being trained (`current_version`) only:
+    older tokens differ by how far the policy moved, these only by float noise."""
+    current_gap_max: float = math.nan
+    current_tokens: int = 0
 
     def line(self) -> str:
         return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  "
@@ -92,11 +99,13 @@ def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Scored
         if len(set(group["scores"])) < 2:
             continue
         advantages = group_advantages(group["scores"], eps)
-        for tokens, masks, logprobs, advantage in zip(group["tokens"], group["masks"], group["inference_logprobs"],
-                                                      advantages):
+        overrides = group.get("overrides") or [{} for _ in advantages]
+        for tokens, masks, logprobs, advantage, override in zip(group["tokens"], group["masks"],
+                                                                group["inference_logprobs"], advantages, overrides):
             trainable = [i for i, mask in enumerate(masks) if mask != IGNORE_INDEX and i > 0]
             if trainable:
-                found.append(ScoredSequence(tokens, trainable, [logprobs[i] for i in trainable], advantage))
+                found.append(ScoredSequence(tokens, trainable, [logprobs[i] for i in trainable], advantage,
+                                            list((override or {}).get("policy_versions") or [])))
     return found
 
 
@@ -141,13 +150,15 @@ def token_logprobs(model, sequences: list[ScoredSequence]) -> list[torch.Tensor]
 
 
 def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], *, clip: float = 0.2,
-               micro_batch: int = 8, max_grad_norm: float = 1.0, eps: float = 1e-6) -> StepStats:
-    """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`)."""
+               micro_batch: int = 8, max_grad_norm: float = 1.0, eps: float = 1e-6,
+               current_version: int | None = None) -> StepStats:
+    """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`);
+    `current_version`, the version of the weights being trained, picks the tokens of `current_gap_*`."""
     started = time.monotonic()
     rewards = [score for group in groups for score in group["scores"]]
     sequences = sequences_of(groups, eps)
     total_tokens = sum(len(s.trainable) for s in sequences)
-    loss_sum, gaps, clipped = 0.0, [], 0
+    loss_sum, gaps, current_gaps, clipped = 0.0, [], [], 0
     optimizer.zero_grad(set_to_none=True)
     for start in range(0, len(sequences), micro_batch):
         chunk = sequences[start:start + micro_batch]
@@ -158,7 +169,10 @@ def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, A
             objective = torch.minimum(ratio * sequence.advantage,
                                       ratio.clamp(1 - clip, 1 + clip) * sequence.advantage)
             chunk_loss = chunk_loss - objective.sum() / total_tokens
-            gaps.extend((new.detach() - old).abs().tolist())
+            gap = (new.detach() - old).abs().tolist()
+            gaps.extend(gap)
+            if current_version is not None and sequence.versions and set(sequence.versions) == {current_version}:
+                current_gaps.extend(gap)
             clipped += int(((ratio.detach() - 1).abs() > clip).sum())
         chunk_loss.backward()
         loss_sum += chunk_loss.item()
@@ -169,6 +183,8 @@ def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, A
         mean_reward=statistics.fmean(rewards), loss=loss_sum, sequences=len(sequences), tokens=total_tokens,
         logprob_gap_mean=statistics.fmean(gaps) if gaps else math.nan, logprob_gap_max=max(gaps, default=math.nan),
         clipped=clipped / total_tokens if total_tokens else 0.0, seconds=time.monotonic() - started,
+        current_gap_mean=statistics.fmean(current_gaps) if current_gaps else math.nan,
+        current_gap_max=max(current_gaps, default=math.nan), current_tokens=len(current_gaps),
     )
 
 

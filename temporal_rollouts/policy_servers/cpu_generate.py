@@ -150,7 +150,7 @@ def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts:
         config = sampler.model.config
         return JSONResponse({
             "model_path": sampler.model_path, "tokenizer_path": sampler.tokenizer.name_or_path,
-            "is_generation": True, "weight_version": sampler.weight_version,
+            "is_generation": True, "weight_version": sampler.weight_version, "busy_s": round(sampler.busy_s, 3),
             "model_type": config.model_type, "architectures": config.architectures,
         })
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 import copy
 import math
 import threading
+import time
 from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -85,6 +85,8 @@ class TokenSampler:
     """Where the weights being served came from."""
     weight_version: str
     """The version those weights were loaded as (SGLang's `weight_version`)."""
+    busy_s: float = 0.0
+    """Seconds spent generating since the server started (`/get_model_info`): how busy it kept."""
 
     def __init__(self, model, tokenizer, model_path: str, weight_version: str = DEFAULT_WEIGHT_VERSION) -> None:
         self.model = model
@@ -115,12 +117,16 @@ class TokenSampler:
         """The request's samples and the weight version that made every one of them."""
         self.check(req)
         with self.lock, torch.inference_mode():
+            started = time.monotonic()
             generator = torch.Generator()
             if req.seed is None:
                 generator.seed()
             else:
                 generator.manual_seed(req.seed)
-            return [self._sample_one(req, generator) for _ in range(req.n)], self.weight_version
+            try:
+                return [self._sample_one(req, generator) for _ in range(req.n)], self.weight_version
+            finally:
+                self.busy_s += time.monotonic() - started
 
     def update_weights(self, model_path: str, weight_version: str | None) -> None:
         """Serve the weights saved at `model_path` from the next request on; a bad checkpoint
