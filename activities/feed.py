@@ -11,6 +11,7 @@ check cannot tell, and a repeat only reweights the group).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Literal
 
@@ -19,6 +20,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from activities.llm import api_key, numeric_version
 from activities.resume import run_result
 from activities.sinks import results_path
 from envs import get_env
@@ -28,6 +30,7 @@ from temporal_rollouts.core.forks import PrefixTokens
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import TrajectoryResult
 from temporal_rollouts.core.settings import ChatPolicy, GeneratePolicy, Settings
+from temporal_rollouts.llm.generate import GenerateClient
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from temporal_rollouts.sinks.groups import GroupBuilder, ScoredGroup
 from temporal_rollouts.sinks.jsonl import append_once
@@ -61,7 +64,9 @@ class TrainerQuery(BaseModel):
     group_size: int = 1
     max_token_length: int = 0
     env_weight: float = 1.0
-    after_step: int | None = Field(default=None, description="Wait (up to wait_s) until the trainer passes this step.")
+    after_step: int | None = Field(default=None, description="Wait (up to wait_s) until the trainer passes this step...")
+    after_version: int | None = Field(default=None, description="...or the policy server serves other weights than these.")
+    policy: str | None = Field(default=None, description="The run's policy, whose server says which weights it serves.")
     wait_s: float = 0.0
 
 
@@ -130,15 +135,21 @@ class FeedActivities:
     @checked_input
     async def trainer_view(self, input: TrainerQuery) -> TrainerView:
         """The trainer's progress and this run's registration, registering (again, after run-api lost it)
-        once a trainer has started; with `after_step`, waits until the trainer passes it."""
+        once a trainer has started; with `after_step`, waits until the trainer passes it or the policy
+        server serves other weights than `after_version`."""
         with activity_boundary():
             deadline = time.monotonic() + input.wait_s
-            async with self._api(input.api_url) as api:
+            server = version_client(self._settings.policy_endpoint(input.policy))
+            async with self._api(input.api_url) as api, contextlib.aclosing(server) if server else contextlib.nullcontext():
                 env_id = input.env_id
                 while True:
                     view = await _look(api, input, env_id)
+                    # the served weights as a number of trainer steps; None (a chat policy, a version named
+                    # "default", the server down) leaves admission to run-api's figures alone
+                    view.policy_version = numeric_version(await server.served_version()) if server else None
                     env_id = view.env_id
-                    passed = input.after_step is None or view.current_step > input.after_step
+                    passed = input.after_step is None or view.current_step > input.after_step or (
+                        view.policy_version is not None and view.policy_version != input.after_version)
                     if passed or time.monotonic() >= deadline:
                         return view
                     activity.heartbeat(view.current_step)
@@ -245,6 +256,13 @@ async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> 
     if registered.get("status") == "success":
         view.env_id = int(registered["env_id"])
     return view
+
+
+def version_client(endpoint: ChatPolicy | GeneratePolicy) -> GenerateClient | None:
+    """A client for asking a token-level policy's server which weights it serves; None for a chat policy."""
+    if not isinstance(endpoint, GeneratePolicy):
+        return None
+    return GenerateClient(endpoint.base_url, endpoint.type, api_key(endpoint), max_connections=1)
 
 
 def _carries(latest: dict, group_id: str) -> bool:

@@ -92,7 +92,7 @@ class LlmActivities:
         key = endpoint.model_dump_json()
         if key not in self._chat_clients:
             self._chat_clients[key] = ChatClient(
-                base_url=endpoint.base_url, model=endpoint.model, api_key=_api_key(endpoint), timeout_s=endpoint.timeout_s,
+                base_url=endpoint.base_url, model=endpoint.model, api_key=api_key(endpoint), timeout_s=endpoint.timeout_s,
                 max_connections=endpoint.max_connections,
             )
         return self._chat_clients[key]
@@ -101,7 +101,7 @@ class LlmActivities:
         key = endpoint.model_dump_json()
         if key not in self._token_clients:
             template = await asyncio.to_thread(ChatTemplate.load, endpoint.tokenizer, endpoint.chat_template)
-            generator = GenerateClient(endpoint.base_url, endpoint.type, _api_key(endpoint), endpoint.timeout_s,
+            generator = GenerateClient(endpoint.base_url, endpoint.type, api_key(endpoint), endpoint.timeout_s,
                                        max_connections=endpoint.max_connections)
             self._token_clients.setdefault(key, TokenClient(template, generator, endpoint.tool_call_parser))
         return self._token_clients[key]
@@ -185,5 +185,5 @@ def numeric_version(reported: str | None) -> int | None:
         return None
 
 
-def _api_key(endpoint: ChatPolicy | GeneratePolicy) -> str | None:
+def api_key(endpoint: ChatPolicy | GeneratePolicy) -> str | None:
     return os.environ.get(endpoint.api_key_env) if endpoint.api_key_env else None

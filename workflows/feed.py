@@ -4,17 +4,22 @@ Its workflow id is the run's name. It owns the cursor over items, the groups in 
 posting to run-api, so nothing of a run lives in the process that started it: the Atropos env
 process (`serve`), `rollouts train` or the UI only start it or attach to it by name.
 
-- **Admission** (AReaL's rule, in groups): a group starts only while the groups in flight and those
-  of this run still queued in run-api fit in `max_staleness + 1` of the trainer's batches, so a
-  group lands within `max_staleness` trainer steps of the weights it started on. Starts are paced;
-  finished work is never thrown away for being slow, which would bias training towards short rollouts.
+- **Admission** (AReaL's rule, in groups): a group starts only while the groups in flight, those of
+  this run still queued in run-api and the batches handed out but not yet trained into served weights
+  fit in `max_staleness + 1` of the trainer's batches, so a group lands within `max_staleness` trainer
+  steps of the weights it started on. The last term needs the policy server's weight version (as SGLang
+  reports it): run-api counts a step when it forms a batch, and forms every full batch of its queue at
+  once, so a trainer slower than its rollouts would otherwise look ahead of the weights it serves.
+  Starts are paced; finished work is never thrown away for being slow, which would bias training
+  towards short rollouts.
 - **Rollouts** are TrajectoryWorkflows started as abandoned children: they outlive this run's
   continue-as-new and tell the current run when they end (signal `rollout_finished`). A periodic
   check finds those that ended without telling (terminated, timed out).
 - **Failures of the machinery are work to finish**: such a rollout is resumed (its workspace and
   turns kept) up to `max_retries` times; only then is its group given up, counted with why.
   A failure the model caused is a scored rollout and stays in its group.
-- **Posting**: once per group (`activities.feed`), with each rollout's per-turn policy versions;
+- **Posting**: once per group (`activities.feed`), with each rollout's per-turn policy versions,
+  oldest first, and only while less than one batch of this run waits in run-api (see `_may_post`);
   a group that ends staler than the bound is posted, masked or dropped as `stale_groups` says.
 - It continues as new when Temporal suggests it, without waiting for any rollout.
 - **Branching** (`branch`): a group is one RolloutTreeWorkflow (workflows/tree.py) of its roots and
@@ -116,6 +121,7 @@ class TrainingFeedWorkflow:
             run=workflow.info().workflow_id, env=input.env if input else "", phase=self._phase,
             in_flight=len(state.groups),
             rollouts_running=sum(1 for g in state.groups.values() for r in g.results if r is None),
+            held=sum(1 for g in state.groups.values() if all(r is not None for r in g.results)),
             figures=state.figures, trainer=state.trainer, max_staleness=input.max_staleness if input else 0,
             admitted=self._admitted() if input else False, stopping=state.stopping, output=state.output,
         )
@@ -191,8 +197,26 @@ class TrainingFeedWorkflow:
         trainer = self._state.trainer
         if not trainer.registered or trainer.env_id is None:
             return False
-        per_step = max(1, trainer.batch_size // input.group_size)
-        return len(self._state.groups) + trainer.queued < (input.max_staleness + 1) * per_step
+        per_step = self._per_step()
+        waiting = trainer.queued + trainer.batches_ahead() * per_step  # posted, not yet trained into weights
+        return len(self._state.groups) + waiting < (input.max_staleness + 1) * per_step
+
+    def _per_step(self) -> int:
+        """This run's groups in one of the trainer's batches."""
+        assert self._input is not None
+        return max(1, self._state.trainer.batch_size // self._input.group_size)
+
+    def _may_post(self) -> bool:
+        """Whether a finished group may go to run-api now. At most one batch of this run waits there: run-api
+        forms every full batch of its queue at one /batch call and hands the newest out first, so a second
+        batch queued behind the first would reach the trainer a step later than its turn, staler than the
+        bound. A finished group waits here instead (still counted in flight), and a stop posts them all."""
+        input, state = self._input, self._state
+        assert input is not None
+        return input.sink != "atropos" or state.stopping or state.trainer.queued < self._per_step()
+
+    def _held(self) -> bool:
+        return any(all(r is not None for r in g.results) for g in self._state.groups.values())
 
     async def _start_groups(self) -> None:
         input = self._input
@@ -341,6 +365,8 @@ class TrainingFeedWorkflow:
         while state.trees:
             await self._finish_tree(state.trees.pop(0))
         for group_id in [g.group_id for g in state.groups.values() if all(r is not None for r in g.results)]:
+            if not self._may_post():
+                break  # the oldest go first when run-api has room again
             await self._post(state.groups.pop(group_id))
 
     async def _finish(self, result: TrajectoryResult) -> None:
@@ -475,14 +501,16 @@ class TrainingFeedWorkflow:
 
     # ------------------------------------------------------------------ waiting
 
-    async def _trainer(self, wait_s: float, after_step: int | None = None) -> TrainerView:
+    async def _trainer(self, wait_s: float, after_step: int | None = None,
+                       after_version: int | None = None) -> TrainerView:
         input, state = self._input, self._state
         assert input is not None
         return await workflow.execute_activity_method(
             FeedActivities.trainer_view,
             TrainerQuery(run=workflow.info().workflow_id, api_url=self._api_url(), env_id=state.trainer.env_id,
                          group_size=input.group_size, max_token_length=input.max_token_length,
-                         env_weight=input.env_weight, after_step=after_step, wait_s=wait_s),
+                         env_weight=input.env_weight, after_step=after_step, after_version=after_version,
+                         policy=input.policy, wait_s=wait_s),
             **params.TRAINER_VIEW.options(),
         )
 
@@ -490,16 +518,19 @@ class TrainingFeedWorkflow:
         """Until a rollout ends, a stop, or (when the trainer holds admission back) the trainer steps."""
         input, state = self._input, self._state
         assert input is not None
-        self._phase = "waiting for rollouts" if state.groups else "waiting for the trainer"
-        blocked = input.sink == "atropos" and self._wants_more() and not self._admitted()
+        running = any(r is None for g in state.groups.values() for r in g.results)
+        self._phase = "waiting for rollouts" if running else "waiting for the trainer"
+        blocked = input.sink == "atropos" and ((self._wants_more() and not self._admitted())
+                                               or (self._held() and not self._may_post()))
         if blocked and self._waiter is None:
-            self._waiter = asyncio.ensure_future(self._trainer(TRAINER_WAIT_S, after_step=state.trainer.current_step))
+            self._waiter = asyncio.ensure_future(self._trainer(TRAINER_WAIT_S, after_step=state.trainer.current_step,
+                                                               after_version=state.trainer.policy_version))
         waiter = self._waiter
         wait_s = min(CHECK_ROLLOUTS_S, self._next_resume_in() if self._next_resume_in() is not None else CHECK_ROLLOUTS_S)
         try:
             await workflow.wait_condition(
                 lambda: bool(state.inbox) or self._stop_now or (waiter is not None and waiter.done())
-                or (state.stopping and not state.groups),
+                or (state.stopping and (not state.groups or self._held())),
                 timeout=timedelta(seconds=max(wait_s, 0.001)),
             )
         except asyncio.TimeoutError:

@@ -136,12 +136,14 @@ def format_feed(status: FeedStatus) -> str:
     f, t = status.figures, status.trainer
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(f.dropped.items())) or "none"
     stale = ", ".join(f"{k}: {v}" for k, v in sorted(f.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
-    trainer = (f"step {t.current_step}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
+    served = f", weights v{t.policy_version} served" if t.policy_version is not None else ""
+    trainer = (f"step {t.current_step}{served}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
                if t.registered else "no trainer registered yet")
     admission = "open" if status.admitted else "held (waiting for the trainer to step)" if status.in_flight or t.registered else "-"
     lines = [
         f"training run {status.run} ({status.env}): {status.phase}" + (" - stopping" if status.stopping else ""),
-        f"  groups: {f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} posted, "
+        f"  groups: {f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for "
+        f"room in run-api), {f.groups_posted} posted, "
         f"{f.groups_stale} posted stale, dropped: {dropped}",
         f"  rollouts: {f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
         f"{f.rollouts_retried} resumed after a machinery failure",

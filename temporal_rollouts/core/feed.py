@@ -132,6 +132,16 @@ class TrainerView(BaseModel):
     """Groups of this run waiting in run-api's queue."""
     env_id: int | None = None
     """This run's env registration, None until run-api takes it (after the trainer's first /batch)."""
+    policy_version: int | None = None
+    """The weights the policy server serves now, as a number of trainer steps (SGLang's `weight_version`
+    in `/get_model_info`); None where the server reports none or a name that is not a number."""
+
+    def batches_ahead(self) -> int:
+        """Batches run-api has handed out (its step) whose training has not produced weights yet: the one
+        being trained, and any run-api formed at once and holds back (it forms every full batch of its queue
+        at one /batch call and hands them out one per call, counting them all as steps, and out of its
+        queue). 0 where the served version is unknown."""
+        return max(0, self.current_step - self.policy_version) if self.policy_version is not None else 0
 
 
 class FeedState(BaseModel):
@@ -155,6 +165,8 @@ class FeedStatus(BaseModel):
     phase: str
     in_flight: int
     rollouts_running: int
+    held: int = 0
+    """Finished groups waiting for room in run-api (at most one batch of a run waits there)."""
     figures: FeedFigures
     trainer: TrainerView
     max_staleness: int

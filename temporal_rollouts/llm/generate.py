@@ -50,6 +50,16 @@ class GenerateClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def served_version(self) -> str | None:
+        """The label of the weights the server serves now (SGLang's `/get_model_info` `weight_version`,
+        which the CPU policy server reports too); None where it cannot say (no such route, an error)."""
+        try:
+            response = await self._http.get("/get_model_info", timeout=10.0)
+            version = response.json().get("weight_version") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return None if version is None else str(version)
+
     async def generate(
         self,
         input_ids: list[int],

@@ -11,15 +11,18 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import RolloutLimits, Sampling
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.policy_servers.weights import save_weights
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from tests.support.servers.fixtures import GenerateServerProcess, generate_policy
 from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
+from tests.support.waiting import leased_slots, reap_closed_holders
 from workflows.feed import TrainingFeedWorkflow
 
 pytestmark = pytest.mark.slow
@@ -103,9 +106,61 @@ async def test_admission_holds_the_bound_while_the_trainer_stalls_and_every_turn
     assert done.figures.tokens_posted > 0 and done.figures.tokens_generated >= done.figures.tokens_posted
 
 
+@pytest.fixture(scope="module")
+def weights(smollm2_model, tmp_path_factory) -> Path:
+    """The served model's own weights on disk: a trainer that publishes them as each new version."""
+    return save_weights(smollm2_model, tmp_path_factory.mktemp("weights") / "same")
+
+
+@pytest.fixture
+def own_smol(settings: Settings, own_smollm2_server: GenerateServerProcess) -> Iterator[GenerateServerProcess]:
+    settings.policies["own-smol"] = generate_policy(own_smollm2_server)
+    yield own_smollm2_server
+    settings.policies.pop("own-smol", None)
+
+
+async def publish(server: GenerateServerProcess, weights: Path, version: int) -> None:
+    async with httpx.AsyncClient(timeout=600) as http:
+        answer = await http.post(f"{server.url}/update_weights_from_disk",
+                                 json={"model_path": str(weights), "weight_version": str(version)})
+    assert answer.json()["success"], answer.text
+
+
+@pytest.mark.timeout(600)
+async def test_a_trainer_slower_than_its_rollouts_never_gets_a_group_staler_than_the_bound(
+    client: Client, settings: Settings, run_api: RunApiProcess, own_smol: GenerateServerProcess, weights: Path,
+    tmp_path: Path
+) -> None:
+    """run-api forms every full batch of its queue at one /batch call, counts them all as steps and hides
+    them from its queue, handing the newest out first: a feed that went by run-api alone, or let two
+    batches queue there, would have the trainer take groups sampled by weights it is several steps past.
+    The trainer here pulls only once the feed has stopped starting groups and its rollouts are done,
+    which is what a trainer slower than its rollouts sees."""
+    await publish(own_smol, weights, 0)
+    async with TrajectoryApi(run_api.url) as api:
+        await register_trainer(api, batch_size=GROUP_SIZE, max_token_len=4096, checkpoint_dir=tmp_path)
+        run = f"feed-slow-{uuid.uuid4().hex[:6]}"
+        handle = await client.start_workflow(
+            TrainingFeedWorkflow.run, feed_input(run_api, "own-smol", max_groups=5, max_staleness=1),
+            id=run, task_queue=settings.temporal.task_queue)
+        lags: list[int] = []
+        for step in range(1, 6):
+            await until(handle, lambda s: s.phase == "done" or (not s.admitted and s.rollouts_running == 0))
+            batch = await pull_batch(api, timeout_s=60)
+            assert len(batch) == 1
+            held = await status(handle)  # the batch being trained still counts against the bound
+            assert held.phase == "done" or not held.admitted, held
+            lags.append(step - 1 - batch[0]["group_overrides"]["policy_version_min"])
+            await asyncio.sleep(5)  # the training step: groups started now run on the weights it trains
+            await publish(own_smol, weights, step)
+        done = await until(handle, lambda s: s.phase == "done")
+    assert done.figures.groups_posted == 5 and done.figures.dropped == {}
+    assert all(0 <= lag <= 1 for lag in lags), f"staleness at consumption per step: {lags}"
+
+
 @pytest.mark.timeout(600)
 async def test_a_rollout_the_machinery_lost_is_resumed_and_its_group_posted_once(
-    client: Client, settings: Settings, run_api: RunApiProcess, trainer: TrajectoryApi, smol: str
+    client: Client, settings: Settings, run_api: RunApiProcess, trainer: TrajectoryApi, smol: str, pool
 ) -> None:
     run = f"feed-resume-{uuid.uuid4().hex[:6]}"
     slow = feed_input(run_api, smol, max_groups=1, max_staleness=1, env_config={"steps": 1, "sleep_s": 4})
@@ -118,6 +173,10 @@ async def test_a_rollout_the_machinery_lost_is_resumed_and_its_group_posted_once
     assert (done.figures.groups_posted, done.figures.groups_duplicated) == (1, 0)
     runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}/g0/r0'")]
     assert len(runs) == 2, "the terminated run, and the one that resumed it"
+    # A terminated run never releases its slot itself: the reaper frees it, and only it.
+    reaped = await reap_closed_holders(pool, client)
+    assert [lease.holder.workflow_id for lease in reaped] == [f"{run}/g0/r0"]
+    assert await leased_slots(pool) == []
 
 
 @pytest.fixture
