@@ -35,7 +35,7 @@ from temporal_rollouts.core.records import ROLLOUT_FAILED, BatchResult, Trajecto
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import temporal_binary
 from temporal_rollouts.sandbox.pool import SandboxPool
-from tests.support.waiting import batch_id, leased_slots, wait_until
+from tests.support.waiting import batch_id, leased_slots, reap_closed_holders, wait_until
 from worker import WORKFLOWS, Parts, build_activities
 from workflows import params
 
@@ -214,13 +214,9 @@ async def test_a_million_items_run_in_bounded_memory_and_history(
     # Cancelled rollouts release their own slots before the batch closes. One cancelled while its
     # acquire_slot was still in flight (the workflow does not wait for that activity) may have got a
     # lease it never saw: that is the reaper's case (a closed holder), as `python worker.py` runs it.
-    async def holder_closed(holder) -> bool:
-        described = await client.get_workflow_handle(holder.workflow_id, run_id=holder.run_id).describe()
-        return described.status != WorkflowExecutionStatus.RUNNING
-
     left = await leased_slots(pool)
-    assert len(left) <= 4 and all([await holder_closed(s.lease.holder) for s in left]), left  # max_concurrency 4
-    await pool.reap(holder_closed)
+    assert len(left) <= 4, left  # max_concurrency 4
+    assert len(await reap_closed_holders(pool, client)) == len(left), "only leases of closed runs are left"
     assert await leased_slots(pool) == []
     children = [wf async for wf in client.list_workflows(f'{sa.BATCH_ID.name}="{workflow_id}" AND WorkflowId != "{workflow_id}"')]
     assert children and {wf.status for wf in children} <= {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CANCELED}

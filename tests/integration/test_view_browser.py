@@ -243,6 +243,10 @@ async def test_the_batch_panel_shows_every_column_at_1600_pixels(view_batch: Bat
         for column in ("failed", "score"):
             header = await page.locator("#batches th", has_text=column).bounding_box()
             assert header["x"] + header["width"] <= panel["x"] + panel["width"], column
+        # Whatever other batches the server holds (long ids, large counts), no cell leaves the panel.
+        right_edges = await page.eval_on_selector_all(
+            "#batches td", "cells => cells.map((c) => c.getBoundingClientRect().right)")
+        assert right_edges and max(right_edges) <= panel["x"] + panel["width"], max(right_edges)
         await browser.close()
 
 

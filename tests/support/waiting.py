@@ -17,6 +17,18 @@ async def leased_slots(pool: SandboxPool) -> list:
     return [s for slots in states.values() for s in slots if s.lease is not None]
 
 
+async def reap_closed_holders(pool: SandboxPool, client) -> list:
+    """Run the reaper's check as `python worker.py` does: free every lease whose holder run has closed
+    (a run terminated from outside never releases its own slot)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    async def holder_closed(holder) -> bool:
+        described = await client.get_workflow_handle(holder.workflow_id, run_id=holder.run_id).describe()
+        return described.status != WorkflowExecutionStatus.RUNNING
+
+    return await pool.reap(holder_closed)
+
+
 async def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
