@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -44,7 +44,7 @@ class SlotActivities:
         info = activity.info()
         holder = Holder(workflow_id=info.workflow_id or "", run_id=info.workflow_run_id or "")
         deadline = info.scheduled_time.timestamp() + self._settings.acquire_timeout_s
-        remaining = deadline - datetime.now(timezone.utc).timestamp()
+        remaining = deadline - datetime.now(UTC).timestamp()
         with activity_boundary():
             allow_network, limits = slot_terms(input)
             try:

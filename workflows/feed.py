@@ -533,7 +533,7 @@ class TrainingFeedWorkflow:
                 or (state.stopping and (not state.groups or self._held())),
                 timeout=timedelta(seconds=max(wait_s, 0.001)),
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         if waiter is not None and waiter.done():
             self._waiter = None

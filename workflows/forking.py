@@ -12,7 +12,6 @@ late, and goes on as sibling 0. Every command here is issued only for inputs tha
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -179,7 +178,7 @@ class Forking:
             record.children = []
         try:
             await workflow.wait_condition(lambda: not self._awaiting, timeout=plan.copy_wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             record.snapshot = await self._save(slot, result)  # before the late ones are told they are late
         self._awaiting.clear()
         record.copied = [child for child in record.children if child in self._copied]

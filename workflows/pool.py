@@ -13,7 +13,6 @@ it runs one pass and returns its report.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
@@ -51,7 +50,7 @@ class SlotPoolMaintenanceWorkflow:
             await self._pass()
             try:
                 await workflow.wait_condition(lambda: self._wanted > 0, timeout=timedelta(seconds=self._interval_s))
-            except asyncio.TimeoutError:  # the period is over
+            except TimeoutError:  # the period is over
                 pass
             if workflow.info().is_continue_as_new_suggested():
                 break

@@ -75,7 +75,7 @@ class WorkerProcesses:
         waits = [process.wait() for process in self._running.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), self._settings.worker.graceful_shutdown_s + STOP_MARGIN_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             for process in self._running.values():
                 if process.returncode is None:
                     process.kill()

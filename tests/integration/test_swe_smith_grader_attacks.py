@@ -59,7 +59,7 @@ except ImportError:
 """
 """Module-level code with the same effect, for a module that pytest imports (a test package)."""
 
-STALE_PYC = f"""\
+STALE_PYC = """\
 import importlib.util, marshal, os
 source = open("tests/test_idna.py").read()
 source += '''

@@ -34,7 +34,7 @@ def test_old_tool_results_are_shortened_first_and_the_original_is_untouched() ->
     middle, tail = fitted[KEEP_HEAD:-KEEP_TAIL], fitted[-KEEP_TAIL:]
     shortened = [m for m in middle if m.role == "tool"]
     assert shortened and all(TRUNCATION_MARKER in (m.content or "") for m in shortened)
-    assert all(m.content.startswith(f"out") and m.content.endswith("x" * 50) for m in shortened)
+    assert all(m.content.startswith("out") and m.content.endswith("x" * 50) for m in shortened)
     assert tail == messages[-KEEP_TAIL:], "the latest exchanges are kept verbatim"
     assert estimate_tokens(fitted) <= full - 1_000
 

@@ -111,7 +111,7 @@ class ContainerRegistry:
             return
         try:
             await asyncio.wait_for(hold.lock.acquire(), self.lock_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RegistryBusy(f"the container registry lock {self.lock_path} stayed busy") from None
         try:
             lock_file = await self._flock()
