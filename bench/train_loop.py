@@ -106,9 +106,10 @@ class Trainer:
                          if (group.get("group_overrides") or {}).get("policy_version_min") is not None]
             record = Step(step, stats, staleness, busy, time.monotonic() - now[0])
             self.steps.append(record)
-            print(f"step {step:3d}  reward {stats.mean_reward:.3f}  same-version |dlogp| "
-                  f"mean {stats.current_gap_mean:.1e} max {stats.current_gap_max:.1e} "
-                  f"({stats.current_tokens} tokens)  staleness {staleness}  server busy {100 * busy:3.0f}%  "
+            gap = (f"mean {stats.current_gap_mean:.1e} max {stats.current_gap_max:.1e} ({stats.current_tokens} tokens)"
+                   if stats.current_tokens else "- (no tokens of the current weights)")
+            print(f"step {step:3d}  reward {stats.mean_reward:.3f}  same-version |dlogp| {gap}  "
+                  f"staleness {staleness}  server busy {100 * busy:3.0f}%  "
                   f"seqs {stats.sequences:2d}  train+publish {record.seconds:.0f}s", flush=True)
             await on_step(step)
 
