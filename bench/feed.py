@@ -4,8 +4,9 @@
     python bench/feed.py --groups 10 --quick
 
 One training run (a TrainingFeedWorkflow) feeds the real `run-api`; a stand-in trainer pulls
-batches, "trains" for a second, pauses once for 30 s, and after steps 2, 4 and 6 has the
-policy server load weights as the next version. The policy is SmolLM2-135M on CPU behind the
+batches, "trains" for a second, has the policy server load weights as version `step` after each
+step (as a trainer that publishes every step does; it waits out the model outage) and pauses
+once for 30 s. The policy is SmolLM2-135M on CPU behind the
 CPU `/generate` server, steered by the demo policy through echo_chain's two tool calls. While
 it runs, on a schedule: `python worker.py` is SIGKILLed and restarted, the Atropos env process
 (`serve`, attached to the run) is SIGKILLed and restarted, the sandbox server is SIGKILLed (its
@@ -31,6 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import httpx  # noqa: E402
+from temporalio.service import RPCError  # noqa: E402
+
 from bench import quiet  # noqa: E402
 from bench.procs import run_in_data_dir  # noqa: E402
 from bench.training_stack import POLICY, TrainingStack, training_stack  # noqa: E402
@@ -46,7 +50,6 @@ TEMPLATE = REPO / "tests" / "data" / "templates" / "qwen2_5.jinja"
 GROUP_SIZE = 4
 GROUPS_PER_STEP = 4
 MAX_STALENESS = 2
-VERSION_STEPS = (2, 4, 6)
 PAUSE_AT_STEP, PAUSE_S = 3, 30.0
 
 
@@ -77,12 +80,22 @@ class StandInTrainer:
                     if overrides.get("policy_version_min") is not None:
                         self.consumed_staleness[self.step - 1 - overrides["policy_version_min"]] += 1
                 await asyncio.sleep(1.0)  # the training step
-                if self.step in VERSION_STEPS:
-                    await self.stack.update_weights(self.weights, self.step)
-                    self.versions_loaded.append(self.step)
+                await self.publish(self.step)
                 if self.step == PAUSE_AT_STEP:
                     print(f"  trainer pauses {PAUSE_S:.0f}s at step {self.step}", flush=True)
                     await asyncio.sleep(PAUSE_S)
+
+
+    async def publish(self, version: int) -> None:
+        """Have the server load the weights as `version`, as a trainer does after each step; while the model
+        server is down (the chaos's outage) a trainer waits for it, so this does too."""
+        while True:
+            try:
+                await self.stack.update_weights(self.weights, version)
+                self.versions_loaded.append(version)
+                return
+            except httpx.HTTPError:
+                await asyncio.sleep(2)
 
 
 async def chaos(stack: TrainingStack, run: str, env_fields: dict, quick: bool) -> None:
@@ -140,7 +153,12 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
         chaos_task = asyncio.create_task(chaos(stack, run, env_fields, args.quick))
         status = None
         while True:
-            status = FeedStatus.model_validate(await handle.query(TrainingFeedWorkflow.status))
+            try:
+                status = FeedStatus.model_validate(await handle.query(TrainingFeedWorkflow.status))
+            except RPCError as err:  # a query needs a worker: none answers while the chaos has killed it
+                print(f"  {time.monotonic() - started:6.0f}s  (no answer to the status query: {err.message})", flush=True)
+                await asyncio.sleep(5)
+                continue
             print(f"  {time.monotonic() - started:6.0f}s  {status.phase:24s} posted {status.figures.groups_posted:3d}/"
                   f"{args.groups}  in flight {status.in_flight:2d}  resumed {status.figures.rollouts_retried:2d}  "
                   f"trainer step {trainer.step}", flush=True)

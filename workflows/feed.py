@@ -8,8 +8,8 @@ process (`serve`), `rollouts train` or the UI only start it or attach to it by n
   this run still queued in run-api and the batches handed out but not yet trained into served weights
   fit in `max_staleness + 1` of the trainer's batches, so a group lands within `max_staleness` trainer
   steps of the weights it started on. The last term needs the policy server's weight version (as SGLang
-  reports it): run-api counts a step when it forms a batch, and forms every full batch of its queue at
-  once, so a trainer slower than its rollouts would otherwise look ahead of the weights it serves.
+  reports it): run-api counts a step when it hands a batch out, so a trainer still training it would
+  otherwise look one version ahead of the weights it serves (`TrainerView.batches_ahead`).
   Starts are paced; finished work is never thrown away for being slow, which would bias training
   towards short rollouts.
 - **Rollouts** are TrajectoryWorkflows started as abandoned children: they outlive this run's

@@ -137,11 +137,11 @@ class TrainerView(BaseModel):
     in `/get_model_info`); None where the server reports none or a name that is not a number."""
 
     def batches_ahead(self) -> int:
-        """Batches run-api has handed out (its step) whose training has not produced weights yet: the one
-        being trained, and any run-api formed at once and holds back (it forms every full batch of its queue
-        at one /batch call and hands them out one per call, counting them all as steps, and out of its
-        queue). 0 where the served version is unknown."""
-        return max(0, self.current_step - self.policy_version) if self.policy_version is not None else 0
+        """1 while the trainer trains a batch run-api has handed out (its step) whose weights the server does
+        not serve yet: the served version is exactly one behind run-api's step. A version further behind is a
+        trainer that publishes every few steps or numbers its versions otherwise; it, an unknown version or
+        one not behind counts 0, leaving run-api's step the only clock (never a feed that waits forever)."""
+        return 1 if self.policy_version is not None and self.policy_version == self.current_step - 1 else 0
 
 
 class FeedState(BaseModel):
