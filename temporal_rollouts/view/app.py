@@ -29,6 +29,7 @@ from temporal_rollouts.cli.records import (
     describe_or_none,
     list_batches,
     load_rollout,
+    rollout_branches,
     status_name,
 )
 from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
@@ -114,6 +115,7 @@ def create_app(
 
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
+        record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
         return JSONResponse(record.model_dump(mode="json", exclude_none=True))
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:

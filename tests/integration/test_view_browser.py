@@ -85,6 +85,21 @@ async def failed_batch(
 
 
 @pytest.fixture(scope="module")
+async def branched_batch(
+    project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess
+) -> BatchResult:
+    """One echo_chain rollout branched live after turn 1 into two: a root and its branch."""
+    view_policy.reset()
+    result = await project_client.execute_workflow(
+        BatchWorkflow.run, BatchInput(env="echo_chain", env_config={"steps": 2}, num_items=1, group_size=1,
+                                      branch={"at_turns": [1], "factor": 2}, policy=f"{view_policy.url}/v1"),
+        id=batch_id("view-branched"), task_queue=settings.temporal.task_queue,
+    )
+    assert (result.completed, result.failed) == (2, 0), result
+    return result
+
+
+@pytest.fixture(scope="module")
 async def training_run(
     project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess, tmp_path_factory
 ) -> AsyncIterator[FeedStatus]:
@@ -437,4 +452,35 @@ async def test_a_thousand_rollouts_render_at_once_and_the_two_zero_scores_are_on
         await page.locator("#chart-scores rect[data-label='0']").click()
         await row_count(page, 2)
         assert "min_score=0" in asked[-1] and "max_score=0" in asked[-1]
+        await browser.close()
+
+
+async def test_a_rollout_shows_where_it_branched_and_each_link_opens_the_other(
+    branched_batch: BatchResult, served: str
+) -> None:
+    """The root lists its branch after turn 1; the branch says it was forked from the root; each id opens
+    the other rollout."""
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        await page.locator(f"tr[data-batch='{branched_batch.batch_id}']").click()
+        await row_count(page, 2)
+        rows = page.locator("#rollout-rows tr.row")
+        for index in range(2):  # the root is whichever row lists branches
+            await rows.nth(index).click()
+            await page.wait_for_selector("#summary")
+            if await page.locator("#summary td.branches").count():
+                break
+        branches = page.locator("#summary td.branches")
+        assert (await branches.inner_text()).startswith("after turn 1: ")
+        root = await page.inner_text("#summary tr:first-child td:last-child")
+        child = await branches.locator("a.tree-link").first.get_attribute("data-rollout")
+        assert child and child != root
+        await branches.locator("a.tree-link").first.click()
+        await page.wait_for_function(
+            "child => document.querySelector('#summary tr:first-child td:last-child')?.textContent === child", arg=child)
+        forked = page.locator("#forked-from")
+        assert f"{root} after turn 1" in await forked.inner_text()
+        await forked.locator("a.tree-link").click()
+        await page.wait_for_function(
+            "root => document.querySelector('#summary tr:first-child td:last-child')?.textContent === root", arg=root)
         await browser.close()
