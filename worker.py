@@ -141,7 +141,9 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         **task_slots(settings.worker),
         max_cached_workflows=settings.worker.max_cached_workflows,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.worker.sticky_queue_timeout_s),
-        workflow_runner=SandboxedWorkflowRunner() if settings.worker.sandboxed_workflows else UnsandboxedWorkflowRunner(),
+        workflow_runner=SandboxedWorkflowRunner()
+        if settings.worker.sandboxed_workflows
+        else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
     )
 
@@ -149,30 +151,38 @@ def build_worker(client: Client, parts: Parts) -> Worker:
 def task_slots(worker: WorkerSettings) -> dict:
     """The Worker arguments that bound how many tasks it runs at once (worker.slot_supplier)."""
     if worker.slot_supplier == "fixed":
-        return {"max_concurrent_activities": worker.max_concurrent_activities,
-                "max_concurrent_local_activities": worker.max_concurrent_local_activities,
-                "max_concurrent_workflow_tasks": worker.max_concurrent_workflow_tasks}  # fmt: skip
+        return {
+            "max_concurrent_activities": worker.max_concurrent_activities,
+            "max_concurrent_local_activities": worker.max_concurrent_local_activities,
+            "max_concurrent_workflow_tasks": worker.max_concurrent_workflow_tasks,
+        }
     if worker.slot_supplier == "loop_lag":
         lag = LoopLag()
 
         def keeping_up(most: int) -> LoopLagSlotSupplier:
             return LoopLagSlotSupplier(lag, most, max_lag_s=worker.max_loop_lag_s)
 
-        return {"tuner": WorkerTuner.create_composite(
-            workflow_supplier=keeping_up(worker.max_concurrent_workflow_tasks),
-            activity_supplier=keeping_up(worker.max_concurrent_activities),
-            local_activity_supplier=keeping_up(worker.max_concurrent_local_activities),
-            nexus_supplier=FixedSizeSlotSupplier(1),
-        )}  # fmt: skip
+        return {
+            "tuner": WorkerTuner.create_composite(
+                workflow_supplier=keeping_up(worker.max_concurrent_workflow_tasks),
+                activity_supplier=keeping_up(worker.max_concurrent_activities),
+                local_activity_supplier=keeping_up(worker.max_concurrent_local_activities),
+                nexus_supplier=FixedSizeSlotSupplier(1),
+            )
+        }
 
     def upto(most: int) -> ResourceBasedSlotConfig:
         return ResourceBasedSlotConfig(minimum_slots=min(2, most), maximum_slots=most)
 
-    return {"tuner": WorkerTuner.create_resource_based(
-        target_memory_usage=worker.target_memory, target_cpu_usage=worker.target_cpu,
-        workflow_config=upto(worker.max_concurrent_workflow_tasks), activity_config=upto(worker.max_concurrent_activities),
-        local_activity_config=upto(worker.max_concurrent_local_activities),
-    )}  # fmt: skip
+    return {
+        "tuner": WorkerTuner.create_resource_based(
+            target_memory_usage=worker.target_memory,
+            target_cpu_usage=worker.target_cpu,
+            workflow_config=upto(worker.max_concurrent_workflow_tasks),
+            activity_config=upto(worker.max_concurrent_activities),
+            local_activity_config=upto(worker.max_concurrent_local_activities),
+        )
+    }
 
 
 @contextlib.asynccontextmanager
@@ -201,7 +211,9 @@ async def main_async(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with running_worker(settings):
         where = settings.temporal_address + (" (embedded)" if settings.embedded else "")
-        log.info("worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-")
+        log.info(
+            "worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-"
+        )
         if settings.worker.processes > 1:
             await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)
         else:
@@ -213,11 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python worker.py", description=__doc__.split("\n\n")[0].strip(),
+        prog="python worker.py",
+        description=__doc__.split("\n\n")[0].strip(),
         epilog="Configured by rollouts.toml or ROLLOUTS_* environment variables (docs/settings.md).",
     )
-    parser.add_argument("--processes", type=int, metavar="N",
-                        help="worker processes on this machine (settings worker.processes; one per core uses them all)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="worker processes on this machine (settings worker.processes; one per core uses them all)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else

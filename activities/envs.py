@@ -80,8 +80,9 @@ class EnvActivities:
             item_count = env.item_count()
             if input.check is not None:
                 self._check_batch(input, item_count)
-            return LoadedItems(items=env.load_items(input.count, input.offset), allow_network=env.allow_network,
-                               item_count=item_count)
+            return LoadedItems(
+                items=env.load_items(input.count, input.offset), allow_network=env.allow_network, item_count=item_count
+            )
 
     def _check_batch(self, input: LoadItemsInput, item_count: int | None) -> None:
         shape = input.check

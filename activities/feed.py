@@ -64,8 +64,12 @@ class TrainerQuery(BaseModel):
     group_size: int = 1
     max_token_length: int = 0
     env_weight: float = 1.0
-    after_step: int | None = Field(default=None, description="Wait (up to wait_s) until the trainer passes this step...")
-    after_version: int | None = Field(default=None, description="...or the policy server serves other weights than these.")
+    after_step: int | None = Field(
+        default=None, description="Wait (up to wait_s) until the trainer passes this step..."
+    )
+    after_version: int | None = Field(
+        default=None, description="...or the policy server serves other weights than these."
+    )
     policy: str | None = Field(default=None, description="The run's policy, whose server says which weights it serves.")
     wait_s: float = 0.0
 
@@ -129,7 +133,9 @@ class FeedActivities:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 output = str(path)
             api_url = (input.api_url or self._settings.atropos.api_url) if input.sink == "atropos" else None
-            return FeedCheck(allow_network=env.allow_network, item_count=env.item_count(), output=output, api_url=api_url)
+            return FeedCheck(
+                allow_network=env.allow_network, item_count=env.item_count(), output=output, api_url=api_url
+            )
 
     @activity.defn(name="trainer_view")
     @checked_input
@@ -140,7 +146,10 @@ class FeedActivities:
         with activity_boundary():
             deadline = time.monotonic() + input.wait_s
             server = version_client(self._settings.policy_endpoint(input.policy))
-            async with self._api(input.api_url) as api, contextlib.aclosing(server) if server else contextlib.nullcontext():
+            async with (
+                self._api(input.api_url) as api,
+                contextlib.aclosing(server) if server else contextlib.nullcontext(),
+            ):
                 env_id = input.env_id
                 while True:
                     view = await _look(api, input, env_id)
@@ -148,8 +157,11 @@ class FeedActivities:
                     # "default", the server down) leaves admission to run-api's figures alone
                     view.policy_version = numeric_version(await server.served_version()) if server else None
                     env_id = view.env_id
-                    passed = input.after_step is None or view.current_step > input.after_step or (
-                        view.policy_version is not None and view.policy_version != input.after_version)
+                    passed = (
+                        input.after_step is None
+                        or view.current_step > input.after_step
+                        or (view.policy_version is not None and view.policy_version != input.after_version)
+                    )
                     if passed or time.monotonic() >= deadline:
                         return view
                     activity.heartbeat(view.current_step)
@@ -181,11 +193,17 @@ class FeedActivities:
         assert input.output is not None
         outcome, group = await self._build(input, None, input.max_token_length)
         assert group is not None
-        written = await asyncio.to_thread(append_once, results_path(self._settings.results_dir, input.output, "output"),
-                                          input.group_id, group.model_dump_json())
+        written = await asyncio.to_thread(
+            append_once,
+            results_path(self._settings.results_dir, input.output, "output"),
+            input.group_id,
+            group.model_dump_json(),
+        )
         return outcome if written else outcome.model_copy(update={"status": "already_posted"})
 
-    async def _build(self, input: FeedGroupInput, step: int | None, limit: int) -> tuple[FeedGroupOutcome, ScoredGroup | None]:
+    async def _build(
+        self, input: FeedGroupInput, step: int | None, limit: int
+    ) -> tuple[FeedGroupOutcome, ScoredGroup | None]:
         results = input.results
         oldest = [r.version_range()[0] if r.version_range() else None for r in results]
         known = [v for v in oldest if v is not None]
@@ -195,9 +213,13 @@ class FeedActivities:
         if stale and input.stale_groups == StaleGroups.DROP:
             return FeedGroupOutcome(status="dropped", reason="stale", staleness=staleness, turns=turns), None
         try:
-            group = await self._groups.build(input.group_id, results, max_token_length=limit,
-                                             sft_template=await self._templates.for_policy(input.policy),
-                                             prefix_tokens=input.prefix_tokens)
+            group = await self._groups.build(
+                input.group_id,
+                results,
+                max_token_length=limit,
+                sft_template=await self._templates.for_policy(input.policy),
+                prefix_tokens=input.prefix_tokens,
+            )
         except RolloutError:
             raise
         except Exception as err:  # a template or trace that cannot render: retrying renders it the same way
@@ -212,10 +234,18 @@ class FeedActivities:
         _carry_versions(group, input.group_id, results, staleness)
         if not any(any(m != MASKED for m in mask) for mask in group.masks):
             reason = "all_masked" if masked else "no_tokens"
-            return FeedGroupOutcome(status="dropped", reason=reason, staleness=staleness, masked=masked, turns=turns), None
+            return FeedGroupOutcome(
+                status="dropped", reason=reason, staleness=staleness, masked=masked, turns=turns
+            ), None
         tokens = sum(sum(1 for m in mask if m != MASKED) for mask in group.masks)
-        outcome = FeedGroupOutcome(status="posted", reason="stale" if stale else None, staleness=staleness,
-                                   tokens_posted=tokens, masked=masked, turns=turns)
+        outcome = FeedGroupOutcome(
+            status="posted",
+            reason="stale" if stale else None,
+            staleness=staleness,
+            tokens_posted=tokens,
+            masked=masked,
+            turns=turns,
+        )
         return outcome, group
 
     @activity.defn(name="check_feed_rollouts")
@@ -243,8 +273,12 @@ class FeedActivities:
 async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> TrainerView:
     info = await api.trainer_info()
     status = await api.status()
-    view = TrainerView(registered=int(info.get("batch_size", -1)) > 0, current_step=int(status.get("current_step", 0)),
-                       batch_size=int(info.get("batch_size", -1)), max_token_len=int(info.get("max_token_len", -1)))
+    view = TrainerView(
+        registered=int(info.get("batch_size", -1)) > 0,
+        current_step=int(status.get("current_step", 0)),
+        batch_size=int(info.get("batch_size", -1)),
+        max_token_len=int(info.get("max_token_len", -1)),
+    )
     if not view.registered:
         return view
     if env_id is not None:
@@ -275,10 +309,16 @@ def _carry_versions(group: ScoredGroup, group_id: str, results: list[TrajectoryR
     `group_overrides` (with the group id that makes a lost post safe to retry)."""
     ranges = [r.version_range() for r in results]
     known = [v for r in ranges if r for v in r]
-    group.group_overrides = {**(group.group_overrides or {}), "group_id": group_id, "staleness": staleness,
-                             "policy_version_min": min(known) if known else None,
-                             "policy_version_max": max(known) if known else None}
-    group.overrides = [{**override, "policy_versions": result.policy_versions}
-                       for override, result in zip(group.overrides or [{} for _ in results], results, strict=True)]
+    group.group_overrides = {
+        **(group.group_overrides or {}),
+        "group_id": group_id,
+        "staleness": staleness,
+        "policy_version_min": min(known) if known else None,
+        "policy_version_max": max(known) if known else None,
+    }
+    group.overrides = [
+        {**override, "policy_versions": result.policy_versions}
+        for override, result in zip(group.overrides or [{} for _ in results], results, strict=True)
+    ]
     group.metadata["policy_versions"] = [result.policy_versions for result in results]
     group.metadata["staleness"] = staleness

@@ -45,8 +45,14 @@ class ForkPoint(BaseModel):
 
 
 class ForkPoints:
-    def __init__(self, client: Client, transcripts: TranscriptStore, traces: TokenTraceStore,
-                 objects: S3StorageDriverClient, bucket: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        transcripts: TranscriptStore,
+        traces: TokenTraceStore,
+        objects: S3StorageDriverClient,
+        bucket: str,
+    ) -> None:
         self._client = client
         self._transcripts = transcripts
         self._traces = traces
@@ -65,7 +71,9 @@ class ForkPoints:
         if result.transcript is None:
             raise ConfigError(f"{input.source} left no transcript to fork from")
         if turn > result.turns:
-            raise ConfigError(f"{input.source} made {result.turns} model turn(s): fork at a turn from 0 to {result.turns}")
+            raise ConfigError(
+                f"{input.source} made {result.turns} model turn(s): fork at a turn from 0 to {result.turns}"
+            )
         if turn == result.turns and result.pending is not None:
             raise ConfigError(f"turn {turn} of {input.source} did not finish its tool calls: fork at an earlier turn")
         transcript = await self._transcripts.cut(result.transcript, turn)
@@ -76,12 +84,22 @@ class ForkPoints:
             tokens = await self._traces.cut(result.tokens, turn, result.turns, messages)
         errors = [error for error in result.tool_errors if error.turn <= turn]
         prefix = ForkPrefix(
-            transcript=transcript, tokens=tokens, turns=turn, tool_calls=sum(len(t.results) for t in turns),
-            tool_stats=stats_of(turns, errors), tool_errors=errors, policy_versions=result.policy_versions[:turn],
-            setup_meta=result.setup_meta, session_used=session_used(turns),
+            transcript=transcript,
+            tokens=tokens,
+            turns=turn,
+            tool_calls=sum(len(t.results) for t in turns),
+            tool_stats=stats_of(turns, errors),
+            tool_errors=errors,
+            policy_versions=result.policy_versions[:turn],
+            setup_meta=result.setup_meta,
+            session_used=session_used(turns),
         )
-        return ForkPoint(prefix=prefix, source_run=run, source_turns=result.turns,
-                         snapshot=await self._snapshot(input.source, run, result, transcript.head, turn))
+        return ForkPoint(
+            prefix=prefix,
+            source_run=run,
+            source_turns=result.turns,
+            snapshot=await self._snapshot(input.source, run, result, transcript.head, turn),
+        )
 
     async def _source(self, rollout: str, run_id: str | None) -> tuple[str, TrajectoryResult]:
         handle = self._client.get_workflow_handle(rollout, run_id=run_id)
@@ -119,8 +137,12 @@ def stats_of(turns: list[RecordedTurn], errors: list[ToolErrorRecord]) -> ToolSt
     attempted = sum(len(t.results) for t in turns)
     invalid = sum(1 for error in errors if error.error.startswith(INVALID_CALL_KINDS))
     failed = len(errors) - invalid
-    return ToolStats(attempted=attempted, schema_valid=attempted - invalid, executed_ok=attempted - invalid - failed,
-                     execution_errors=failed)
+    return ToolStats(
+        attempted=attempted,
+        schema_valid=attempted - invalid,
+        executed_ok=attempted - invalid - failed,
+        execution_errors=failed,
+    )
 
 
 def session_used(turns: list[RecordedTurn]) -> bool:

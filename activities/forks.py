@@ -71,12 +71,20 @@ class CopyOutcome(BaseModel):
     bytes: int = 0
     seconds: float = 0.0
     fallback_snapshot: str | None = Field(default=None, description="Not copied: the parent's snapshot of that turn.")
-    session_used: bool = Field(default=False, description="The prefix used the stateful terminal, whose session no copy carries.")
+    session_used: bool = Field(
+        default=False, description="The prefix used the stateful terminal, whose session no copy carries."
+    )
 
 
 class ForkActivities:
-    def __init__(self, client: Client, pool: SandboxPool, transcripts: TranscriptStore,
-                 objects: S3StorageDriverClient, storage: StorageSettings) -> None:
+    def __init__(
+        self,
+        client: Client,
+        pool: SandboxPool,
+        transcripts: TranscriptStore,
+        objects: S3StorageDriverClient,
+        storage: StorageSettings,
+    ) -> None:
         self._client = client
         self._pool = pool
         self._transcripts = transcripts
@@ -92,8 +100,15 @@ class ForkActivities:
             fresh, _ = await self._transcripts.recorded_turns(input.setup)
             found: list[Divergence] = []
             if _shown(prompt) != _shown(fresh):
-                found.append(Divergence(turn=0, call=0, tool="setup", recorded=_preview(_shown(prompt)),
-                                        replayed=_preview(_shown(fresh))))
+                found.append(
+                    Divergence(
+                        turn=0,
+                        call=0,
+                        tool="setup",
+                        recorded=_preview(_shown(prompt)),
+                        replayed=_preview(_shown(fresh)),
+                    )
+                )
             allowed = [tool.name for tool in await self._transcripts.offered_tools(input.transcript)]
             info = activity.info()
             calls = 0
@@ -104,14 +119,27 @@ class ForkActivities:
                         again = tool_result_message(call.id, parsed)
                     else:
                         call_id = f"{info.workflow_id}/{info.workflow_run_id}/replay/turn-{turn.number}/call-{index}"
-                        again = tool_result_message(call.id, await heartbeating(self._run(input.lease, call_id, parsed)))
+                        again = tool_result_message(
+                            call.id, await heartbeating(self._run(input.lease, call_id, parsed))
+                        )
                         calls += 1
                     activity.heartbeat()
                     if (again.content or "") != (recorded.content or ""):
-                        found.append(Divergence(turn=turn.number, call=index, tool=call.function.name[:64],
-                                                recorded=_preview(recorded.content), replayed=_preview(again.content)))
-            return ReplayReport(calls=calls, divergent=len(found), divergences=found[:DIVERGENCES_KEPT],
-                                seconds=round(time.monotonic() - started, 3))
+                        found.append(
+                            Divergence(
+                                turn=turn.number,
+                                call=index,
+                                tool=call.function.name[:64],
+                                recorded=_preview(recorded.content),
+                                replayed=_preview(again.content),
+                            )
+                        )
+            return ReplayReport(
+                calls=calls,
+                divergent=len(found),
+                divergences=found[:DIVERGENCES_KEPT],
+                seconds=round(time.monotonic() - started, 3),
+            )
 
     async def _run(self, lease: SlotRef, call_id: str, operation) -> ToolOutput:
         try:
@@ -133,8 +161,13 @@ class ForkActivities:
                     pass
             copied = moved is not None and await self._still_awaited(input)
             _, turns = await self._transcripts.recorded_turns(input.prefix)
-            outcome = CopyOutcome(copied=copied, in_place=in_place, bytes=moved or 0, session_used=session_used(turns),
-                                  seconds=round(time.monotonic() - started, 3))
+            outcome = CopyOutcome(
+                copied=copied,
+                in_place=in_place,
+                bytes=moved or 0,
+                session_used=session_used(turns),
+                seconds=round(time.monotonic() - started, 3),
+            )
             if not copied:
                 outcome.fallback_snapshot = await self._parent_snapshot(input)
                 if outcome.fallback_snapshot is None:
@@ -153,7 +186,9 @@ class ForkActivities:
 
     async def _still_awaited(self, input: CopyWorkspaceInput) -> bool:
         try:
-            waiting = await self._client.get_workflow_handle(input.parent, run_id=input.parent_run).query(BRANCH_WAITING)
+            waiting = await self._client.get_workflow_handle(input.parent, run_id=input.parent_run).query(
+                BRANCH_WAITING
+            )
         except RPCError:
             return False
         return input.child in waiting

@@ -60,12 +60,17 @@ class LlmTurnResult(BaseModel):
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    tokens: TokenTraceRef | None = Field(default=None, description="The token trace with this turn (token-level policies).")
-    preview: str | None = Field(default=None, description="The first characters of the reply, for people reading the history.")
+    tokens: TokenTraceRef | None = Field(
+        default=None, description="The token trace with this turn (token-level policies)."
+    )
+    preview: str | None = Field(
+        default=None, description="The first characters of the reply, for people reading the history."
+    )
     tools_called: list[str] | None = Field(default=None, description="Names of the tools the reply calls (at most 8).")
     policy_version: int | None = Field(
-        default=None, description="The weights that produced the reply: the version the server reported, else the "
-                                  "trainer's step when the turn started (with trainer_api), else unknown.",
+        default=None,
+        description="The weights that produced the reply: the version the server reported, else the "
+        "trainer's step when the turn started (with trainer_api), else unknown.",
     )
 
 
@@ -78,8 +83,9 @@ def reply_preview(reply: Message) -> str | None:
 
 
 class LlmActivities:
-    def __init__(self, settings: Settings, transcripts: TranscriptStore, traces: TokenTraceStore,
-                 pool: SandboxPool | None = None) -> None:
+    def __init__(
+        self, settings: Settings, transcripts: TranscriptStore, traces: TokenTraceStore, pool: SandboxPool | None = None
+    ) -> None:
         self._settings = settings
         self._transcripts = transcripts
         self._traces = traces
@@ -92,7 +98,10 @@ class LlmActivities:
         key = endpoint.model_dump_json()
         if key not in self._chat_clients:
             self._chat_clients[key] = ChatClient(
-                base_url=endpoint.base_url, model=endpoint.model, api_key=api_key(endpoint), timeout_s=endpoint.timeout_s,
+                base_url=endpoint.base_url,
+                model=endpoint.model,
+                api_key=api_key(endpoint),
+                timeout_s=endpoint.timeout_s,
                 max_connections=endpoint.max_connections,
             )
         return self._chat_clients[key]
@@ -101,8 +110,13 @@ class LlmActivities:
         key = endpoint.model_dump_json()
         if key not in self._token_clients:
             template = await asyncio.to_thread(ChatTemplate.load, endpoint.tokenizer, endpoint.chat_template)
-            generator = GenerateClient(endpoint.base_url, endpoint.type, api_key(endpoint), endpoint.timeout_s,
-                                       max_connections=endpoint.max_connections)
+            generator = GenerateClient(
+                endpoint.base_url,
+                endpoint.type,
+                api_key(endpoint),
+                endpoint.timeout_s,
+                max_connections=endpoint.max_connections,
+            )
             self._token_clients.setdefault(key, TokenClient(template, generator, endpoint.tool_call_parser))
         return self._token_clients[key]
 
@@ -138,24 +152,42 @@ class LlmActivities:
             reply = await self._chat_client(endpoint).complete(
                 seen, tools, temperature=sampling.temperature, max_tokens=sampling.max_tokens
             )
-            return await self._record(input, reply.message, finish_reason=reply.finish_reason,
-                                      prompt_tokens=reply.usage.get("prompt_tokens"),
-                                      completion_tokens=reply.usage.get("completion_tokens"),
-                                      policy_version=numeric_version(reply.weight_version))
+            return await self._record(
+                input,
+                reply.message,
+                finish_reason=reply.finish_reason,
+                prompt_tokens=reply.usage.get("prompt_tokens"),
+                completion_tokens=reply.usage.get("completion_tokens"),
+                policy_version=numeric_version(reply.weight_version),
+            )
         client = await self._token_client(endpoint)
         prefill = await self._prefill(endpoint, messages, tools)
         prior = await self._traces.load(input.tokens) if input.tokens else None
         turn = await client.turn(
-            messages, tools, prior=prior, prior_messages=input.tokens.messages if input.tokens else 0,
-            temperature=sampling.temperature, max_tokens=sampling.max_tokens, context_tokens=input.context_tokens,
-            prefill=prefill, id_seed=input.transcript.head, tool_call_parser=input.tool_call_parser,
+            messages,
+            tools,
+            prior=prior,
+            prior_messages=input.tokens.messages if input.tokens else 0,
+            temperature=sampling.temperature,
+            max_tokens=sampling.max_tokens,
+            context_tokens=input.context_tokens,
+            prefill=prefill,
+            id_seed=input.transcript.head,
+            tool_call_parser=input.tool_call_parser,
         )
         restarts = (input.tokens.restarts if input.tokens else 0) + (1 if turn.restarted else 0)
-        trace = await self._traces.append(None if turn.restarted else input.tokens, turn.added,
-                                          messages=len(messages) + 1, restarts=restarts)
-        return await self._record(input, turn.message, finish_reason=turn.finish_reason, prompt_tokens=turn.prompt_tokens,
-                                  completion_tokens=turn.completion_tokens, tokens=trace,
-                                  policy_version=numeric_version(turn.weight_version))
+        trace = await self._traces.append(
+            None if turn.restarted else input.tokens, turn.added, messages=len(messages) + 1, restarts=restarts
+        )
+        return await self._record(
+            input,
+            turn.message,
+            finish_reason=turn.finish_reason,
+            prompt_tokens=turn.prompt_tokens,
+            completion_tokens=turn.completion_tokens,
+            tokens=trace,
+            policy_version=numeric_version(turn.weight_version),
+        )
 
     async def _prefill(self, endpoint: GeneratePolicy, messages: list[Message], tools) -> Message | None:
         if endpoint.prefill_from is None:

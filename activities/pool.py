@@ -33,8 +33,9 @@ class MaintenanceReport(BaseModel):
 
 
 class PoolActivities:
-    def __init__(self, pool: SandboxPool, client: Client, snapshots: SnapshotActivities,
-                 settings: SandboxSettings) -> None:
+    def __init__(
+        self, pool: SandboxPool, client: Client, snapshots: SnapshotActivities, settings: SandboxSettings
+    ) -> None:
         self._pool = pool
         self._client = client
         self._snapshots = snapshots
@@ -64,8 +65,12 @@ class PoolActivities:
         try:
             await self._snapshots.save(lease, snapshot_key(holder.workflow_id, holder.run_id))
         except LeaseLost:
-            log.debug("slot %d of %s was released by %s itself before it was reaped", lease.slot,
-                      lease.container_id, holder.workflow_id)
+            log.debug(
+                "slot %d of %s was released by %s itself before it was reaped",
+                lease.slot,
+                lease.container_id,
+                holder.workflow_id,
+            )
 
     @activity.defn(name="maintain_slot_pool")
     async def maintain_slot_pool(self) -> MaintenanceReport:

@@ -33,13 +33,19 @@ class OpenSinkInput(BaseModel):
 
 
 class WriteGroupInput(BaseModel):
-    path: str = Field(description="The JSONL file, inside this worker's results folder (a relative name, or an absolute path within it).")
+    path: str = Field(
+        description="The JSONL file, inside this worker's results folder (a relative name, or an absolute path within it)."
+    )
     group_id: str
     results: list[TrajectoryResult]
     sink: Literal["jsonl", "atropos"] = "jsonl"
     max_token_length: int = 0
-    policy: str | None = Field(default=None, description="The batch's policy: a chat policy with a tokenizer renders SFT tokens.")
-    prefix_tokens: PrefixTokens | None = Field(default=None, description="A tree's shared prefixes: trained once or in every branch.")
+    policy: str | None = Field(
+        default=None, description="The batch's policy: a chat policy with a tokenizer renders SFT tokens."
+    )
+    prefix_tokens: PrefixTokens | None = Field(
+        default=None, description="A tree's shared prefixes: trained once or in every branch."
+    )
 
 
 class WriteGroupResult(BaseModel):
@@ -56,8 +62,11 @@ class SinkActivities:
     @checked_input
     async def open_sink(self, input: OpenSinkInput) -> str:
         with activity_boundary():
-            path = results_path(self._settings.results_dir, input.output or f"{input.batch_id}.jsonl",
-                                "output" if input.output else "batch id")
+            path = results_path(
+                self._settings.results_dir,
+                input.output or f"{input.batch_id}.jsonl",
+                "output" if input.output else "batch id",
+            )
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.touch()
@@ -73,12 +82,20 @@ class SinkActivities:
             return WriteGroupResult(status="pending")
         with activity_boundary():
             path = results_path(self._settings.results_dir, input.path, "output")
-            api = TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s) if input.sink == "atropos" else None
+            api = (
+                TrajectoryApi(self._settings.atropos.api_url, self._settings.atropos.timeout_s)
+                if input.sink == "atropos"
+                else None
+            )
             try:
                 limit = input.max_token_length or (await _trainer_max_tokens(api) if api else 0)
-                group = await self._groups.build(input.group_id, input.results, max_token_length=limit,
-                                                 sft_template=await self._templates.for_policy(input.policy),
-                                                 prefix_tokens=input.prefix_tokens)
+                group = await self._groups.build(
+                    input.group_id,
+                    input.results,
+                    max_token_length=limit,
+                    sft_template=await self._templates.for_policy(input.policy),
+                    prefix_tokens=input.prefix_tokens,
+                )
                 written = await asyncio.to_thread(append_once, path, input.group_id, group.model_dump_json())
                 if api is not None and not await asyncio.to_thread(marked, path, POSTED, input.group_id):
                     await api.post_group(group.for_api())

@@ -19,6 +19,7 @@ from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotL
 
 log = logging.getLogger(__name__)
 
+
 class AcquireSlotInput(BaseModel):
     env: str | None = None
     """The env the slot is for: whether its slot gets network is the env's own setting, looked up here on
@@ -48,10 +49,16 @@ class SlotActivities:
         with activity_boundary():
             allow_network, limits = slot_terms(input)
             try:
-                lease = await heartbeating(self._pool.acquire(
-                    holder, ttl_s=self._settings.lease_ttl_s, wait_s=max(remaining, 0.0),
-                    allow_network=allow_network, may_hold=info.attempt > 1, near=input.near,
-                ))
+                lease = await heartbeating(
+                    self._pool.acquire(
+                        holder,
+                        ttl_s=self._settings.lease_ttl_s,
+                        wait_s=max(remaining, 0.0),
+                        allow_network=allow_network,
+                        may_hold=info.attempt > 1,
+                        near=input.near,
+                    )
+                )
             except SlotUnavailable as err:
                 raise SlotUnavailable(
                     f"no sandbox slot became free within {self._settings.acquire_timeout_s:.0f}s ({err.message})",

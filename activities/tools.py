@@ -49,9 +49,13 @@ class ToolCallInput(BaseModel):
 class ToolCallResult(BaseModel):
     transcript: TranscriptRef
     error: str | None = None
-    name: str | None = Field(default=None, description="The tool called; with `error`, for the rollout's tool-error record.")
+    name: str | None = Field(
+        default=None, description="The tool called; with `error`, for the rollout's tool-error record."
+    )
     arguments_preview: str | None = Field(
-        default=None, description="The start of the call's arguments (longer with `error`), for the UI and the error record.")
+        default=None,
+        description="The start of the call's arguments (longer with `error`), for the UI and the error record.",
+    )
     exit_code: int | None = Field(default=None, description="The command's exit code, for tools that run one.")
     replayed: bool = False
     outcome: ToolCallOutcome | None = Field(default=None, description="None in results recorded before it existed.")
@@ -85,14 +89,23 @@ class ToolActivities:
                     output: ToolOutput = await (running if info.is_local else heartbeating(running))
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
                     output = ToolOutput(call_id=call_id, ok=False, output=err.message)
-                message, error, replayed = tool_result_message(call.id, output), _tool_error(parsed, output), output.replayed
+                message, error, replayed = (
+                    tool_result_message(call.id, output),
+                    _tool_error(parsed, output),
+                    output.replayed,
+                )
                 outcome = "ok" if error is None else "error"
                 exit_code = output.exit_code
             transcript = await self._transcripts.append(input.transcript, [message])
-            arguments = call.function.arguments[:PREVIEW_CHARS if error else ARGUMENTS_PREVIEW_CHARS]
+            arguments = call.function.arguments[: PREVIEW_CHARS if error else ARGUMENTS_PREVIEW_CHARS]
             return ToolCallResult(
-                transcript=transcript, error=error[:PREVIEW_CHARS] if error else None, name=call.function.name[:64],
-                arguments_preview=arguments, exit_code=exit_code, replayed=replayed, outcome=outcome,
+                transcript=transcript,
+                error=error[:PREVIEW_CHARS] if error else None,
+                name=call.function.name[:64],
+                arguments_preview=arguments,
+                exit_code=exit_code,
+                replayed=replayed,
+                outcome=outcome,
             )
 
 

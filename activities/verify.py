@@ -42,8 +42,13 @@ class VerifyActivities:
     async def verify(self, input: VerifyInput) -> Verdict:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
-            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify", meta=input.meta,
-                              max_transfer_bytes=self._max_transfer_bytes)
+            slot = LeasedSlot(
+                self._pool,
+                input.lease,
+                f"{input.rollout_key}/verify",
+                meta=input.meta,
+                max_transfer_bytes=self._max_transfer_bytes,
+            )
             messages = await self._transcripts.load(input.transcript)
             verdict = await heartbeating(env.verify(input.item, slot, messages))
             ensure_small(f"the {input.env} verifier's details", verdict.details)

@@ -45,8 +45,11 @@ class WorkspaceActivities:
     async def setup_workspace(self, input: SetupWorkspaceInput) -> WorkspaceReady:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
-            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/setup",
-                              max_transfer_bytes=self._max_transfer_bytes)
-            meta = ensure_small(f"the {input.env} setup's metadata", await heartbeating(env.setup_workspace(input.item, slot)))
+            slot = LeasedSlot(
+                self._pool, input.lease, f"{input.rollout_key}/setup", max_transfer_bytes=self._max_transfer_bytes
+            )
+            meta = ensure_small(
+                f"the {input.env} setup's metadata", await heartbeating(env.setup_workspace(input.item, slot))
+            )
             transcript = await self._transcripts.start(env.prompt_messages(input.item), env.tool_specs())
             return WorkspaceReady(transcript=transcript, meta=meta)

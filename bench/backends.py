@@ -53,8 +53,10 @@ def holder() -> Holder:
 
 
 def pool_settings(data_dir: Path, slots: int, backend: dict) -> Settings:
-    return Settings(data_dir=data_dir, sandbox={"backend": backend, "slots_per_container": slots,
-                                                "min_containers": 1, "max_containers": 1})  # fmt: skip
+    return Settings(
+        data_dir=data_dir,
+        sandbox={"backend": backend, "slots_per_container": slots, "min_containers": 1, "max_containers": 1},
+    )
 
 
 @asynccontextmanager
@@ -70,8 +72,9 @@ async def local_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
 
 @asynccontextmanager
 async def static_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
-    server = SandboxProcess(tmp / "server", "static-0", derive_token(os.environ[SECRET_ENV], "static-0"),
-                            host="127.0.0.2", slots=slots).start()  # fmt: skip
+    server = SandboxProcess(
+        tmp / "server", "static-0", derive_token(os.environ[SECRET_ENV], "static-0"), host="127.0.0.2", slots=slots
+    ).start()
     backend = {"type": "static", "servers": [{"container_id": "static-0", "url": server.url}], "secret_env": SECRET_ENV}
     try:
         async with SandboxPool.from_settings(pool_settings(tmp, slots, backend)) as pool:
@@ -83,8 +86,15 @@ async def static_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
 @asynccontextmanager
 async def nomad_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
     fake = FakeNomad(tmp / "nomad").start()
-    backend = {"type": "nomad", "address": fake.address, "token_env": None, "secret_env": SECRET_ENV,
-               "python": sys.executable, "pythonpath": str(REPO), "job_prefix": "bench"}  # fmt: skip
+    backend = {
+        "type": "nomad",
+        "address": fake.address,
+        "token_env": None,
+        "secret_env": SECRET_ENV,
+        "python": sys.executable,
+        "pythonpath": str(REPO),
+        "job_prefix": "bench",
+    }
     try:
         async with SandboxPool.from_settings(pool_settings(tmp, slots, backend)) as pool:
             await pool.fleet.ensure_running()

@@ -65,9 +65,16 @@ class StandInTrainer:
 
     async def run(self, stop: asyncio.Event) -> None:
         async with TrajectoryApi(self.stack.run_api_url) as api:
-            await api.register_trainer(wandb_group="bench", wandb_project="bench", batch_size=GROUP_SIZE * GROUPS_PER_STEP,
-                                       max_token_len=4096, checkpoint_dir=str(self.stack.data_dir), save_checkpoint_interval=-1,
-                                       starting_step=0, num_steps=10**6)
+            await api.register_trainer(
+                wandb_group="bench",
+                wandb_project="bench",
+                batch_size=GROUP_SIZE * GROUPS_PER_STEP,
+                max_token_len=4096,
+                checkpoint_dir=str(self.stack.data_dir),
+                save_checkpoint_interval=-1,
+                starting_step=0,
+                num_steps=10**6,
+            )
             while not stop.is_set():
                 batch = await api.batch()
                 if batch is None:
@@ -84,7 +91,6 @@ class StandInTrainer:
                 if self.step == PAUSE_AT_STEP:
                     print(f"  trainer pauses {PAUSE_S:.0f}s at step {self.step}", flush=True)
                     await asyncio.sleep(PAUSE_S)
-
 
     async def publish(self, version: int) -> None:
         """Have the server load the weights as `version`, as a trainer does after each step; while the model
@@ -136,15 +142,26 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
     model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
     await asyncio.to_thread(save_weights, model, weights)  # the same weights, loaded as each new version
     del model
-    async with training_stack(data_dir, slots=8, chat_template=TEMPLATE, steered=True, policy_args=("--threads", "1")) as stack:
+    async with training_stack(
+        data_dir, slots=8, chat_template=TEMPLATE, steered=True, policy_args=("--threads", "1")
+    ) as stack:
         run = f"feed-bench-{uuid.uuid4().hex[:6]}"
-        feed = FeedInput(env="echo_chain", env_config={"steps": 2}, policy=POLICY, group_size=GROUP_SIZE,
-                         max_groups=args.groups, max_groups_in_flight=GROUPS_PER_STEP * (MAX_STALENESS + 1),
-                         max_staleness=MAX_STALENESS, max_retries=4, sampling=Sampling(temperature=1.0, max_tokens=6),
-                         limits=RolloutLimits(max_turns=4))
+        feed = FeedInput(
+            env="echo_chain",
+            env_config={"steps": 2},
+            policy=POLICY,
+            group_size=GROUP_SIZE,
+            max_groups=args.groups,
+            max_groups_in_flight=GROUPS_PER_STEP * (MAX_STALENESS + 1),
+            max_staleness=MAX_STALENESS,
+            max_retries=4,
+            sampling=Sampling(temperature=1.0, max_tokens=6),
+            limits=RolloutLimits(max_turns=4),
+        )
         started = time.monotonic()
-        handle = await stack.client.start_workflow(TrainingFeedWorkflow.run, feed, id=run,
-                                                   task_queue=stack.settings.temporal.task_queue)
+        handle = await stack.client.start_workflow(
+            TrainingFeedWorkflow.run, feed, id=run, task_queue=stack.settings.temporal.task_queue
+        )
         env_fields = {"env_config": {"steps": 2}, "group_size": GROUP_SIZE}
         stack.start_env(run, **env_fields)
         trainer = StandInTrainer(stack, weights)
@@ -156,12 +173,17 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
             try:
                 status = FeedStatus.model_validate(await handle.query(TrainingFeedWorkflow.status))
             except RPCError as err:  # a query needs a worker: none answers while the chaos has killed it
-                print(f"  {time.monotonic() - started:6.0f}s  (no answer to the status query: {err.message})", flush=True)
+                print(
+                    f"  {time.monotonic() - started:6.0f}s  (no answer to the status query: {err.message})", flush=True
+                )
                 await asyncio.sleep(5)
                 continue
-            print(f"  {time.monotonic() - started:6.0f}s  {status.phase:24s} posted {status.figures.groups_posted:3d}/"
-                  f"{args.groups}  in flight {status.in_flight:2d}  resumed {status.figures.rollouts_retried:2d}  "
-                  f"trainer step {trainer.step}", flush=True)
+            print(
+                f"  {time.monotonic() - started:6.0f}s  {status.phase:24s} posted {status.figures.groups_posted:3d}/"
+                f"{args.groups}  in flight {status.in_flight:2d}  resumed {status.figures.rollouts_retried:2d}  "
+                f"trainer step {trainer.step}",
+                flush=True,
+            )
             if status.phase == "done":
                 break
             await asyncio.sleep(5)
@@ -176,30 +198,51 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
     duplicated = sum(count - 1 for count in trainer.group_ids.values() if count > 1)
     posted_rollouts = f.groups_posted * GROUP_SIZE
     report = {
-        "benchmark": "feed", "groups": args.groups, "group_size": GROUP_SIZE, "max_staleness": MAX_STALENESS,
-        "rollouts_started": f.rollouts_started, "rollouts_completed": f.rollouts_finished, "rollouts_resumed": f.rollouts_retried,
+        "benchmark": "feed",
+        "groups": args.groups,
+        "group_size": GROUP_SIZE,
+        "max_staleness": MAX_STALENESS,
+        "rollouts_started": f.rollouts_started,
+        "rollouts_completed": f.rollouts_finished,
+        "rollouts_resumed": f.rollouts_retried,
         "rollouts_orphaned": orphaned,
-        "groups_posted": f.groups_posted, "groups_duplicated_at_trainer": duplicated, "duplicates_prevented": f.groups_duplicated,
-        "groups_dropped": f.dropped, "groups_consumed": sum(trainer.group_ids.values()),
-        "tokens_generated": f.tokens_generated, "tokens_posted": f.tokens_posted,
+        "groups_posted": f.groups_posted,
+        "groups_duplicated_at_trainer": duplicated,
+        "duplicates_prevented": f.groups_duplicated,
+        "groups_dropped": f.dropped,
+        "groups_consumed": sum(trainer.group_ids.values()),
+        "tokens_generated": f.tokens_generated,
+        "tokens_posted": f.tokens_posted,
         "tokens_posted_ratio": round(f.tokens_posted / f.tokens_generated, 4) if f.tokens_generated else None,
         "staleness_at_posting": {k: f.staleness[k] for k in sorted(f.staleness, key=int)},
         "max_staleness_at_posting": max((int(k) for k in f.staleness), default=None),
         "staleness_at_consumption": dict(sorted(trainer.consumed_staleness.items())),
         "mean_turns_finished": round(f.turns_finished / f.rollouts_finished, 3) if f.rollouts_finished else None,
         "mean_turns_posted": round(f.turns_posted / posted_rollouts, 3) if posted_rollouts else None,
-        "weight_versions_loaded": trainer.versions_loaded, "trainer_steps": trainer.step, "kills": kills,
-        "model_outage_s": 20.0 if args.quick else 60.0, "wall_s": round(wall, 1), **args.host.report(),
+        "weight_versions_loaded": trainer.versions_loaded,
+        "trainer_steps": trainer.step,
+        "kills": kills,
+        "model_outage_s": 20.0 if args.quick else 60.0,
+        "wall_s": round(wall, 1),
+        **args.host.report(),
     }
-    print("\nrollouts: {rollouts_started} started, {rollouts_completed} completed, {rollouts_resumed} resumed, "
-          "{rollouts_orphaned} orphaned".format(**report))
-    print("groups: {groups_posted} posted, {groups_duplicated_at_trainer} duplicated at the trainer "
-          "({duplicates_prevented} repeat posts prevented), dropped {groups_dropped}".format(**report))
+    print(
+        "\nrollouts: {rollouts_started} started, {rollouts_completed} completed, {rollouts_resumed} resumed, "
+        "{rollouts_orphaned} orphaned".format(**report)
+    )
+    print(
+        "groups: {groups_posted} posted, {groups_duplicated_at_trainer} duplicated at the trainer "
+        "({duplicates_prevented} repeat posts prevented), dropped {groups_dropped}".format(**report)
+    )
     print("tokens: {tokens_posted} posted of {tokens_generated} generated ({tokens_posted_ratio})".format(**report))
-    print("staleness at posting {staleness_at_posting} (bound {max_staleness}); at consumption "
-          "{staleness_at_consumption}".format(**report))
-    print("mean turns: {mean_turns_finished} finished, {mean_turns_posted} posted; versions loaded "
-          "{weight_versions_loaded}; kills {kills}; wall {wall_s}s".format(**report))
+    print(
+        "staleness at posting {staleness_at_posting} (bound {max_staleness}); at consumption "
+        "{staleness_at_consumption}".format(**report)
+    )
+    print(
+        "mean turns: {mean_turns_finished} finished, {mean_turns_posted} posted; versions loaded "
+        "{weight_versions_loaded}; kills {kills}; wall {wall_s}s".format(**report)
+    )
     print(json.dumps(report))
     return report
 

@@ -77,8 +77,12 @@ class FloorBatchWorkflow:
     @workflow.run
     async def run(self, rollouts: int, steps: int, delay_s: float) -> int:
         batch = workflow.info().workflow_id
-        done = await asyncio.gather(*(workflow.execute_child_workflow(FloorWorkflow.run, args=[steps, delay_s],
-                                                                      id=f"{batch}-{i}") for i in range(rollouts)))
+        done = await asyncio.gather(
+            *(
+                workflow.execute_child_workflow(FloorWorkflow.run, args=[steps, delay_s], id=f"{batch}-{i}")
+                for i in range(rollouts)
+            )
+        )
         return sum(done)
 
 
@@ -87,10 +91,16 @@ class FloorRunner:
 
     def __init__(self, client: Client, delay_s: float = 0.0) -> None:
         self.client, self.delay_s = client, delay_s
-        self.worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorWorkflow, FloorBatchWorkflow],
-                             activities=[floor_step], workflow_runner=UnsandboxedWorkflowRunner(),
-                             max_concurrent_activities=1000, max_concurrent_workflow_tasks=100,
-                             max_cached_workflows=4000)
+        self.worker = Worker(
+            client,
+            task_queue=FLOOR_QUEUE,
+            workflows=[FloorWorkflow, FloorBatchWorkflow],
+            activities=[floor_step],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+            max_concurrent_activities=1000,
+            max_concurrent_workflow_tasks=100,
+            max_cached_workflows=4000,
+        )
 
     async def __aenter__(self) -> FloorRunner:
         await self.worker.__aenter__()
@@ -101,16 +111,21 @@ class FloorRunner:
 
     async def trajectory(self, steps: int, tally: Tally) -> None:
         started = time.perf_counter()
-        done = await self.client.execute_workflow(FloorWorkflow.run, args=[steps, self.delay_s],
-                                                  id=f"floor-{uuid.uuid4().hex}", task_queue=FLOOR_QUEUE)
+        done = await self.client.execute_workflow(
+            FloorWorkflow.run, args=[steps, self.delay_s], id=f"floor-{uuid.uuid4().hex}", task_queue=FLOOR_QUEUE
+        )
         tally.add(steps + 1, done - steps - 1, started)
 
     async def run(self, concurrency: int, trajectories: int, steps: int) -> Tally:
         return await run_bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
 
     async def batch(self, rollouts: int, steps: int) -> int:
-        return await self.client.execute_workflow(FloorBatchWorkflow.run, args=[rollouts, steps, self.delay_s],
-                                                  id=f"floor-batch-{uuid.uuid4().hex}", task_queue=FLOOR_QUEUE)
+        return await self.client.execute_workflow(
+            FloorBatchWorkflow.run,
+            args=[rollouts, steps, self.delay_s],
+            id=f"floor-batch-{uuid.uuid4().hex}",
+            task_queue=FLOOR_QUEUE,
+        )
 
 
 async def amain(args, data_dir: Path, host: HostBefore) -> dict:
@@ -119,8 +134,10 @@ async def amain(args, data_dir: Path, host: HostBefore) -> dict:
         async with FloorRunner(env.client, args.delay) as runner:
             await runner.batch(min(50, min(args.concurrency)), 2)  # warm-up: imports, connections, caches
             ideal = (args.steps + 1) * args.delay
-            print(f"{os.cpu_count()} CPUs; FloorWorkflow x {args.steps} steps ({2 * args.steps + 1} steps a rollout, "
-                  f"ideal {ideal:.1f} s); model turns {args.delay:g} s; dev server pid {server_pid}")
+            print(
+                f"{os.cpu_count()} CPUs; FloorWorkflow x {args.steps} steps ({2 * args.steps + 1} steps a rollout, "
+                f"ideal {ideal:.1f} s); model turns {args.delay:g} s; dev server pid {server_pid}"
+            )
             print("  at once  wall s   eff  steps/s | CPU ms per step: server  SDK (worker + client)  total  host busy")
             for n in args.concurrency:
                 pids = {"server": server_pid, "sdk": os.getpid()}
@@ -132,19 +149,29 @@ async def amain(args, data_dir: Path, host: HostBefore) -> dict:
                 cpu = {role: (cpu_seconds(pid) - before[role]) * 1000 / steps for role, pid in pids.items()}
                 busy = (host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9)
                 eff = ideal / wall if ideal else float("nan")
-                print(f"  {n:7d}{wall:8.1f}{100 * eff:5.0f}%{steps / wall:9.1f} |{cpu['server']:23.2f}"
-                      f"{cpu['sdk']:23.2f}{sum(cpu.values()):7.2f}{100 * busy:10.0f}%", flush=True)
-                figures["levels"].append({"concurrency": n, "wall_s": round(wall, 2), "efficiency": round(eff, 3),
-                                          "steps_per_s": round(steps / wall, 1),
-                                          "cpu_ms_per_step": {k: round(v, 2) for k, v in cpu.items()},
-                                          "host_busy": round(busy, 3)})
+                print(
+                    f"  {n:7d}{wall:8.1f}{100 * eff:5.0f}%{steps / wall:9.1f} |{cpu['server']:23.2f}"
+                    f"{cpu['sdk']:23.2f}{sum(cpu.values()):7.2f}{100 * busy:10.0f}%",
+                    flush=True,
+                )
+                figures["levels"].append(
+                    {
+                        "concurrency": n,
+                        "wall_s": round(wall, 2),
+                        "efficiency": round(eff, 3),
+                        "steps_per_s": round(steps / wall, 1),
+                        "cpu_ms_per_step": {k: round(v, 2) for k, v in cpu.items()},
+                        "host_busy": round(busy, 3),
+                    }
+                )
     return figures | host.report()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[150, 2000],
-                        help="rollouts at once, one level each")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[150, 2000], help="rollouts at once, one level each"
+    )
     parser.add_argument("--steps", type=int, default=10, help="echo-like steps per rollout (2 x steps + 1 counted)")
     parser.add_argument("--delay", type=float, default=2.0, help="seconds each model turn sleeps")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs)")

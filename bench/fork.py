@@ -58,20 +58,31 @@ class Bench:
 
     async def rollout(self, **fields) -> TrajectoryResult:
         item = Item(id=f"echo-{uuid.uuid4().int % 10**6}")
-        return TrajectoryResult.model_validate(await self.client.execute_workflow(
-            TrajectoryWorkflow.run, TrajectoryInput(env="echo_chain", item=item, env_config=self.env_config(), **fields),
-            id=f"bench-fork-{uuid.uuid4().hex[:8]}", task_queue=self.queue))
+        return TrajectoryResult.model_validate(
+            await self.client.execute_workflow(
+                TrajectoryWorkflow.run,
+                TrajectoryInput(env="echo_chain", item=item, env_config=self.env_config(), **fields),
+                id=f"bench-fork-{uuid.uuid4().hex[:8]}",
+                task_queue=self.queue,
+            )
+        )
 
     async def batch(self, **fields) -> tuple[list[TrajectoryResult], float, int]:
         """(every rollout's result, wall seconds, model requests) of a one-item batch."""
         before, started = self.requests(), time.perf_counter()
-        batch = BatchInput(env="echo_chain", env_config=self.env_config(), num_items=1,
-                           item_offset=uuid.uuid4().int % 10**6, **fields)
-        result = await self.client.execute_workflow(BatchWorkflow.run, batch, id=f"bench-fork-{uuid.uuid4().hex[:8]}",
-                                                    task_queue=self.queue)
+        batch = BatchInput(
+            env="echo_chain", env_config=self.env_config(), num_items=1, item_offset=uuid.uuid4().int % 10**6, **fields
+        )
+        result = await self.client.execute_workflow(
+            BatchWorkflow.run, batch, id=f"bench-fork-{uuid.uuid4().hex[:8]}", task_queue=self.queue
+        )
         wall = time.perf_counter() - started
-        ids = [e.id async for e in self.client.list_workflows(
-            f"RolloutBatchId = '{result.batch_id}' AND WorkflowType = 'TrajectoryWorkflow'")]
+        ids = [
+            e.id
+            async for e in self.client.list_workflows(
+                f"RolloutBatchId = '{result.batch_id}' AND WorkflowType = 'TrajectoryWorkflow'"
+            )
+        ]
         results = [TrajectoryResult.model_validate(await self.client.get_workflow_handle(i).result()) for i in set(ids)]
         assert len(results) == result.completed and result.failed == 0 and result.mean_score == 1.0, result
         return results, wall, self.requests() - before
@@ -84,7 +95,9 @@ class Bench:
         tree_tokens = sum(r.completion_tokens for r in tree)
         copies = [r.timings.get("setup", 0.0) for r in tree if r.fork is not None]
         return {
-            "k": k, "turn": turn, "prefix_tokens": prefix.completion_tokens,
+            "k": k,
+            "turn": turn,
+            "prefix_tokens": prefix.completion_tokens,
             "independent": {"requests": alone_requests, "tokens": alone_tokens, "wall_s": round(alone_wall, 2)},
             "tree": {"requests": tree_requests, "tokens": tree_tokens, "wall_s": round(tree_wall, 2)},
             "saved_of_prefixes": round((alone_tokens - tree_tokens) / (k * prefix.completion_tokens), 3),
@@ -100,12 +113,19 @@ class Bench:
         sizes = [p.stat().st_size for p in self.snapshot_files(kept.rollout_id)]
         restored = await self.fork(kept.rollout_id, turn, "snapshot")
         replayed = await self.fork(plain.rollout_id, turn, "replay")
-        assert restored.fork and restored.fork.workspace == "snapshot" and replayed.fork and replayed.fork.workspace == "replay"
+        assert (
+            restored.fork
+            and restored.fork.workspace == "snapshot"
+            and replayed.fork
+            and replayed.fork.workspace == "replay"
+        )
         return {
-            "snapshot_bytes": int(statistics.median(sizes)), "snapshot_s_per_turn": round(statistics.median(snapshots), 3),
+            "snapshot_bytes": int(statistics.median(sizes)),
+            "snapshot_s_per_turn": round(statistics.median(snapshots), 3),
             "snapshots": len(snapshots),
             "rollout_wall_s": {"without": plain.timings["total"], "with_turn_snapshots": kept.timings["total"]},
-            "restore_s": restored.timings.get("setup"), "replay_s": replayed.timings.get("setup"),
+            "restore_s": restored.timings.get("setup"),
+            "replay_s": replayed.timings.get("setup"),
             "replayed_calls": replayed.fork.replayed_calls,
         }
 
@@ -132,7 +152,9 @@ class Bench:
 
     def snapshot_files(self, rollout: str) -> list[Path]:
         settings = self.stack.settings
-        return sorted((settings.storage_path / settings.storage.bucket / "snapshots" / rollout / "turns").glob("*.tar.gz"))
+        return sorted(
+            (settings.storage_path / settings.storage.bucket / "snapshots" / rollout / "turns").glob("*.tar.gz")
+        )
 
 
 async def main(argv: list[str] | None = None) -> None:
@@ -158,19 +180,25 @@ async def main(argv: list[str] | None = None) -> None:
                     row["ballast_kb"] = ballast
                     report["trees"].append(row)
                     alone, tree = row["independent"], row["tree"]
-                    print(f"k={k} t={turn} workspace {ballast // 1024} MB: independent {alone['requests']} requests, "
-                          f"{alone['tokens']} tokens, {alone['wall_s']} s | tree {tree['requests']} requests, "
-                          f"{tree['tokens']} tokens, {tree['wall_s']} s | prefix {row['prefix_tokens']} tokens, "
-                          f"saved {row['saved_of_prefixes']:.0%} of the k prefixes (goal {row['goal']:.0%}) | "
-                          f"live copy {row['copy_s']} s ({row['copied_in_place']} in place)", flush=True)
+                    print(
+                        f"k={k} t={turn} workspace {ballast // 1024} MB: independent {alone['requests']} requests, "
+                        f"{alone['tokens']} tokens, {alone['wall_s']} s | tree {tree['requests']} requests, "
+                        f"{tree['tokens']} tokens, {tree['wall_s']} s | prefix {row['prefix_tokens']} tokens, "
+                        f"saved {row['saved_of_prefixes']:.0%} of the k prefixes (goal {row['goal']:.0%}) | "
+                        f"live copy {row['copy_s']} s ({row['copied_in_place']} in place)",
+                        flush=True,
+                    )
                 costs = await bench.rebuild_costs(turn)
                 costs["ballast_kb"] = ballast
                 report["rebuild"].append(costs)
-                print(f"workspace {ballast // 1024} MB: turn snapshot {costs['snapshot_bytes'] / 1e6:.2f} MB in "
-                      f"{costs['snapshot_s_per_turn']} s per turn ({costs['snapshots']} taken; rollout "
-                      f"{costs['rollout_wall_s']['without']} s without, {costs['rollout_wall_s']['with_turn_snapshots']} s "
-                      f"with) | fork from the snapshot: {costs['restore_s']} s | fork by replay of "
-                      f"{costs['replayed_calls']} calls: {costs['replay_s']} s", flush=True)
+                print(
+                    f"workspace {ballast // 1024} MB: turn snapshot {costs['snapshot_bytes'] / 1e6:.2f} MB in "
+                    f"{costs['snapshot_s_per_turn']} s per turn ({costs['snapshots']} taken; rollout "
+                    f"{costs['rollout_wall_s']['without']} s without, {costs['rollout_wall_s']['with_turn_snapshots']} s "
+                    f"with) | fork from the snapshot: {costs['restore_s']} s | fork by replay of "
+                    f"{costs['replayed_calls']} calls: {costs['replay_s']} s",
+                    flush=True,
+                )
     print(json.dumps(report))
 
 

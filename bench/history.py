@@ -38,13 +38,19 @@ SIZES = {"small": 0, "large": 8000}
 
 async def measure(turns: int, output_chars: int, stack, client, transcripts: TranscriptStore) -> dict:
     steps = turns - 1  # N echo steps make N+1 model turns
-    result = TrajectoryResult.model_validate(await client.execute_workflow(
-        TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id=f"echo-{uuid.uuid4().int % 10**6}"),
-                        env_config={"steps": steps, "output_chars": output_chars},
-                        limits=RolloutLimits(max_turns=turns, max_tool_calls=turns, context_tokens=10**8)),
-        id=f"history-{uuid.uuid4().hex[:8]}", task_queue=stack.settings.temporal.task_queue,
-    ))
+    result = TrajectoryResult.model_validate(
+        await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(
+                env="echo_chain",
+                item=Item(id=f"echo-{uuid.uuid4().int % 10**6}"),
+                env_config={"steps": steps, "output_chars": output_chars},
+                limits=RolloutLimits(max_turns=turns, max_tool_calls=turns, context_tokens=10**8),
+            ),
+            id=f"history-{uuid.uuid4().hex[:8]}",
+            task_queue=stack.settings.temporal.task_queue,
+        )
+    )
     history = await client.get_workflow_handle(result.rollout_id).fetch_history()
     ours = sum(event.ByteSize() for event in history.events)
     messages = await transcripts.load(result.transcript)
@@ -54,8 +60,14 @@ async def measure(turns: int, output_chars: int, stack, client, transcripts: Tra
         if message.role == "assistant":
             naive_extra += conversation_bytes
         conversation_bytes += len(message.model_dump_json(exclude_none=True))
-    return {"turns": result.turns, "events": len(history.events), "ours": ours, "naive": ours + naive_extra,
-            "context_bytes": conversation_bytes, "score": result.score}
+    return {
+        "turns": result.turns,
+        "events": len(history.events),
+        "ours": ours,
+        "naive": ours + naive_extra,
+        "context_bytes": conversation_bytes,
+        "score": result.score,
+    }
 
 
 async def main(argv: list[str] | None = None) -> None:
@@ -68,18 +80,28 @@ async def main(argv: list[str] | None = None) -> None:
         async with services(Path(tmp), slots=4, worker="process", db_file=False) as stack:
             client = await connect(stack.settings, start_embedded=False)
             transcripts = TranscriptStore(object_client(stack.settings), stack.settings.storage.bucket)
-            print(f"{'turns':>5} {'outputs':>7} {'context KB':>10} {'events':>6} {'ours KB':>8} "
-                  f"{'ours B/turn':>11} {'naive KB':>9} {'naive B/turn':>12}")
+            print(
+                f"{'turns':>5} {'outputs':>7} {'context KB':>10} {'events':>6} {'ours KB':>8} "
+                f"{'ours B/turn':>11} {'naive KB':>9} {'naive B/turn':>12}"
+            )
             rows = []
             for turns in lengths:
                 for label, chars in SIZES.items():
                     row = await measure(turns, chars, stack, client, transcripts)
                     assert row["score"] == 1.0, row
-                    rows.append({"turns": row["turns"], "outputs": label, "ours_bytes_per_turn": round(row["ours"] / row["turns"]),
-                                 "naive_bytes_per_turn": round(row["naive"] / row["turns"])})
-                    print(f"{row['turns']:>5} {label:>7} {row['context_bytes'] / 1024:>10.1f} {row['events']:>6} "
-                          f"{row['ours'] / 1024:>8.1f} {row['ours'] / row['turns']:>11.0f} "
-                          f"{row['naive'] / 1024:>9.1f} {row['naive'] / row['turns']:>12.0f}")
+                    rows.append(
+                        {
+                            "turns": row["turns"],
+                            "outputs": label,
+                            "ours_bytes_per_turn": round(row["ours"] / row["turns"]),
+                            "naive_bytes_per_turn": round(row["naive"] / row["turns"]),
+                        }
+                    )
+                    print(
+                        f"{row['turns']:>5} {label:>7} {row['context_bytes'] / 1024:>10.1f} {row['events']:>6} "
+                        f"{row['ours'] / 1024:>8.1f} {row['ours'] / row['turns']:>11.0f} "
+                        f"{row['naive'] / 1024:>9.1f} {row['naive'] / row['turns']:>12.0f}"
+                    )
     print(json.dumps({"rows": rows}))
 
 

@@ -54,12 +54,19 @@ class Measured:
         latency = statistics.mean(t.durations) / (t.steps / t.trajectories) * 1000 if per_trajectory else float("nan")
         cpu = "".join(f"{self.cpu_s.get(role, 0.0) * 1000 / t.steps:9.2f}" for role in ROLES)
         total = sum(self.cpu_s.values())
-        return (f"  {self.variant:9}{self.wall_s:8.2f}{t.steps:8d}{self.steps_per_s:9.1f}{latency:9.2f} |{cpu}"
-                f"{total * 1000 / t.steps:8.2f}{100 * total / self.wall_s / os.cpu_count():6.0f}%{100 * self.host_busy:6.0f}%")
+        return (
+            f"  {self.variant:9}{self.wall_s:8.2f}{t.steps:8d}{self.steps_per_s:9.1f}{latency:9.2f} |{cpu}"
+            f"{total * 1000 / t.steps:8.2f}{100 * total / self.wall_s / os.cpu_count():6.0f}%{100 * self.host_busy:6.0f}%"
+        )
 
 
-HEADER = ("  variant    wall s   steps  steps/s  ms/step | CPU ms per step, by process\n"
-          + " " * 46 + "|" + "".join(f"{role:>9}" for role in ROLES) + "   total  ours  host")
+HEADER = (
+    "  variant    wall s   steps  steps/s  ms/step | CPU ms per step, by process\n"
+    + " " * 46
+    + "|"
+    + "".join(f"{role:>9}" for role in ROLES)
+    + "   total  ours  host"
+)
 
 
 async def measure(name: str, runner, stack: Stack, concurrency: int, trajectories: int, steps: int) -> Measured:
@@ -83,15 +90,25 @@ def compare(a: Measured, t: Measured, concurrency: int, steps: int) -> dict:
     per_activity = extra_ms * per_traj / (per_traj + SLOT_STEPS)
     cpu_extra = (sum(t.cpu_s.values()) - sum(a.cpu_s.values())) * 1000 / n
     ratio = t.steps_per_s / a.steps_per_s
-    print(f"  => orchestration cost {extra_ms:+.2f} ms per step ({per_activity:+.2f} ms per activity counting "
-          f"acquire/setup/verify/release), {cpu_extra:+.2f} CPU-ms per step; throughput temporal/asyncio = {ratio:.2f}")
-    return {"c": concurrency, "asyncio": a.steps_per_s, "temporal": t.steps_per_s, "ratio": ratio, "extra_ms": extra_ms,
-            "cpu": {name: sum(m.cpu_s.values()) * 1000 / n for name, m in (("asyncio", a), ("temporal", t))}}
+    print(
+        f"  => orchestration cost {extra_ms:+.2f} ms per step ({per_activity:+.2f} ms per activity counting "
+        f"acquire/setup/verify/release), {cpu_extra:+.2f} CPU-ms per step; throughput temporal/asyncio = {ratio:.2f}"
+    )
+    return {
+        "c": concurrency,
+        "asyncio": a.steps_per_s,
+        "temporal": t.steps_per_s,
+        "ratio": ratio,
+        "extra_ms": extra_ms,
+        "cpu": {name: sum(m.cpu_s.values()) * 1000 / n for name, m in (("asyncio", a), ("temporal", t))},
+    }
 
 
 async def run_level(stack: Stack, runners: dict, args, concurrency: int, trajectories: int) -> dict:
-    print(f"\n== concurrency {concurrency}: {trajectories} trajectories x {args.steps} echo steps "
-          f"({2 * args.steps + 1} steps each), load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n== concurrency {concurrency}: {trajectories} trajectories x {args.steps} echo steps "
+        f"({2 * args.steps + 1} steps each), load average {os.getloadavg()[0]:.2f}"
+    )
     print(HEADER)
     variants = [name for name in ("asyncio", "temporal", "floor") if name in runners]
     results: dict[str, list[Measured]] = {name: [] for name in variants}
@@ -118,8 +135,10 @@ def floor_figures(floor: Measured, temporal: Measured) -> dict:
     sdk = floor.cpu_s.get("bench", 0.0) * 1000 / n  # the floor's worker and client run in the bench process
     total = server + sdk
     rollouts = sum(temporal.cpu_s.values()) * 1000 / temporal.tally.steps
-    print(f"  => Temporal's floor: {total:.2f} CPU-ms per step ({server:.2f} server, {sdk:.2f} SDK worker + client), "
-          f"{floor.steps_per_s:.1f} steps/s; the rollouts' steps cost {rollouts:.2f}, {rollouts - total:+.2f} above it")
+    print(
+        f"  => Temporal's floor: {total:.2f} CPU-ms per step ({server:.2f} server, {sdk:.2f} SDK worker + client), "
+        f"{floor.steps_per_s:.1f} steps/s; the rollouts' steps cost {rollouts:.2f}, {rollouts - total:+.2f} above it"
+    )
     return {"cpu": total, "server": server, "sdk": sdk, "steps_per_s": floor.steps_per_s}
 
 
@@ -128,16 +147,22 @@ def summary(rows: list[dict], host: HostBefore) -> None:
     print("  concurrency  asyncio steps/s  temporal steps/s  temporal/asyncio  cost ms/step  target")
     for r in rows:
         if r["c"] == 1:
-            target = f"<= {TARGET_OVERHEAD_MS:.0f} ms/step: {'met' if r['extra_ms'] <= TARGET_OVERHEAD_MS else 'NOT met'}"
+            target = (
+                f"<= {TARGET_OVERHEAD_MS:.0f} ms/step: {'met' if r['extra_ms'] <= TARGET_OVERHEAD_MS else 'NOT met'}"
+            )
         elif r["c"] >= 200:
             target = f">= {TARGET_STEPS_S:.0f} steps/s: {'met' if r['temporal'] >= TARGET_STEPS_S else 'NOT met'}"
         else:
             target = "-"
-        print(f"  {r['c']:11d}{r['asyncio']:17.1f}{r['temporal']:18.1f}{r['ratio']:18.2f}{r['extra_ms']:14.2f}  {target}")
+        print(
+            f"  {r['c']:11d}{r['asyncio']:17.1f}{r['temporal']:18.1f}{r['ratio']:18.2f}{r['extra_ms']:14.2f}  {target}"
+        )
     budget = os.cpu_count() * 1000 / TARGET_STEPS_S
     cpu = rows[-1]["cpu"]
-    print(f"  {TARGET_STEPS_S:.0f} steps/s on {os.cpu_count()} CPUs leaves {budget:.1f} CPU-ms per step for every process; at "
-          f"concurrency {rows[-1]['c']} the asyncio variant used {cpu['asyncio']:.1f}, the Temporal one {cpu['temporal']:.1f}")
+    print(
+        f"  {TARGET_STEPS_S:.0f} steps/s on {os.cpu_count()} CPUs leaves {budget:.1f} CPU-ms per step for every process; at "
+        f"concurrency {rows[-1]['c']} the asyncio variant used {cpu['asyncio']:.1f}, the Temporal one {cpu['temporal']:.1f}"
+    )
     print(json.dumps({"cpus": os.cpu_count(), "levels": rows} | host.report()))
 
 
@@ -145,11 +170,16 @@ async def amain(args, data_dir: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     slots = max(args.slots, max(args.concurrency))
     async with services(data_dir, slots=slots, worker=args.worker, db_file=args.db_file) as stack:
-        print(f"{os.cpu_count()} CPUs; worker: {args.worker}; Temporal: dev server "
-              f"({'SQLite file' if args.db_file else 'in-memory SQLite'}), trajectories started {args.via}; "
-              f"sandbox: 1 container x {slots} slots; pids {stack.pids}", flush=True)
-        runners = {"asyncio": AsyncioRunner(stack.settings, stack.pool),
-                   "temporal": TemporalRunner(stack.client, TASK_QUEUE, args.via)}
+        print(
+            f"{os.cpu_count()} CPUs; worker: {args.worker}; Temporal: dev server "
+            f"({'SQLite file' if args.db_file else 'in-memory SQLite'}), trajectories started {args.via}; "
+            f"sandbox: 1 container x {slots} slots; pids {stack.pids}",
+            flush=True,
+        )
+        runners = {
+            "asyncio": AsyncioRunner(stack.settings, stack.pool),
+            "temporal": TemporalRunner(stack.client, TASK_QUEUE, args.via),
+        }
         try:
             async with contextlib.AsyncExitStack() as floor:
                 if args.floor:
@@ -161,8 +191,11 @@ async def amain(args, data_dir: Path) -> None:
 
 async def run_levels(stack: Stack, runners: dict, args) -> None:
     warm_c = max(args.concurrency)
-    print(f"warm-up: {args.warmup} trajectories x {args.warmup_steps} steps at concurrency {warm_c}, "
-          f"each variant ({', '.join(runners)})", flush=True)
+    print(
+        f"warm-up: {args.warmup} trajectories x {args.warmup_steps} steps at concurrency {warm_c}, "
+        f"each variant ({', '.join(runners)})",
+        flush=True,
+    )
     for runner in runners.values():
         await runner.run(warm_c, args.warmup, args.warmup_steps)
     counts = args.trajectories or [max(10, 2 * c) if not args.quick else max(5, c) for c in args.concurrency]
@@ -175,22 +208,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", help="trajectories in flight (default: 1 200)")
     parser.add_argument("--steps", type=int, help="echo steps per trajectory (default 10; 4 with --quick)")
-    parser.add_argument("--trajectories", type=int, nargs="+",
-                        help="trajectories per level, one number or one per level (default max(10, 2 x concurrency))")
+    parser.add_argument(
+        "--trajectories",
+        type=int,
+        nargs="+",
+        help="trajectories per level, one number or one per level (default max(10, 2 x concurrency))",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant and level; the median is compared")
     parser.add_argument("--warmup", type=int, help="warm-up trajectories per variant (default: max concurrency)")
     parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--worker", choices=["process", "inproc"], default="process",
-                        help="`python worker.py` in its own process, or build_worker() in this one")
-    parser.add_argument("--via", choices=["direct", "batch"], default="direct",
-                        help="start TrajectoryWorkflows from this client, or as children of one BatchWorkflow")
-    parser.add_argument("--db-file", action="store_true", help="dev server on an SQLite file (as `python worker.py` "
-                        "embedded runs it) instead of in-memory SQLite")
+    parser.add_argument(
+        "--worker",
+        choices=["process", "inproc"],
+        default="process",
+        help="`python worker.py` in its own process, or build_worker() in this one",
+    )
+    parser.add_argument(
+        "--via",
+        choices=["direct", "batch"],
+        default="direct",
+        help="start TrajectoryWorkflows from this client, or as children of one BatchWorkflow",
+    )
+    parser.add_argument(
+        "--db-file",
+        action="store_true",
+        help="dev server on an SQLite file (as `python worker.py` embedded runs it) instead of in-memory SQLite",
+    )
     parser.add_argument("--slots", type=int, default=0, help="sandbox slots (default: max concurrency)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs, databases)")
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 200, one wave each, 4 steps")
-    parser.add_argument("--floor", action="store_true", help="also run bench/floor.py's no-op workflow of the same "
-                        "shape: what Temporal alone costs per step")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run bench/floor.py's no-op workflow of the same shape: what Temporal alone costs per step",
+    )
     quiet.add_argument(parser)
     args = parser.parse_args(argv)
     args.concurrency = args.concurrency or [1, 200]

@@ -142,8 +142,15 @@ def run_in_data_dir(prefix: str, keep: bool, amain: Callable[[Path], Awaitable[o
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         # Own session: a Ctrl-C reaches only us, and we stop the children in order.
-        return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
@@ -184,21 +191,25 @@ def _output_to(log_path: Path) -> Iterator[None]:
 def _env_vars(settings: Settings) -> dict[str, str]:
     """The same settings, as the ROLLOUTS_* variables `python worker.py` reads."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    env.update({
-        "ROLLOUTS_DATA_DIR": str(settings.data_dir),
-        "ROLLOUTS_TEMPORAL__ADDRESS": settings.temporal_address,
-        "ROLLOUTS_TEMPORAL__TASK_QUEUE": settings.temporal.task_queue,
-        "ROLLOUTS_DEMO_POLICY__PORT": str(settings.demo_policy.port),
-        "ROLLOUTS_DEMO_POLICY__START_LOCAL": "false",
-        "ROLLOUTS_SANDBOX__START_LOCAL": "false",
-        "ROLLOUTS_SANDBOX__SLOTS_PER_CONTAINER": str(settings.sandbox.slots_per_container),
-        "ROLLOUTS_WORKER__GRACEFUL_SHUTDOWN_S": str(settings.worker.graceful_shutdown_s),
-    })
+    env.update(
+        {
+            "ROLLOUTS_DATA_DIR": str(settings.data_dir),
+            "ROLLOUTS_TEMPORAL__ADDRESS": settings.temporal_address,
+            "ROLLOUTS_TEMPORAL__TASK_QUEUE": settings.temporal.task_queue,
+            "ROLLOUTS_DEMO_POLICY__PORT": str(settings.demo_policy.port),
+            "ROLLOUTS_DEMO_POLICY__START_LOCAL": "false",
+            "ROLLOUTS_SANDBOX__START_LOCAL": "false",
+            "ROLLOUTS_SANDBOX__SLOTS_PER_CONTAINER": str(settings.sandbox.slots_per_container),
+            "ROLLOUTS_WORKER__GRACEFUL_SHUTDOWN_S": str(settings.worker.graceful_shutdown_s),
+        }
+    )
     return env
 
 
 @contextlib.asynccontextmanager
-async def temporal_dev_server(data_dir: Path, *, db_file: bool = False) -> AsyncIterator[tuple[WorkflowEnvironment, int]]:
+async def temporal_dev_server(
+    data_dir: Path, *, db_file: bool = False
+) -> AsyncIterator[tuple[WorkflowEnvironment, int]]:
     """The dev server with the project's tuning and search attributes, and its pid (for CPU accounting);
     its output goes to data_dir/temporal.log. SQLite in memory, or in data_dir/temporal.db with `db_file`."""
     before = set(_my_children())
@@ -217,14 +228,23 @@ async def temporal_dev_server(data_dir: Path, *, db_file: bool = False) -> Async
 
 
 @contextlib.asynccontextmanager
-async def services(data_dir: Path, *, slots: int, worker: str, db_file: bool, policy_args: tuple[str, ...] = (),
-                   worker_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+async def services(
+    data_dir: Path,
+    *,
+    slots: int,
+    worker: str,
+    db_file: bool,
+    policy_args: tuple[str, ...] = (),
+    worker_env: dict[str, str] | None = None,
+) -> AsyncIterator[Stack]:
     """`policy_args` go to the demo policy's command line (e.g. `--delay-s 2`); `worker_env` adds
     ROLLOUTS_* variables to the worker process (settings under test)."""
     async with contextlib.AsyncExitStack() as stack:
         port = free_port()
-        policy = _spawn([sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(port), *policy_args],
-                        data_dir / "policy.log")
+        policy = _spawn(
+            [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(port), *policy_args],
+            data_dir / "policy.log",
+        )
         stack.callback(_stop, policy)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")
 

@@ -31,13 +31,18 @@ class HostBefore:
 
     def report(self) -> dict:
         """What goes into the run's JSON line: the load before and after, and whether it was busy."""
-        return {"load_before": [round(x, 2) for x in self.load], "load_after": [round(x, 2) for x in os.getloadavg()],
-                "host_busy_before": round(self.busy_share, 3), "busy_machine": self.busy}
+        return {
+            "load_before": [round(x, 2) for x in self.load],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "host_busy_before": round(self.busy_share, 3),
+            "busy_machine": self.busy,
+        }
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--allow-busy", action="store_true",
-                        help="run on a busy host anyway; every figure is then marked busy_machine")
+    parser.add_argument(
+        "--allow-busy", action="store_true", help="run on a busy host anyway; every figure is then marked busy_machine"
+    )
 
 
 def check_host(allow_busy: bool) -> HostBefore:
@@ -48,8 +53,11 @@ def check_host(allow_busy: bool) -> HostBefore:
     busy_after, total_after = host_cpu()
     share = (busy_after - busy_before) / max(total_after - total_before, 1e-9)
     busy = load[0] > MAX_LOAD or share > MAX_BUSY
-    print(f"host before the run: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"{100 * share:.0f}% busy over {SAMPLE_S:.0f}s" + (" -- BUSY" if busy else ""), flush=True)
+    print(
+        f"host before the run: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"{100 * share:.0f}% busy over {SAMPLE_S:.0f}s" + (" -- BUSY" if busy else ""),
+        flush=True,
+    )
     if busy and not allow_busy:
         raise SystemExit(
             f"the host is busy (load {load[0]:.2f} > {MAX_LOAD} or {100 * share:.0f}% > {100 * MAX_BUSY:.0f}% busy): "

@@ -48,7 +48,11 @@ class Tally:
         return self.turns + self.tool_calls
 
     def add(self, turns: int, tool_calls: int, started: float) -> None:
-        self.turns, self.tool_calls, self.trajectories = self.turns + turns, self.tool_calls + tool_calls, self.trajectories + 1
+        self.turns, self.tool_calls, self.trajectories = (
+            self.turns + turns,
+            self.tool_calls + tool_calls,
+            self.trajectories + 1,
+        )
         self.durations.append(time.perf_counter() - started)
 
 
@@ -77,8 +81,12 @@ class AsyncioRunner:
         key = f"asyncio-{uuid.uuid4().hex}"
         sandbox = self.settings.sandbox
         # No workflow id: the slot reaper leaves leases held outside a workflow alone.
-        lease = await self.pool.acquire(Holder(workflow_id="", run_id=key), ttl_s=sandbox.lease_ttl_s,
-                                        wait_s=sandbox.acquire_timeout_s, allow_network=env.allow_network)
+        lease = await self.pool.acquire(
+            Holder(workflow_id="", run_id=key),
+            ttl_s=sandbox.lease_ttl_s,
+            wait_s=sandbox.acquire_timeout_s,
+            allow_network=env.allow_network,
+        )
         turns = tool_calls = 0
         try:
             await env.setup_workspace(item, LeasedSlot(self.pool, lease, f"{key}/setup"))
@@ -125,13 +133,24 @@ class TemporalRunner:
         if self.via == "direct":
             return await run_bounded(concurrency, trajectories, lambda tally: self.trajectory(steps, tally))
         tally, started = Tally(), time.perf_counter()
-        batch = BatchInput(env=ENV, num_items=trajectories, item_offset=next(_items), group_size=1,
-                           env_config={"steps": steps}, limits=limits_for(steps), max_concurrency=concurrency)
+        batch = BatchInput(
+            env=ENV,
+            num_items=trajectories,
+            item_offset=next(_items),
+            group_size=1,
+            env_config={"steps": steps},
+            limits=limits_for(steps),
+            max_concurrency=concurrency,
+        )
         result = await self.client.execute_workflow(
             BatchWorkflow.run, batch, id=f"bench-batch-{uuid.uuid4().hex}", task_queue=self.task_queue
         )
         assert result.completed == trajectories and result.mean_score == 1.0, result
-        tally.turns, tally.tool_calls, tally.trajectories = trajectories * (steps + 1), trajectories * steps, trajectories
+        tally.turns, tally.tool_calls, tally.trajectories = (
+            trajectories * (steps + 1),
+            trajectories * steps,
+            trajectories,
+        )
         tally.durations = [time.perf_counter() - started]  # per-trajectory times are not visible from here
         return tally
 

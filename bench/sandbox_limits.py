@@ -122,20 +122,26 @@ async def main() -> None:
                 print(f"`true` without limits: {summary(without)}")
                 slot_dir = on.container_dir(on_info.container_id) / "root" / "slot-0"
                 reset, deleted = await reset_of_many_files(on_client, slot_dir)
-                print(f"reset of a slot holding {FILES} files: {reset * 1000:.1f} ms to hand on, "
-                      f"old tree deleted after {deleted * 1000:.1f} ms")  # fmt: skip
+                print(
+                    f"reset of a slot holding {FILES} files: {reset * 1000:.1f} ms to hand on, "
+                    f"old tree deleted after {deleted * 1000:.1f} ms"
+                )
         finally:
             for backend, info in started:
                 await backend.stop_container(info.container_id)
-    print(json.dumps({
-        "true_rtt_limits_on_median_ms": summary(with_limits)["median_ms"],
-        "true_rtt_limits_off_median_ms": summary(without)["median_ms"],
-        "true_rtt_limits_on_p95_ms": summary(with_limits)["p95_ms"],
-        "true_rtt_limits_off_p95_ms": summary(without)["p95_ms"],
-        "reset_10k_files_ms": round(reset * 1000, 1),
-        "reset_10k_files_trash_deleted_ms": round(deleted * 1000, 1),
-        "limits": health.limits,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "true_rtt_limits_on_median_ms": summary(with_limits)["median_ms"],
+                "true_rtt_limits_off_median_ms": summary(without)["median_ms"],
+                "true_rtt_limits_on_p95_ms": summary(with_limits)["p95_ms"],
+                "true_rtt_limits_off_p95_ms": summary(without)["p95_ms"],
+                "reset_10k_files_ms": round(reset * 1000, 1),
+                "reset_10k_files_trash_deleted_ms": round(deleted * 1000, 1),
+                "limits": health.limits,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -90,24 +90,36 @@ class Level:
     def row(self) -> str:
         cpu = "".join(f"{self.cpu_ms_per_step(role):8.2f}" for role in ROLES)
         rss = "/".join(f"{self.peak_rss_mib.get(role, 0):.0f}" for role in ROLES[:4])
-        return (f"{self.concurrency:6d}{self.wall_s:8.1f}{100 * self.efficiency:6.0f}%{self.steps_per_s:8.1f} |{cpu}"
-                f"{self.cpu_ms_per_step():8.2f}{100 * self.host_busy:6.0f}% | {rss:>19} |{self.requests - self.turns:7d}"
-                f"{self.history.get('llm_turn_retries', 0):7d}{self.history.get('workflow_task_timeouts', 0):7d}"
-                f"{self.history.get('sticky_schedule_to_start_timeouts', 0):7d}"
-                f"{self.failed:6d}")
+        return (
+            f"{self.concurrency:6d}{self.wall_s:8.1f}{100 * self.efficiency:6.0f}%{self.steps_per_s:8.1f} |{cpu}"
+            f"{self.cpu_ms_per_step():8.2f}{100 * self.host_busy:6.0f}% | {rss:>19} |{self.requests - self.turns:7d}"
+            f"{self.history.get('llm_turn_retries', 0):7d}{self.history.get('workflow_task_timeouts', 0):7d}"
+            f"{self.history.get('sticky_schedule_to_start_timeouts', 0):7d}"
+            f"{self.failed:6d}"
+        )
 
     def figures(self) -> dict:
-        return {"concurrency": self.concurrency, "cores": self.cores, "wall_s": round(self.wall_s, 2),
-                "efficiency": round(self.efficiency, 3),
-                "steps_per_s": round(self.steps_per_s, 1), "cpu_ms_per_step": round(self.cpu_ms_per_step(), 2),
-                "cpu_ms_per_step_by_process": {r: round(self.cpu_ms_per_step(r), 2) for r in ROLES},
-                "peak_rss_mib": self.peak_rss_mib, "retried_requests": self.requests - self.turns,
-                "completed": self.completed, "failed": self.failed, **self.history}
+        return {
+            "concurrency": self.concurrency,
+            "cores": self.cores,
+            "wall_s": round(self.wall_s, 2),
+            "efficiency": round(self.efficiency, 3),
+            "steps_per_s": round(self.steps_per_s, 1),
+            "cpu_ms_per_step": round(self.cpu_ms_per_step(), 2),
+            "cpu_ms_per_step_by_process": {r: round(self.cpu_ms_per_step(r), 2) for r in ROLES},
+            "peak_rss_mib": self.peak_rss_mib,
+            "retried_requests": self.requests - self.turns,
+            "completed": self.completed,
+            "failed": self.failed,
+            **self.history,
+        }
 
 
-HEADER = ("  at once  wall s   eff  steps/s | CPU ms per step, by process" + " " * 26 + "host | peak RSS MiB        "
-          "| retried  turn   WFT sticky failed\n" + " " * 34 + "|" + "".join(f"{r:>8}" for r in ROLES) + "   total  busy"
-          " | wrk/tmp/sbx/pol     | reqs   tries  t/o    t/o")
+HEADER = (
+    "  at once  wall s   eff  steps/s | CPU ms per step, by process" + " " * 26 + "host | peak RSS MiB        "
+    "| retried  turn   WFT sticky failed\n" + " " * 34 + "|" + "".join(f"{r:>8}" for r in ROLES) + "   total  busy"
+    " | wrk/tmp/sbx/pol     | reqs   tries  t/o    t/o"
+)
 
 
 def _peak_rss_reset(pid: int) -> None:
@@ -131,8 +143,12 @@ async def _policy_requests(stack: Stack) -> int:
 
 async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[str, int]:
     """Timed-out workflow tasks (the batch's and every rollout's) and model-turn attempts past the first."""
-    counts = {"workflow_task_timeouts": 0, "sticky_schedule_to_start_timeouts": 0, "llm_turn_retries": 0,
-              "activity_timeouts": 0}
+    counts = {
+        "workflow_task_timeouts": 0,
+        "sticky_schedule_to_start_timeouts": 0,
+        "llm_turn_retries": 0,
+        "activity_timeouts": 0,
+    }
     gate = asyncio.Semaphore(HISTORY_READERS)
 
     async def read(workflow_id: str) -> None:
@@ -144,7 +160,10 @@ async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[st
                 counts["workflow_task_timeouts"] += 1
                 # A task that waited on the worker's sticky queue too long (the worker was behind), as
                 # opposed to one the worker took and did not finish in time.
-                if event.workflow_task_timed_out_event_attributes.timeout_type == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                if (
+                    event.workflow_task_timed_out_event_attributes.timeout_type
+                    == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START
+                ):
                     counts["sticky_schedule_to_start_timeouts"] += 1
             elif event.HasField("activity_task_timed_out_event_attributes"):
                 counts["activity_timeouts"] += 1
@@ -159,16 +178,24 @@ async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[st
     return counts
 
 
-async def run_level(stack: Stack, concurrency: int, steps: int, delay_s: float, histories: bool,
-                    start_rate: float = 0.0) -> Level:
+async def run_level(
+    stack: Stack, concurrency: int, steps: int, delay_s: float, histories: bool, start_rate: float = 0.0
+) -> Level:
     pids = {"bench": os.getpid(), **stack.pids}
     for pid in pids.values():
         _peak_rss_reset(pid)
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
     requests_before, host_before = await _policy_requests(stack), host_cpu()
     batch_id = f"scale-{concurrency}-{uuid.uuid4().hex[:6]}"
-    batch = BatchInput(env="echo_chain", num_items=concurrency, group_size=1, max_concurrency=concurrency,
-                       env_config={"steps": steps}, limits=limits_for(steps), start_rate=start_rate)  # fmt: skip
+    batch = BatchInput(
+        env="echo_chain",
+        num_items=concurrency,
+        group_size=1,
+        max_concurrency=concurrency,
+        env_config={"steps": steps},
+        limits=limits_for(steps),
+        start_rate=start_rate,
+    )
     started = time.perf_counter()
     result = BatchResult.model_validate(
         await stack.client.execute_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=TASK_QUEUE)
@@ -176,12 +203,17 @@ async def run_level(stack: Stack, concurrency: int, steps: int, delay_s: float, 
     wall = time.perf_counter() - started
     host_after = host_cpu()
     level = Level(
-        concurrency=concurrency, wall_s=wall, ideal_s=(steps + 1) * delay_s, steps=concurrency * (2 * steps + 1),
-        completed=result.completed, failed=result.failed,
+        concurrency=concurrency,
+        wall_s=wall,
+        ideal_s=(steps + 1) * delay_s,
+        steps=concurrency * (2 * steps + 1),
+        completed=result.completed,
+        failed=result.failed,
         cpu_s={role: cpu_seconds(pid) - before[role] for role, pid in pids.items()},
         peak_rss_mib={role: _peak_rss_mib(pid) for role, pid in pids.items()},
         host_busy=(host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9),
-        requests=await _policy_requests(stack) - requests_before, turns=concurrency * (steps + 1),
+        requests=await _policy_requests(stack) - requests_before,
+        turns=concurrency * (steps + 1),
     )
     if histories:
         level.history = await _history_counts(stack, batch_id, concurrency)
@@ -194,8 +226,10 @@ async def acquire_cost(data_dir: Path, containers: int, slots: int, rounds: int)
     started = [await backend.start_container() for _ in range(containers)]
     pool = SandboxPool(backend, start_containers=False, slots_per_container=slots, max_containers=containers)
     try:
-        held = [await pool.acquire(Holder(workflow_id=f"held-{i}", run_id="r"), wait_s=5)
-                for i in range(containers * slots // 2)]  # fmt: skip
+        held = [
+            await pool.acquire(Holder(workflow_id=f"held-{i}", run_id="r"), wait_s=5)
+            for i in range(containers * slots // 2)
+        ]
         for warm in range(5):
             await pool.release(await pool.acquire(Holder(workflow_id=f"warm-{warm}", run_id="r"), wait_s=5))
         cpu = time.process_time()
@@ -222,20 +256,29 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
     where = f"{cores} of {os.cpu_count()} CPUs" if cores else f"{os.cpu_count()} CPUs"
     folder = data_dir / f"cores-{cores or 'all'}"
     folder.mkdir()
-    async with services(folder, slots=max(args.concurrency), worker="process",
-                        db_file=args.db_file, policy_args=("--delay-s", str(args.delay)),
-                        worker_env=worker_env) as stack:  # fmt: skip
-        print(f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
-              f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
-              f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; "
-              f"worker settings {sorted(worker_env.items()) or 'defaults'}", flush=True)  # fmt: skip
+    async with services(
+        folder,
+        slots=max(args.concurrency),
+        worker="process",
+        db_file=args.db_file,
+        policy_args=("--delay-s", str(args.delay)),
+        worker_env=worker_env,
+    ) as stack:
+        print(
+            f"{where}, load average {os.getloadavg()[0]:.2f}; echo_chain x {args.steps} steps "
+            f"({2 * args.steps + 1} steps a rollout, ideal {(args.steps + 1) * args.delay:.1f} s); model turns "
+            f"{args.delay:g} s; start_rate {args.start_rate:g}; sandbox 1 x {max(args.concurrency)} slots; "
+            f"worker settings {sorted(worker_env.items()) or 'defaults'}",
+            flush=True,
+        )
         # Warm-up (imports, pools, caches): a few short rollouts, not the smallest level, which may be 2,000.
         await run_level(stack, min(min(args.concurrency), WARMUP_ROLLOUTS), 2, 0.0, histories=False)
         print(HEADER)
         levels = []
         for concurrency in args.concurrency:
-            level = await run_level(stack, concurrency, args.steps, args.delay, histories=not args.no_histories,
-                                    start_rate=args.start_rate)
+            level = await run_level(
+                stack, concurrency, args.steps, args.delay, histories=not args.no_histories, start_rate=args.start_rate
+            )
             level.cores = cores
             levels.append(level)
             print(level.row(), flush=True)
@@ -244,8 +287,13 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
 
 async def amain(args, data_dir: Path) -> dict:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-    figures: dict = {"cpus": os.cpu_count(), "steps": args.steps, "delay_s": args.delay, "settings": args.set,
-                     "start_rate": args.start_rate}
+    figures: dict = {
+        "cpus": os.cpu_count(),
+        "steps": args.steps,
+        "delay_s": args.delay,
+        "settings": args.set,
+        "start_rate": args.start_rate,
+    }
     if not args.acquire_only:
         every_cpu = os.sched_getaffinity(0)
         levels = []
@@ -261,7 +309,10 @@ async def amain(args, data_dir: Path) -> dict:
             for concurrency in args.concurrency:
                 rates = {lv.cores: lv.steps_per_s for lv in levels if lv.concurrency == concurrency}
                 base = rates[min(rates)]
-                shares = (f"{n} CPU{'s' if n > 1 else ''} {rate:.1f} (x{rate / base:.2f})" for n, rate in sorted(rates.items()))
+                shares = (
+                    f"{n} CPU{'s' if n > 1 else ''} {rate:.1f} (x{rate / base:.2f})"
+                    for n, rate in sorted(rates.items())
+                )
                 print(f"  {concurrency:6d} at once: " + ", ".join(shares))
     print("\nacquire + release, worker CPU-ms each (half the slots leased):", flush=True)
     figures["acquire_cpu_ms"] = {}
@@ -274,17 +325,38 @@ async def amain(args, data_dir: Path) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", help="rollouts at once, one level per value "
-                        "(default 10 100 500; 10 100 with --quick)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        help="rollouts at once, one level per value (default 10 100 500; 10 100 with --quick)",
+    )
     parser.add_argument("--steps", type=int, help="echo steps per rollout (default 10; 4 with --quick)")
-    parser.add_argument("--delay", type=float, help="seconds the policy takes per model turn (default 2; 1 with --quick)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="a worker setting as its ROLLOUTS_ variable without the prefix, e.g. WORKER__TUNER=fixed")
-    parser.add_argument("--cores", type=int, nargs="+", help="run every level once per value, all processes confined "
-                        "to that many CPUs and the worker started with that many processes (e.g. --cores 1 2)")
+    parser.add_argument(
+        "--delay", type=float, help="seconds the policy takes per model turn (default 2; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a worker setting as its ROLLOUTS_ variable without the prefix, e.g. WORKER__TUNER=fixed",
+    )
+    parser.add_argument(
+        "--cores",
+        type=int,
+        nargs="+",
+        help="run every level once per value, all processes confined "
+        "to that many CPUs and the worker started with that many processes (e.g. --cores 1 2)",
+    )
     parser.add_argument("--db-file", action="store_true", help="dev server on an SQLite file instead of in memory")
-    parser.add_argument("--start-rate", type=float, default=0.0, metavar="PER_S",
-                        help="the batch's start_rate: rollouts started per second at most (default 0: all at once)")
+    parser.add_argument(
+        "--start-rate",
+        type=float,
+        default=0.0,
+        metavar="PER_S",
+        help="the batch's start_rate: rollouts started per second at most (default 0: all at once)",
+    )
     parser.add_argument("--no-histories", action="store_true", help="skip reading the rollouts' histories")
     parser.add_argument("--acquire-only", action="store_true", help="only the acquire cost at 1x8 and 4x500 slots")
     parser.add_argument("--acquire-rounds", type=int, default=200)

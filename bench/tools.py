@@ -117,7 +117,9 @@ if __name__ == "__main__":
     one, state = figures["one_shot"], figures["stateful"]
     print(f"one-shot command   median {one['median_ms']:7.1f} ms   p95 {one['p95_ms']:7.1f} ms")
     print(f"stateful terminal  median {state['median_ms']:7.1f} ms   p95 {state['p95_ms']:7.1f} ms")
-    print(f"upload {figures['upload_mb_s']} MB/s, download {figures['download_mb_s']} MB/s "
-          f"({figures['transfer_mb']} MB, identical={figures['byte_identical']}, "
-          f"server peak RSS +{figures['server_peak_rss_growth_mb']} MB)")  # fmt: skip
+    print(
+        f"upload {figures['upload_mb_s']} MB/s, download {figures['download_mb_s']} MB/s "
+        f"({figures['transfer_mb']} MB, identical={figures['byte_identical']}, "
+        f"server peak RSS +{figures['server_peak_rss_growth_mb']} MB)"
+    )
     print(json.dumps(figures))

@@ -100,17 +100,28 @@ class Trainer:
             busy = (now[1] - previous[1]) / max(now[0] - previous[0], 1e-9)
             self.last_batch = previous = now
             current = step - 1  # version 0: the GGUF the server started with (it reports "default")
-            stats = await asyncio.to_thread(train_step, model, optimizer, batch, clip=args.clip, current_version=current)
+            stats = await asyncio.to_thread(
+                train_step, model, optimizer, batch, clip=args.clip, current_version=current
+            )
             await asyncio.to_thread(save_and_publish, model, checkpoints, step, self.stack.policy_url)
-            staleness = [current - group["group_overrides"]["policy_version_min"] for group in batch
-                         if (group.get("group_overrides") or {}).get("policy_version_min") is not None]
+            staleness = [
+                current - group["group_overrides"]["policy_version_min"]
+                for group in batch
+                if (group.get("group_overrides") or {}).get("policy_version_min") is not None
+            ]
             record = Step(step, stats, staleness, busy, time.monotonic() - now[0])
             self.steps.append(record)
-            gap = (f"mean {stats.current_gap_mean:.1e} max {stats.current_gap_max:.1e} ({stats.current_tokens} tokens)"
-                   if stats.current_tokens else "- (no tokens of the current weights)")
-            print(f"step {step:3d}  reward {stats.mean_reward:.3f}  same-version |dlogp| {gap}  "
-                  f"staleness {staleness}  server busy {100 * busy:3.0f}%  "
-                  f"seqs {stats.sequences:2d}  train+publish {record.seconds:.0f}s", flush=True)
+            gap = (
+                f"mean {stats.current_gap_mean:.1e} max {stats.current_gap_max:.1e} ({stats.current_tokens} tokens)"
+                if stats.current_tokens
+                else "- (no tokens of the current weights)"
+            )
+            print(
+                f"step {step:3d}  reward {stats.mean_reward:.3f}  same-version |dlogp| {gap}  "
+                f"staleness {staleness}  server busy {100 * busy:3.0f}%  "
+                f"seqs {stats.sequences:2d}  train+publish {record.seconds:.0f}s",
+                flush=True,
+            )
             await on_step(step)
 
 
@@ -130,7 +141,7 @@ def plot(steps: list[Step], kill_steps: list[int], path: Path, title: str) -> No
     figure, axes = pyplot.subplots(figsize=(7, 3.6), dpi=120)
     axes.plot(xs, rewards, marker="o", markersize=3, linewidth=1, label="mean reward of the step's batch")
     if len(rewards) >= 5:
-        smooth = [statistics.fmean(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
+        smooth = [statistics.fmean(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
         axes.plot(xs, smooth, linewidth=2, label="mean of the last 5 steps")
     for i, at in enumerate(kill_steps):
         axes.axvline(at + 0.5, color="red", linestyle=":", label="worker SIGKILL" if i == 0 else None)
@@ -153,15 +164,25 @@ def kill_schedule(steps: int, kills: int) -> list[int]:
 async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
     batch_rollouts = args.group_size * args.groups_per_step
     kill_steps = kill_schedule(args.steps, args.kills)
-    async with training_stack(data_dir, slots=batch_rollouts, chat_template=TEMPLATE, steered=False,
-                              policy_args=("--threads", str(args.threads))) as stack:
+    async with training_stack(
+        data_dir,
+        slots=batch_rollouts,
+        chat_template=TEMPLATE,
+        steered=False,
+        policy_args=("--threads", str(args.threads)),
+    ) as stack:
         run = f"train-loop-{uuid.uuid4().hex[:6]}"
-        feed = FeedInput(env="write_word", policy=POLICY, group_size=args.group_size,
-                         max_groups=args.steps * args.groups_per_step,
-                         max_groups_in_flight=args.groups_per_step * (args.max_staleness + 1),
-                         max_staleness=args.max_staleness, retry_backoff_s=1.0,
-                         sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
-                         limits=RolloutLimits(max_turns=1))
+        feed = FeedInput(
+            env="write_word",
+            policy=POLICY,
+            group_size=args.group_size,
+            max_groups=args.steps * args.groups_per_step,
+            max_groups_in_flight=args.groups_per_step * (args.max_staleness + 1),
+            max_staleness=args.max_staleness,
+            retry_backoff_s=1.0,
+            sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
+            limits=RolloutLimits(max_turns=1),
+        )
         trainer = Trainer(stack, args)
         torch.set_num_threads(args.threads)
         model = await asyncio.to_thread(load_policy)
@@ -175,12 +196,19 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
 
         async with TrajectoryApi(stack.run_api_url) as api:
             await api.register_trainer(
-                wandb_group="train-loop", wandb_project="train-loop", batch_size=batch_rollouts, max_token_len=2048,
-                checkpoint_dir=str(data_dir / "checkpoints"), save_checkpoint_interval=-1, starting_step=0,
-                num_steps=args.steps)
+                wandb_group="train-loop",
+                wandb_project="train-loop",
+                batch_size=batch_rollouts,
+                max_token_len=2048,
+                checkpoint_dir=str(data_dir / "checkpoints"),
+                save_checkpoint_interval=-1,
+                starting_step=0,
+                num_steps=args.steps,
+            )
             trainer.started = await trainer.clock()
-            handle = await stack.client.start_workflow(TrainingFeedWorkflow.run, feed, id=run,
-                                                       task_queue=stack.settings.temporal.task_queue)
+            handle = await stack.client.start_workflow(
+                TrainingFeedWorkflow.run, feed, id=run, task_queue=stack.settings.temporal.task_queue
+            )
             await trainer.run(api, model, after_step)
         await handle.result()
         wall = time.monotonic() - trainer.started[0]
@@ -190,37 +218,69 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
     return report(args, trainer, status, orphaned, kills, kill_steps, wall)
 
 
-def report(args: argparse.Namespace, trainer: Trainer, status: FeedStatus, orphaned: int, kills: dict,
-           kill_steps: list[int], wall: float) -> dict:
+def report(
+    args: argparse.Namespace,
+    trainer: Trainer,
+    status: FeedStatus,
+    orphaned: int,
+    kills: dict,
+    kill_steps: list[int],
+    wall: float,
+) -> dict:
     steps, f = trainer.steps, status.figures
     rewards = [s.stats.mean_reward for s in steps]
     window = min(5, len(rewards))
     first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
-    gaps = [(s.stats.current_gap_mean, s.stats.current_gap_max, s.stats.current_tokens) for s in steps
-            if s.stats.current_tokens]
+    gaps = [
+        (s.stats.current_gap_mean, s.stats.current_gap_max, s.stats.current_tokens)
+        for s in steps
+        if s.stats.current_tokens
+    ]
     tokens = sum(n for _, _, n in gaps)
     gap_mean = sum(mean * n for mean, _, n in gaps) / tokens if tokens else math.nan
     gap_max = max((high for _, high, _ in gaps), default=math.nan)
     (t0, b0), (t1, b1) = trainer.started, trainer.last_batch
     busy = (b1 - b0) / max(t1 - t0, 1e-9)
     staleness = Counter(x for s in steps for x in s.staleness)
-    lost = {"rollouts_orphaned": orphaned, "groups_dropped": sum(f.dropped.values()),
-            "tokens_unposted": f.tokens_generated - f.tokens_posted}
+    lost = {
+        "rollouts_orphaned": orphaned,
+        "groups_dropped": sum(f.dropped.values()),
+        "tokens_unposted": f.tokens_generated - f.tokens_posted,
+    }
     out = {
-        "benchmark": "train_loop", "steps": len(steps), "group_size": args.group_size,
-        "groups_per_step": args.groups_per_step, "max_staleness": args.max_staleness, "lr": args.lr,
-        "max_tokens": args.max_tokens, "temperature": args.temperature,
-        "rewards": [round(r, 4) for r in rewards], "first_step_reward": round(rewards[0], 4),
-        "first5_mean": round(first, 4), "last5_mean": round(last, 4), "gain": round(last - first, 4),
-        "same_version_gap_mean": gap_mean, "same_version_gap_max": gap_max, "same_version_tokens": tokens,
+        "benchmark": "train_loop",
+        "steps": len(steps),
+        "group_size": args.group_size,
+        "groups_per_step": args.groups_per_step,
+        "max_staleness": args.max_staleness,
+        "lr": args.lr,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "rewards": [round(r, 4) for r in rewards],
+        "first_step_reward": round(rewards[0], 4),
+        "first5_mean": round(first, 4),
+        "last5_mean": round(last, 4),
+        "gain": round(last - first, 4),
+        "same_version_gap_mean": gap_mean,
+        "same_version_gap_max": gap_max,
+        "same_version_tokens": tokens,
         "staleness_at_consumption": {str(k): staleness[k] for k in sorted(staleness)},
-        "server_busy_fraction": round(busy, 4), "server_busy_per_step": [round(s.busy, 3) for s in steps],
-        "rollouts_started": f.rollouts_started, "rollouts_finished": f.rollouts_finished,
-        "rollouts_resumed": f.rollouts_retried, "groups_posted": f.groups_posted,
-        "groups_dropped": f.dropped, "tokens_generated": f.tokens_generated, "tokens_posted": f.tokens_posted,
-        **lost, "kills": kills, "kill_after_steps": kill_steps,
+        "server_busy_fraction": round(busy, 4),
+        "server_busy_per_step": [round(s.busy, 3) for s in steps],
+        "rollouts_started": f.rollouts_started,
+        "rollouts_finished": f.rollouts_finished,
+        "rollouts_resumed": f.rollouts_retried,
+        "groups_posted": f.groups_posted,
+        "groups_dropped": f.dropped,
+        "tokens_generated": f.tokens_generated,
+        "tokens_posted": f.tokens_posted,
+        **lost,
+        "kills": kills,
+        "kill_after_steps": kill_steps,
         "step_s_median": round(statistics.median([s.seconds for s in steps]), 1),
-        "wall_s": round(wall, 1), "plot": str(args.plot), **args.host.report(),
+        "wall_s": round(wall, 1),
+        "plot": str(args.plot),
+        **args.host.report(),
     }
     out["goals"] = {
         "reward_gain": rewards[0] <= GOAL_START and last - first >= GOAL_GAIN,
@@ -228,16 +288,24 @@ def report(args: argparse.Namespace, trainer: Trainer, status: FeedStatus, orpha
         "nothing_lost": not any(lost.values()) and f.groups_posted == len(steps) * args.groups_per_step,
         "server_busy": busy >= GOAL_BUSY,
     }
-    plot(steps, kill_steps, args.plot,
-         f"write_word, SmolLM2-135M, GRPO async (max staleness {args.max_staleness}), {args.group_size} x "
-         f"{args.groups_per_step} rollouts/step\nfirst 5 {first:.2f} -> last 5 {last:.2f}; server busy {100 * busy:.0f}%; "
-         f"{len(kill_steps)} worker SIGKILLs")
-    print(f"\nreward: step 1 {rewards[0]:.3f}, first {window} {first:.3f}, last {window} {last:.3f} ({last - first:+.3f})")
+    plot(
+        steps,
+        kill_steps,
+        args.plot,
+        f"write_word, SmolLM2-135M, GRPO async (max staleness {args.max_staleness}), {args.group_size} x "
+        f"{args.groups_per_step} rollouts/step\nfirst 5 {first:.2f} -> last 5 {last:.2f}; server busy {100 * busy:.0f}%; "
+        f"{len(kill_steps)} worker SIGKILLs",
+    )
+    print(
+        f"\nreward: step 1 {rewards[0]:.3f}, first {window} {first:.3f}, last {window} {last:.3f} ({last - first:+.3f})"
+    )
     print(f"same-version |dlogp| over {tokens} tokens: mean {gap_mean:.1e}, max {gap_max:.1e}")
     print(f"staleness at consumption {dict(sorted(staleness.items()))}; server busy {100 * busy:.0f}% of the wall time")
-    print(f"feed: {f.rollouts_started} rollouts started, {f.rollouts_finished} finished, {f.rollouts_retried} resumed, "
-          f"{orphaned} orphaned; {f.groups_posted} groups posted, dropped {f.dropped}; tokens {f.tokens_posted} posted "
-          f"of {f.tokens_generated}; kills {kills}; wall {wall:.0f}s; plot {args.plot}")
+    print(
+        f"feed: {f.rollouts_started} rollouts started, {f.rollouts_finished} finished, {f.rollouts_retried} resumed, "
+        f"{orphaned} orphaned; {f.groups_posted} groups posted, dropped {f.dropped}; tokens {f.tokens_posted} posted "
+        f"of {f.tokens_generated}; kills {kills}; wall {wall:.0f}s; plot {args.plot}"
+    )
     print(json.dumps(out))
     return out
 

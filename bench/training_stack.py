@@ -50,9 +50,13 @@ class TrainingStack:
 
     def env_vars(self) -> dict[str, str]:
         policy = self.settings.policies[POLICY].model_dump_json()
-        return {**_env_vars(self.settings), "ROLLOUTS_POLICIES": f'{{"{POLICY}": {policy}}}',
-                "ROLLOUTS_ATROPOS__API_URL": self.run_api_url, "HF_HUB_OFFLINE": "1",
-                "ROLLOUTS_SANDBOX__START_LOCAL": "true"}  # the worker starts (and restarts) the sandbox itself
+        return {
+            **_env_vars(self.settings),
+            "ROLLOUTS_POLICIES": f'{{"{POLICY}": {policy}}}',
+            "ROLLOUTS_ATROPOS__API_URL": self.run_api_url,
+            "HF_HUB_OFFLINE": "1",
+            "ROLLOUTS_SANDBOX__START_LOCAL": "true",
+        }  # the worker starts (and restarts) the sandbox itself
 
     async def start_worker(self) -> None:
         log = self.data_dir / "worker.log"
@@ -78,44 +82,73 @@ class TrainingStack:
 
     async def start_policy(self) -> None:
         log = self.data_dir / "policy_server.log"
-        proc = _spawn([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate", "--port",
-                       str(self.policy_port), "--tokenizer-out", str(self.tokenizer_dir), *self.policy_args], log,
-                      env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                           "PYTHONPATH": str(REPO)})
+        proc = _spawn(
+            [
+                sys.executable,
+                "-m",
+                "temporal_rollouts.policy_servers.cpu_generate",
+                "--port",
+                str(self.policy_port),
+                "--tokenizer-out",
+                str(self.tokenizer_dir),
+                *self.policy_args,
+            ],
+            log,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)},
+        )
         self.processes["policy_server"] = proc
         await asyncio.to_thread(wait_for_port, "127.0.0.1", self.policy_port, proc, "policy server", log, MODEL_LOAD_S)
 
     def start_env(self, run: str, **fields: object) -> None:
         """The Atropos env's `serve`, attached to the run `run` (it starts it if it does not run)."""
-        config = {"task_env": "echo_chain", "policy": POLICY, "use_wandb": False, "wandb_name": run, "run_name": run,
-                  "rollout_server_url": self.run_api_url, "total_steps": 10**6, "tokenizer_name": str(self.tokenizer_dir),
-                  **fields}
+        config = {
+            "task_env": "echo_chain",
+            "policy": POLICY,
+            "use_wandb": False,
+            "wandb_name": run,
+            "run_name": run,
+            "rollout_server_url": self.run_api_url,
+            "total_steps": 10**6,
+            "tokenizer_name": str(self.tokenizer_dir),
+            **fields,
+        }
         path = self.data_dir / "env.yaml"
         path.write_text(yaml.safe_dump({"env": config}))
         argv = [sys.executable, "-m", "temporal_rollouts.integrations.atropos.env", "serve", "--config", str(path)]
-        self.processes["env"] = _spawn(argv, self.data_dir / "env.log", env={**self.env_vars(), "WANDB_MODE": "disabled"})
+        self.processes["env"] = _spawn(
+            argv, self.data_dir / "env.log", env={**self.env_vars(), "WANDB_MODE": "disabled"}
+        )
 
     async def update_weights(self, folder: Path, version: int) -> None:
         async with httpx.AsyncClient(timeout=600) as http:
-            answer = (await http.post(f"{self.policy_url}/update_weights_from_disk",
-                                      json={"model_path": str(folder), "weight_version": str(version)})).json()
+            answer = (
+                await http.post(
+                    f"{self.policy_url}/update_weights_from_disk",
+                    json={"model_path": str(folder), "weight_version": str(version)},
+                )
+            ).json()
         if not answer.get("success"):
             raise RuntimeError(f"the policy server refused version {version}: {answer}")
 
 
 @contextlib.asynccontextmanager
-async def training_stack(data_dir: Path, *, slots: int, chat_template: Path, steered: bool,
-                         policy_args: tuple[str, ...] = ()) -> AsyncIterator[TrainingStack]:
+async def training_stack(
+    data_dir: Path, *, slots: int, chat_template: Path, steered: bool, policy_args: tuple[str, ...] = ()
+) -> AsyncIterator[TrainingStack]:
     """Everything up and the worker polling; `steered` makes the demo policy write the start of every
     turn (the tiny model cannot choose tools alone), leaving the model the rest of it."""
     async with contextlib.AsyncExitStack() as stack:
         demo_port = free_port()
-        demo = _spawn([sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(demo_port)],
-                      data_dir / "demo_policy.log")
+        demo = _spawn(
+            [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(demo_port)],
+            data_dir / "demo_policy.log",
+        )
         stack.callback(_stop, demo)
         run_api_port = free_port()
-        run_api = _spawn([str(Path(sys.executable).parent / "run-api"), "--host", "127.0.0.1", "--port", str(run_api_port)],
-                         data_dir / "run_api.log")
+        run_api = _spawn(
+            [str(Path(sys.executable).parent / "run-api"), "--host", "127.0.0.1", "--port", str(run_api_port)],
+            data_dir / "run_api.log",
+        )
         stack.callback(_stop, run_api)
         env, _ = await stack.enter_async_context(temporal_dev_server(data_dir))
         policy_port = free_port()
@@ -126,19 +159,36 @@ async def training_stack(data_dir: Path, *, slots: int, chat_template: Path, ste
             sandbox={"slots_per_container": slots, "max_containers": 1},
             worker={"graceful_shutdown_s": 2.0},
             atropos={"api_url": f"http://127.0.0.1:{run_api_port}"},
-            policies={POLICY: GeneratePolicy(
-                type="sglang", base_url=f"http://127.0.0.1:{policy_port}", tokenizer=str(data_dir / "tokenizer"),
-                chat_template=str(chat_template), prefill_from="demo" if steered else None, timeout_s=120,
-            )},
+            policies={
+                POLICY: GeneratePolicy(
+                    type="sglang",
+                    base_url=f"http://127.0.0.1:{policy_port}",
+                    tokenizer=str(data_dir / "tokenizer"),
+                    chat_template=str(chat_template),
+                    prefill_from="demo" if steered else None,
+                    timeout_s=120,
+                )
+            },
         )
-        training = TrainingStack(data_dir, settings, env.client, settings.atropos.api_url,
-                                 f"http://127.0.0.1:{policy_port}", data_dir / "tokenizer", policy_port=policy_port,
-                                 policy_args=list(policy_args))
+        training = TrainingStack(
+            data_dir,
+            settings,
+            env.client,
+            settings.atropos.api_url,
+            f"http://127.0.0.1:{policy_port}",
+            data_dir / "tokenizer",
+            policy_port=policy_port,
+            policy_args=list(policy_args),
+        )
         for role in ("env", "worker", "policy_server"):
             stack.callback(lambda role=role: _stop(training.processes[role]) if role in training.processes else None)
         stack.push_async_callback(LocalBackend.from_settings(settings).shutdown)
-        await asyncio.to_thread(wait_for_port, "127.0.0.1", demo_port, demo, "demo policy", data_dir / "demo_policy.log")
-        await asyncio.to_thread(wait_for_port, "127.0.0.1", run_api_port, run_api, "run-api", data_dir / "run_api.log", 120)
+        await asyncio.to_thread(
+            wait_for_port, "127.0.0.1", demo_port, demo, "demo policy", data_dir / "demo_policy.log"
+        )
+        await asyncio.to_thread(
+            wait_for_port, "127.0.0.1", run_api_port, run_api, "run-api", data_dir / "run_api.log", 120
+        )
         await training.start_policy()
         await training.start_worker()
         yield training

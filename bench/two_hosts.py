@@ -91,19 +91,34 @@ def host_settings(shared: Shared, row_dir: Path, host: str, queue: str, servers:
         demo_policy={"port": shared.policy.port, "start_local": False},
         worker={"host_name": host, "graceful_shutdown_s": 2.0},
         storage={"type": "s3", "endpoint_url": shared.s3_url, "region": "us-east-1", "bucket": BUCKET},
-        sandbox={"backend": {"type": "static", "servers": [{"container_id": s.container_id, "url": s.url} for s in servers],
-                             "secret_env": SECRET_ENV},
-                 "slots_per_container": max(s.slots for s in servers), "min_containers": 0,
-                 "max_containers": len(servers), "acquire_timeout_s": 600},
-    )  # fmt: skip
+        sandbox={
+            "backend": {
+                "type": "static",
+                "servers": [{"container_id": s.container_id, "url": s.url} for s in servers],
+                "secret_env": SECRET_ENV,
+            },
+            "slots_per_container": max(s.slots for s in servers),
+            "min_containers": 0,
+            "max_containers": len(servers),
+            "acquire_timeout_s": 600,
+        },
+    )
 
 
 async def run_batch(client, queue: str, items: int, steps: int, concurrency: int, batch_id: str) -> float:
     limits = RolloutLimits(max_turns=steps + 1, max_tool_calls=max(steps, 1))
-    batch = BatchInput(env="echo_chain", num_items=items, group_size=1, max_concurrency=concurrency,
-                       env_config={"steps": steps}, limits=limits)  # fmt: skip
+    batch = BatchInput(
+        env="echo_chain",
+        num_items=items,
+        group_size=1,
+        max_concurrency=concurrency,
+        env_config={"steps": steps},
+        limits=limits,
+    )
     started = time.perf_counter()
-    result = BatchResult.model_validate(await client.execute_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=queue))
+    result = BatchResult.model_validate(
+        await client.execute_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=queue)
+    )
     wall = time.perf_counter() - started
     if (result.completed, result.failed, result.mean_score) != (items, 0, 1.0):
         raise RuntimeError(f"batch {batch_id} did not complete cleanly: {result}")
@@ -113,10 +128,16 @@ async def run_batch(client, queue: str, items: int, steps: int, concurrency: int
 async def run_layout(shared: Shared, layout: Layout, args: argparse.Namespace) -> dict:
     row_dir = shared.data_dir / layout.key
     hosts = list(ADDRESSES)[: layout.hosts]
-    servers = [SandboxProcess(row_dir / host / "sandbox", f"sandbox-{layout.key}-{host}",
-                              derive_token(os.environ[SECRET_ENV], f"sandbox-{layout.key}-{host}"),
-                              host=ADDRESSES[host], slots=layout.slots_per_host)
-               for host in hosts]  # fmt: skip
+    servers = [
+        SandboxProcess(
+            row_dir / host / "sandbox",
+            f"sandbox-{layout.key}-{host}",
+            derive_token(os.environ[SECRET_ENV], f"sandbox-{layout.key}-{host}"),
+            host=ADDRESSES[host],
+            slots=layout.slots_per_host,
+        )
+        for host in hosts
+    ]
     workers: list[WorkerProcess] = []
     queue = f"two-hosts-{layout.key}-{uuid.uuid4().hex[:6]}"
     try:
@@ -141,8 +162,10 @@ async def run_layout(shared: Shared, layout: Layout, args: argparse.Namespace) -
         wall = await run_batch(client, queue, args.items, args.steps, args.concurrency, batch_id)
         after, busy_after = {role: cpu_seconds(pid) for role, pid in pids.items()}, host_cpu()
         used = {role: after[role] - before[role] for role in pids}
-        tool_calls = {h: sum("/turn-" in e["call_id"] for e in executions_under(s.root, f"{batch_id}/"))
-                      for h, s in zip(hosts, servers, strict=True)}  # fmt: skip
+        tool_calls = {
+            h: sum("/turn-" in e["call_id"] for e in executions_under(s.root, f"{batch_id}/"))
+            for h, s in zip(hosts, servers, strict=True)
+        }
     finally:
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
         for server in servers:
@@ -151,10 +174,18 @@ async def run_layout(shared: Shared, layout: Layout, args: argparse.Namespace) -
     cpu = {role: sum(v for name, v in used.items() if name.split("/")[0] == role) for role in ROLES}
     busy, total = busy_after[0] - busy_before[0], busy_after[1] - busy_before[1]
     return {
-        "label": layout.label, "hosts": layout.hosts, "slots_per_host": layout.slots_per_host, "slots": layout.slots,
-        "wall_s": wall, "rollouts_s": args.items / wall, "steps_s": steps / wall, "cpu_s": cpu,
-        "cpu_s_by_process": used, "tool_calls_by_host": tool_calls, "host_busy": busy / total if total else 0.0,
-    }  # fmt: skip
+        "label": layout.label,
+        "hosts": layout.hosts,
+        "slots_per_host": layout.slots_per_host,
+        "slots": layout.slots,
+        "wall_s": wall,
+        "rollouts_s": args.items / wall,
+        "steps_s": steps / wall,
+        "cpu_s": cpu,
+        "cpu_s_by_process": used,
+        "tool_calls_by_host": tool_calls,
+        "host_busy": busy / total if total else 0.0,
+    }
 
 
 @contextlib.asynccontextmanager
@@ -192,39 +223,67 @@ def layouts(slots: int) -> list[Layout]:
 
 def report(args: argparse.Namespace, load_before: tuple[float, ...], rows: dict[str, dict]) -> None:
     print()
-    print(f"{'layout':22} {'slots':>5} {'wall s':>7} {'rollouts/s':>10} {'steps/s':>8}   CPU s: "
-          + " ".join(f"{role:>8}" for role in ROLES) + f" {'total':>7}   {'ours':>5} {'host':>5}")  # fmt: skip
+    print(
+        f"{'layout':22} {'slots':>5} {'wall s':>7} {'rollouts/s':>10} {'steps/s':>8}   CPU s: "
+        + " ".join(f"{role:>8}" for role in ROLES)
+        + f" {'total':>7}   {'ours':>5} {'host':>5}"
+    )
     for row in rows.values():
         cpu = row["cpu_s"]
-        print(f"{row['label']:22} {row['slots']:5d} {row['wall_s']:7.1f} {row['rollouts_s']:10.2f} {row['steps_s']:8.1f}"
-              f"          " + " ".join(f"{cpu[role]:8.1f}" for role in ROLES) + f" {sum(cpu.values()):7.1f}"
-              f"   {sum(cpu.values()) / row['wall_s'] / os.cpu_count():5.0%} {row['host_busy']:5.0%}")  # fmt: skip
+        print(
+            f"{row['label']:22} {row['slots']:5d} {row['wall_s']:7.1f} {row['rollouts_s']:10.2f} {row['steps_s']:8.1f}"
+            f"          " + " ".join(f"{cpu[role]:8.1f}" for role in ROLES) + f" {sum(cpu.values()):7.1f}"
+            f"   {sum(cpu.values()) / row['wall_s'] / os.cpu_count():5.0%} {row['host_busy']:5.0%}"
+        )
     for row in rows.values():
         if row["hosts"] > 1:
-            by_host = ", ".join(f"{h}: worker {row['cpu_s_by_process'][f'worker/{h}']:.1f} CPU s, "
-                                f"{row['tool_calls_by_host'][h]} tool calls on its sandbox"
-                                for h in row["tool_calls_by_host"])  # fmt: skip
+            by_host = ", ".join(
+                f"{h}: worker {row['cpu_s_by_process'][f'worker/{h}']:.1f} CPU s, "
+                f"{row['tool_calls_by_host'][h]} tool calls on its sandbox"
+                for h in row["tool_calls_by_host"]
+            )
             print(f"  {row['label']}: {by_host}")
     one = rows["one"]
     ratios = {key: rows[key]["steps_s"] / one["steps_s"] for key in rows if key != "one"}
     for key, ratio in ratios.items():
-        print(f"two/one ({rows[key]['label']} vs {one['label']}): steps/s x{ratio:.2f}, "
-              f"wall x{rows[key]['wall_s'] / one['wall_s']:.2f}")
+        print(
+            f"two/one ({rows[key]['label']} vs {one['label']}): steps/s x{ratio:.2f}, "
+            f"wall x{rows[key]['wall_s'] / one['wall_s']:.2f}"
+        )
     bound = args.concurrency / (args.steps + 1) / args.delay if args.delay else float("nan")
-    print(f"  bound from the model delay alone: {bound:.2f} rollouts/s at concurrency {args.concurrency} "
-          f"({args.steps + 1} turns x {args.delay} s each, when the slots do not bind)")
-    print("  ours: these processes' CPU as a share of all cores; host: how busy the machine was, whoever used it "
-          "(well above ours: other jobs competed)")
-    print("  caveat: both \"hosts\" share this machine's cores: the ratio shows the cost of coordinating across hosts, "
-          "not the gain of a real second machine; with a model delay, twice the slots gain only where slots bind.")
+    print(
+        f"  bound from the model delay alone: {bound:.2f} rollouts/s at concurrency {args.concurrency} "
+        f"({args.steps + 1} turns x {args.delay} s each, when the slots do not bind)"
+    )
+    print(
+        "  ours: these processes' CPU as a share of all cores; host: how busy the machine was, whoever used it "
+        "(well above ours: other jobs competed)"
+    )
+    print(
+        '  caveat: both "hosts" share this machine\'s cores: the ratio shows the cost of coordinating across hosts, '
+        "not the gain of a real second machine; with a model delay, twice the slots gain only where slots bind."
+    )
     headline = {
-        "bench": "two_hosts", "cpus": os.cpu_count(), "load_before": [round(v, 2) for v in load_before],
-        "items": args.items, "steps": args.steps, "delay_s": args.delay, "concurrency": args.concurrency,
-        "layouts": {key: {"hosts": r["hosts"], "slots": r["slots"], "wall_s": round(r["wall_s"], 2),
-                          "rollouts_s": round(r["rollouts_s"], 3), "steps_s": round(r["steps_s"], 2),
-                          "cpu_s_total": round(sum(r["cpu_s"].values()), 1)} for key, r in rows.items()},
+        "bench": "two_hosts",
+        "cpus": os.cpu_count(),
+        "load_before": [round(v, 2) for v in load_before],
+        "items": args.items,
+        "steps": args.steps,
+        "delay_s": args.delay,
+        "concurrency": args.concurrency,
+        "layouts": {
+            key: {
+                "hosts": r["hosts"],
+                "slots": r["slots"],
+                "wall_s": round(r["wall_s"], 2),
+                "rollouts_s": round(r["rollouts_s"], 3),
+                "steps_s": round(r["steps_s"], 2),
+                "cpu_s_total": round(sum(r["cpu_s"].values()), 1),
+            }
+            for key, r in rows.items()
+        },
         "ratio_steps_s_two_over_one": {key: round(v, 3) for key, v in ratios.items()},
-    }  # fmt: skip
+    }
     print(json.dumps(headline))
 
 
@@ -232,9 +291,12 @@ async def amain(args: argparse.Namespace, data_dir: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     os.environ.setdefault(SECRET_ENV, uuid.uuid4().hex + uuid.uuid4().hex)
     load_before = os.getloadavg()
-    print(f"{os.cpu_count()} CPUs, load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}; "
-          f"{args.items} echo_chain items x {args.steps} steps ({2 * args.steps + 1} steps each: turns + tool calls), "
-          f"policy delay {args.delay} s per turn, batch max_concurrency {args.concurrency}", flush=True)
+    print(
+        f"{os.cpu_count()} CPUs, load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}; "
+        f"{args.items} echo_chain items x {args.steps} steps ({2 * args.steps + 1} steps each: turns + tool calls), "
+        f"policy delay {args.delay} s per turn, batch max_concurrency {args.concurrency}",
+        flush=True,
+    )
     rows = {}
     async with shared_services(data_dir, args.delay) as shared:
         for layout in layouts(args.slots):

@@ -39,14 +39,20 @@ def field_docs(model: type[BaseModel]) -> dict[str, str]:
     """The docstring under each field of a model class (and its bases), by field name."""
     docs: dict[str, str] = {}
     for cls in reversed(model.__mro__):
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or not cls.__module__.startswith("temporal_rollouts."):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or not cls.__module__.startswith(
+            "temporal_rollouts."
+        ):
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
         body = tree.body[0].body  # type: ignore[attr-defined]
         for node, following in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                    and isinstance(following.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(following.value.value.split())
     return docs
 
@@ -71,7 +77,9 @@ def _default(field) -> str:
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
 
 
-def _rows(model: type[BaseModel], prefix: str, env_prefix: str | None) -> tuple[list[str], list[tuple[str, type[BaseModel]]]]:
+def _rows(
+    model: type[BaseModel], prefix: str, env_prefix: str | None
+) -> tuple[list[str], list[tuple[str, type[BaseModel]]]]:
     docs = field_docs(model)
     rows, sections = [], []
     for name, field in model.model_fields.items():
@@ -105,7 +113,7 @@ def render() -> str:
         sections[:0] = inner
     for model, title in ((ChatPolicy, "chat"), (GeneratePolicy, "sglang / vllm")):
         policy_rows, _ = _rows(model, "", None)
-        intro = (f"`[policies.NAME]` with `type = \"{title.split(' ')[0]}\"`: " + " ".join((model.__doc__ or "").split()))
+        intro = f'`[policies.NAME]` with `type = "{title.split(" ")[0]}"`: ' + " ".join((model.__doc__ or "").split())
         out += _table(f"`[policies.NAME]`, {title}", intro, policy_rows, with_env=False)
     return "\n".join(out).rstrip() + "\n"
 

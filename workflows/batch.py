@@ -91,7 +91,9 @@ class BatchWorkflow:
     def __init__(self) -> None:
         self._progress: BatchProgress | None = None
         self._active = 0
-        self._window: tuple[datetime, int] | None = None  # start_rate: when the current window began, groups started in it
+        self._window: tuple[datetime, int] | None = (
+            None  # start_rate: when the current window began, groups started in it
+        )
 
     @workflow.query
     def progress(self) -> BatchProgress | None:
@@ -104,30 +106,48 @@ class BatchWorkflow:
         input = _parse(BatchInput, input, "BatchWorkflow")
         info = workflow.info()
         if input.cursor is not None and info.continued_run_id is None:
-            raise as_application_error(InvalidInput(
-                "invalid BatchWorkflow input:\ncursor: set only by the batch itself when it continues as new; leave it out"
-            ))
+            raise as_application_error(
+                InvalidInput(
+                    "invalid BatchWorkflow input:\ncursor: set only by the batch itself when it continues as new; leave it out"
+                )
+            )
         batch_id = info.workflow_id
         page: list[Item] = []
         if input.cursor is None:
             loaded = await _setup_step(
                 EnvActivities.load_items,
-                LoadItemsInput(env=input.env, env_config=input.env_config, count=min(ITEM_PAGE, input.num_items),
-                               offset=input.item_offset,
-                               check=BatchShape(num_items=input.num_items, group_size=_per_group(input),
-                                                policy=input.policy, max_concurrency=input.max_concurrency,
-                                                cycle_items=input.cycle_items)),
+                LoadItemsInput(
+                    env=input.env,
+                    env_config=input.env_config,
+                    count=min(ITEM_PAGE, input.num_items),
+                    offset=input.item_offset,
+                    check=BatchShape(
+                        num_items=input.num_items,
+                        group_size=_per_group(input),
+                        policy=input.policy,
+                        max_concurrency=input.max_concurrency,
+                        cycle_items=input.cycle_items,
+                    ),
+                ),
                 params.LOAD_ITEMS,
             )
             output = await _setup_step(
-                SinkActivities.open_sink, OpenSinkInput(batch_id=batch_id, output=input.output), params.WRITE_GROUP,
+                SinkActivities.open_sink,
+                OpenSinkInput(batch_id=batch_id, output=input.output),
+                params.WRITE_GROUP,
             )
             page = loaded.items
             cursor = BatchCursor(
-                next_item=0, allow_network=loaded.allow_network,
-                progress=BatchProgress(batch_id=batch_id, env=input.env, total=input.num_items * _per_group(input),
-                                       items=input.num_items,
-                                       distinct_items=distinct_items(loaded.item_count, input.num_items), output=output),
+                next_item=0,
+                allow_network=loaded.allow_network,
+                progress=BatchProgress(
+                    batch_id=batch_id,
+                    env=input.env,
+                    total=input.num_items * _per_group(input),
+                    items=input.num_items,
+                    distinct_items=distinct_items(loaded.item_count, input.num_items),
+                    output=output,
+                ),
             )
         else:
             cursor = input.cursor
@@ -164,10 +184,19 @@ class BatchWorkflow:
             workflow.continue_as_new(input.model_copy(update={"cursor": cursor}))
         progress.done = True
         return BatchResult(
-            batch_id=batch_id, env=input.env, total=progress.total, completed=progress.completed,
-            failed=progress.failed, mean_score=progress.mean_score, stop_reasons=progress.stop_reasons,
-            stop_details=progress.stop_details, items=progress.items, distinct_items=progress.distinct_items,
-            output=progress.output, groups_written=progress.groups_written, groups_pending=progress.groups_pending,
+            batch_id=batch_id,
+            env=input.env,
+            total=progress.total,
+            completed=progress.completed,
+            failed=progress.failed,
+            mean_score=progress.mean_score,
+            stop_reasons=progress.stop_reasons,
+            stop_details=progress.stop_details,
+            items=progress.items,
+            distinct_items=progress.distinct_items,
+            output=progress.output,
+            groups_written=progress.groups_written,
+            groups_pending=progress.groups_pending,
             resumed=progress.resumed,
         )
 
@@ -187,13 +216,20 @@ class BatchWorkflow:
         """The page of items that starts at batch item `index`."""
         loaded = await workflow.execute_activity_method(
             EnvActivities.load_items,
-            LoadItemsInput(env=input.env, env_config=input.env_config,
-                           count=min(ITEM_PAGE, input.num_items - index), offset=input.item_offset + index),
+            LoadItemsInput(
+                env=input.env,
+                env_config=input.env_config,
+                count=min(ITEM_PAGE, input.num_items - index),
+                offset=input.item_offset + index,
+            ),
             **params.LOAD_ITEMS.options(),
         )
         if not loaded.items:
-            raise ApplicationError(f"env {input.env!r} returned no items at offset {input.item_offset + index}",
-                                   type="TaskError", non_retryable=True)
+            raise ApplicationError(
+                f"env {input.env!r} returned no items at offset {input.item_offset + index}",
+                type="TaskError",
+                non_retryable=True,
+            )
         return loaded.items
 
     async def _run_group(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item) -> None:
@@ -202,15 +238,22 @@ class BatchWorkflow:
             results = await self._run_tree(input, cursor, index, item)
         else:
             self._active += input.group_size
-            results = await asyncio.gather(*(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size)))
+            results = await asyncio.gather(
+                *(self._run_rollout(input, cursor, index, item, g) for g in range(input.group_size))
+            )
         written = await workflow.execute_activity_method(
             SinkActivities.write_group,
             # The name inside the results folder, not the opening worker's absolute path: the worker that
             # writes this group may be on another host, with the results folder at another place.
-            WriteGroupInput(path=input.output or f"{progress.batch_id}.jsonl", group_id=f"{progress.batch_id}/item-{index}",
-                            results=list(results),
-                            sink=input.sink, max_token_length=input.max_token_length, policy=input.policy,
-                            **({"prefix_tokens": input.branch.prefix_tokens} if input.branch else {})),
+            WriteGroupInput(
+                path=input.output or f"{progress.batch_id}.jsonl",
+                group_id=f"{progress.batch_id}/item-{index}",
+                results=list(results),
+                sink=input.sink,
+                max_token_length=input.max_token_length,
+                policy=input.policy,
+                **({"prefix_tokens": input.branch.prefix_tokens} if input.branch else {}),
+            ),
             **params.WRITE_GROUP.options(),
         )
         if written.status == "pending":
@@ -225,17 +268,25 @@ class BatchWorkflow:
         progress, size = cursor.progress, _per_group(input)
         roots = [rollout_id(progress.batch_id, index, g) for g in range(input.group_size)]
         rollout = TrajectoryInput(
-            env=input.env, item=item, env_config=input.env_config, policy=input.policy,
-            tool_call_parser=input.tool_call_parser, allow_network=cursor.allow_network, limits=input.limits,
-            sampling=input.sampling, batch_id=progress.batch_id, snapshot_turns=input.snapshot_turns,
+            env=input.env,
+            item=item,
+            env_config=input.env_config,
+            policy=input.policy,
+            tool_call_parser=input.tool_call_parser,
+            allow_network=cursor.allow_network,
+            limits=input.limits,
+            sampling=input.sampling,
+            batch_id=progress.batch_id,
+            snapshot_turns=input.snapshot_turns,
         )
         self._active += size
         progress.running += input.group_size
         try:
             tree = await workflow.execute_child_workflow(
-                RolloutTreeWorkflow.run, RolloutTreeInput(rollout=rollout, root_ids=roots, branch=input.branch,
-                                                          resume=input.resume),
-                id=f"{progress.batch_id}/item-{index}/tree", task_queue=workflow.info().task_queue,
+                RolloutTreeWorkflow.run,
+                RolloutTreeInput(rollout=rollout, root_ids=roots, branch=input.branch, resume=input.resume),
+                id=f"{progress.batch_id}/item-{index}/tree",
+                task_queue=workflow.info().task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
             results = RolloutTreeResult.model_validate(tree).results
@@ -247,8 +298,9 @@ class BatchWorkflow:
         progress.total += len(results) - size
         return [self._record(result) for result in results]
 
-    async def _run_rollout(self, input: BatchInput, cursor: BatchCursor, index: int, item: Item,
-                           group_index: int) -> TrajectoryResult:
+    async def _run_rollout(
+        self, input: BatchInput, cursor: BatchCursor, index: int, item: Item, group_index: int
+    ) -> TrajectoryResult:
         progress = cursor.progress
         rollout = rollout_id(progress.batch_id, index, group_index)
         progress.running += 1
@@ -265,19 +317,29 @@ class BatchWorkflow:
                 result = await workflow.execute_child_workflow(
                     TrajectoryWorkflow.run,
                     TrajectoryInput(
-                        env=input.env, item=item, env_config=input.env_config, policy=input.policy,
+                        env=input.env,
+                        item=item,
+                        env_config=input.env_config,
+                        policy=input.policy,
                         tool_call_parser=input.tool_call_parser,
-                        allow_network=cursor.allow_network, limits=input.limits, sampling=input.sampling,
-                        batch_id=progress.batch_id, group_index=group_index, resume_from_run=resume_from,
+                        allow_network=cursor.allow_network,
+                        limits=input.limits,
+                        sampling=input.sampling,
+                        batch_id=progress.batch_id,
+                        group_index=group_index,
+                        resume_from_run=resume_from,
                         snapshot_turns=input.snapshot_turns,
                     ),
                     id=rollout,
                     task_queue=workflow.info().task_queue,
                     id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                    search_attributes=TypedSearchAttributes([
-                        SearchAttributePair(sa.ENV, input.env), SearchAttributePair(sa.BATCH_ID, progress.batch_id),
-                        SearchAttributePair(sa.ITEM_ID, item.id),
-                    ]),
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(sa.ENV, input.env),
+                            SearchAttributePair(sa.BATCH_ID, progress.batch_id),
+                            SearchAttributePair(sa.ITEM_ID, item.id),
+                        ]
+                    ),
                 )
             except ChildWorkflowError as err:
                 result = result_from_failure(err, rollout, input.env, item, group_index)

@@ -17,7 +17,9 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.core.tasks import Item
 
 
-def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: Item, group_index: int) -> TrajectoryResult:
+def result_from_failure(
+    err: ChildWorkflowError, rollout: str, env: str, item: Item, group_index: int
+) -> TrajectoryResult:
     """A failed child's TrajectoryResult: carried in its failure, or rebuilt from how it ended."""
     cause = err.cause
     if (carried := failed_rollout_result(cause)) is not None:
@@ -32,8 +34,14 @@ def result_from_failure(err: ChildWorkflowError, rollout: str, env: str, item: I
         reason = StopReason(declared)  # e.g. a rollout refused its input: config_error
     else:
         reason = StopReason.ENV_ERROR
-    return TrajectoryResult(rollout_id=rollout, env=env, item_id=item.id, group_index=group_index,
-                            stop_reason=reason, stop_detail=str(cause or err))
+    return TrajectoryResult(
+        rollout_id=rollout,
+        env=env,
+        item_id=item.id,
+        group_index=group_index,
+        stop_reason=reason,
+        stop_detail=str(cause or err),
+    )
 
 
 def rollout_attributes(input: TrajectoryInput) -> TypedSearchAttributes:
@@ -42,5 +50,8 @@ def rollout_attributes(input: TrajectoryInput) -> TypedSearchAttributes:
     if input.batch_id:
         pairs.append(SearchAttributePair(sa.BATCH_ID, input.batch_id))
     if input.fork:
-        pairs += [SearchAttributePair(sa.FORKED_FROM, input.fork.source), SearchAttributePair(sa.FORK_TURN, input.fork.at_turn)]
+        pairs += [
+            SearchAttributePair(sa.FORKED_FROM, input.fork.source),
+            SearchAttributePair(sa.FORK_TURN, input.fork.at_turn),
+        ]
     return TypedSearchAttributes(pairs)

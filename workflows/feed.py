@@ -118,12 +118,18 @@ class TrainingFeedWorkflow:
     def status(self) -> FeedStatus:
         input, state = self._input, self._state
         return FeedStatus(
-            run=workflow.info().workflow_id, env=input.env if input else "", phase=self._phase,
+            run=workflow.info().workflow_id,
+            env=input.env if input else "",
+            phase=self._phase,
             in_flight=len(state.groups),
             rollouts_running=sum(1 for g in state.groups.values() for r in g.results if r is None),
             held=sum(1 for g in state.groups.values() if all(r is not None for r in g.results)),
-            figures=state.figures, trainer=state.trainer, max_staleness=input.max_staleness if input else 0,
-            admitted=self._admitted() if input else False, stopping=state.stopping, output=state.output,
+            figures=state.figures,
+            trainer=state.trainer,
+            max_staleness=input.max_staleness if input else 0,
+            admitted=self._admitted() if input else False,
+            stopping=state.stopping,
+            output=state.output,
         )
 
     # ------------------------------------------------------------------ the run
@@ -144,8 +150,15 @@ class TrainingFeedWorkflow:
         workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(run)])
         check = await workflow.execute_activity_method(
             FeedActivities.check_feed,
-            FeedCheckInput(run=run, api_url=input.api_url, env=input.env, env_config=input.env_config,
-                           policy=input.policy, sink=input.sink, output=input.output),
+            FeedCheckInput(
+                run=run,
+                api_url=input.api_url,
+                env=input.env,
+                env_config=input.env_config,
+                policy=input.policy,
+                sink=input.sink,
+                output=input.output,
+            ),
             **params.FEED_CHECK.options(),
         )
         self._item_count, self._allow_network = check.item_count, check.allow_network
@@ -171,8 +184,14 @@ class TrainingFeedWorkflow:
     def _finished(self) -> bool:
         input, state = self._input, self._state
         assert input is not None
-        done_starting = state.stopping or (input.max_groups and state.figures.groups_started >= input.max_groups) or (
-            not input.cycle_items and self._item_count is not None and state.next_item >= self._item_count - input.item_offset
+        done_starting = (
+            state.stopping
+            or (input.max_groups and state.figures.groups_started >= input.max_groups)
+            or (
+                not input.cycle_items
+                and self._item_count is not None
+                and state.next_item >= self._item_count - input.item_offset
+            )
         )
         return bool(done_starting) and not state.groups
 
@@ -237,8 +256,14 @@ class TrainingFeedWorkflow:
         group_id = f"g{state.next_group}"
         state.next_item += 1
         state.next_group += 1
-        group = GroupRun(group_id=group_id, item=item, results=[None] * input.group_size, runs=[None] * input.group_size,
-                         attempts=[0] * input.group_size, started_step=state.trainer.current_step)
+        group = GroupRun(
+            group_id=group_id,
+            item=item,
+            results=[None] * input.group_size,
+            runs=[None] * input.group_size,
+            attempts=[0] * input.group_size,
+            started_step=state.trainer.current_step,
+        )
         state.groups[group_id] = group
         state.figures.groups_started += 1
         if input.branch is not None:
@@ -252,10 +277,19 @@ class TrainingFeedWorkflow:
         assert input is not None
         run = workflow.info().workflow_id
         return TrajectoryInput(
-            env=input.env, item=group.item, env_config=input.env_config, policy=input.policy,
-            tool_call_parser=input.tool_call_parser, allow_network=self._allow_network, limits=input.limits,
-            sampling=input.sampling, batch_id=run, group_index=index, resume_from_run=resume_from,
-            notify=run if notify else None, trainer_api=self._api_url() if input.sink == "atropos" else None,
+            env=input.env,
+            item=group.item,
+            env_config=input.env_config,
+            policy=input.policy,
+            tool_call_parser=input.tool_call_parser,
+            allow_network=self._allow_network,
+            limits=input.limits,
+            sampling=input.sampling,
+            batch_id=run,
+            group_index=index,
+            resume_from_run=resume_from,
+            notify=run if notify else None,
+            trainer_api=self._api_url() if input.sink == "atropos" else None,
         )
 
     async def _start_tree(self, group: GroupRun, resume: bool) -> None:
@@ -267,10 +301,17 @@ class TrainingFeedWorkflow:
         roots = [rollout_id(run, group.group_id, index) for index in range(input.group_size)]
         handle = await workflow.start_child_workflow(
             RolloutTreeWorkflow.run,
-            RolloutTreeInput(rollout=self._rollout_input(group, 0, None, notify=False), root_ids=roots,
-                             branch=input.branch, resume=resume, notify=run),
-            id=f"{run}/{group.group_id}/tree", task_queue=workflow.info().task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, parent_close_policy=ParentClosePolicy.ABANDON,
+            RolloutTreeInput(
+                rollout=self._rollout_input(group, 0, None, notify=False),
+                root_ids=roots,
+                branch=input.branch,
+                resume=resume,
+                notify=run,
+            ),
+            id=f"{run}/{group.group_id}/tree",
+            task_queue=workflow.info().task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            parent_close_policy=ParentClosePolicy.ABANDON,
         )
         group.tree_run = handle.first_execution_run_id
         group.tree_attempts += 1
@@ -283,8 +324,12 @@ class TrainingFeedWorkflow:
         try:
             tree = RolloutTreeResult.model_validate(await handle)
         except ChildWorkflowError as err:
-            tree = RolloutTreeResult(results=[result_from_failure(err, root, input.env, group.item, index)
-                                              for index, root in enumerate(roots)], nodes=[])
+            tree = RolloutTreeResult(
+                results=[
+                    result_from_failure(err, root, input.env, group.item, index) for index, root in enumerate(roots)
+                ],
+                nodes=[],
+            )
         except asyncio.CancelledError:
             return
         self._state.trees.append(tree)
@@ -300,10 +345,13 @@ class TrainingFeedWorkflow:
             task_queue=workflow.info().task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             parent_close_policy=ParentClosePolicy.ABANDON,
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(sa.ENV, input.env), SearchAttributePair(sa.BATCH_ID, run),
-                SearchAttributePair(sa.ITEM_ID, group.item.id),
-            ]),
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(sa.ENV, input.env),
+                    SearchAttributePair(sa.BATCH_ID, run),
+                    SearchAttributePair(sa.ITEM_ID, group.item.id),
+                ]
+            ),
         )
         group.runs[index] = handle.first_execution_run_id
         group.attempts[index] += 1
@@ -436,7 +484,9 @@ class TrainingFeedWorkflow:
         run = workflow.info().workflow_id
         for index, result in enumerate(group.results):
             if result is None and group.runs[index] is not None:
-                handle = workflow.get_external_workflow_handle(rollout_id(run, group.group_id, index), run_id=group.runs[index])
+                handle = workflow.get_external_workflow_handle(
+                    rollout_id(run, group.group_id, index), run_id=group.runs[index]
+                )
                 try:
                     await handle.cancel()
                 except Exception as err:  # noqa: BLE001  (already closed: nothing to cancel)
@@ -450,12 +500,20 @@ class TrainingFeedWorkflow:
         try:
             outcome = await workflow.execute_activity_method(
                 FeedActivities.post_feed_group,
-                FeedGroupInput(run=workflow.info().workflow_id, group_id=f"{workflow.info().workflow_id}/{group.group_id}",
-                               results=results, policy=input.policy, sink=input.sink, output=state.output,
-                               api_url=self._api_url(), env_id=state.trainer.env_id,
-                               max_token_length=input.max_token_length, max_staleness=input.max_staleness,
-                               stale_groups=input.stale_groups,
-                               prefix_tokens=input.branch.prefix_tokens if input.branch else None),
+                FeedGroupInput(
+                    run=workflow.info().workflow_id,
+                    group_id=f"{workflow.info().workflow_id}/{group.group_id}",
+                    results=results,
+                    policy=input.policy,
+                    sink=input.sink,
+                    output=state.output,
+                    api_url=self._api_url(),
+                    env_id=state.trainer.env_id,
+                    max_token_length=input.max_token_length,
+                    max_staleness=input.max_staleness,
+                    stale_groups=input.stale_groups,
+                    prefix_tokens=input.branch.prefix_tokens if input.branch else None,
+                ),
                 **params.POST_FEED_GROUP.options(),
             )
         except ActivityError as err:
@@ -482,8 +540,12 @@ class TrainingFeedWorkflow:
     async def _check_rollouts(self) -> None:
         self._checked_at = workflow.time()
         run = workflow.info().workflow_id
-        waiting = {rollout_id(run, g.group_id, i): g.runs[i] for g in self._state.groups.values()
-                   for i, r in enumerate(g.results) if r is None and g.runs[i] is not None}
+        waiting = {
+            rollout_id(run, g.group_id, i): g.runs[i]
+            for g in self._state.groups.values()
+            for i, r in enumerate(g.results)
+            if r is None and g.runs[i] is not None
+        }
         if not waiting:
             return
         closed = await workflow.execute_activity_method(
@@ -501,16 +563,25 @@ class TrainingFeedWorkflow:
 
     # ------------------------------------------------------------------ waiting
 
-    async def _trainer(self, wait_s: float, after_step: int | None = None,
-                       after_version: int | None = None) -> TrainerView:
+    async def _trainer(
+        self, wait_s: float, after_step: int | None = None, after_version: int | None = None
+    ) -> TrainerView:
         input, state = self._input, self._state
         assert input is not None
         return await workflow.execute_activity_method(
             FeedActivities.trainer_view,
-            TrainerQuery(run=workflow.info().workflow_id, api_url=self._api_url(), env_id=state.trainer.env_id,
-                         group_size=input.group_size, max_token_length=input.max_token_length,
-                         env_weight=input.env_weight, after_step=after_step, after_version=after_version,
-                         policy=input.policy, wait_s=wait_s),
+            TrainerQuery(
+                run=workflow.info().workflow_id,
+                api_url=self._api_url(),
+                env_id=state.trainer.env_id,
+                group_size=input.group_size,
+                max_token_length=input.max_token_length,
+                env_weight=input.env_weight,
+                after_step=after_step,
+                after_version=after_version,
+                policy=input.policy,
+                wait_s=wait_s,
+            ),
             **params.TRAINER_VIEW.options(),
         )
 
@@ -520,17 +591,27 @@ class TrainingFeedWorkflow:
         assert input is not None
         running = any(r is None for g in state.groups.values() for r in g.results)
         self._phase = "waiting for rollouts" if running else "waiting for the trainer"
-        blocked = input.sink == "atropos" and ((self._wants_more() and not self._admitted())
-                                               or (self._held() and not self._may_post()))
+        blocked = input.sink == "atropos" and (
+            (self._wants_more() and not self._admitted()) or (self._held() and not self._may_post())
+        )
         if blocked and self._waiter is None:
-            self._waiter = asyncio.ensure_future(self._trainer(TRAINER_WAIT_S, after_step=state.trainer.current_step,
-                                                               after_version=state.trainer.policy_version))
+            self._waiter = asyncio.ensure_future(
+                self._trainer(
+                    TRAINER_WAIT_S, after_step=state.trainer.current_step, after_version=state.trainer.policy_version
+                )
+            )
         waiter = self._waiter
-        wait_s = min(CHECK_ROLLOUTS_S, self._next_resume_in() if self._next_resume_in() is not None else CHECK_ROLLOUTS_S)
+        wait_s = min(
+            CHECK_ROLLOUTS_S, self._next_resume_in() if self._next_resume_in() is not None else CHECK_ROLLOUTS_S
+        )
         try:
             await workflow.wait_condition(
-                lambda: bool(state.inbox) or self._stop_now or (waiter is not None and waiter.done())
-                or (state.stopping and (not state.groups or self._held())),
+                lambda: (
+                    bool(state.inbox)
+                    or self._stop_now
+                    or (waiter is not None and waiter.done())
+                    or (state.stopping and (not state.groups or self._held()))
+                ),
                 timeout=timedelta(seconds=max(wait_s, 0.001)),
             )
         except TimeoutError:

@@ -82,13 +82,18 @@ class Forking:
         if fork.prefix is not None:
             self._prefix, self._source_run = fork.prefix, fork.source_run
             return
-        point = await step(ForkPoints.load_fork_point,
-                           ForkPointInput(source=fork.source, source_run=fork.source_run, at_turn=fork.at_turn),
-                           params.LOAD_FORK_POINT, StopReason.CONFIG_ERROR, "fork")
+        point = await step(
+            ForkPoints.load_fork_point,
+            ForkPointInput(source=fork.source, source_run=fork.source_run, at_turn=fork.at_turn),
+            params.LOAD_FORK_POINT,
+            StopReason.CONFIG_ERROR,
+            "fork",
+        )
         self._prefix, self._snapshot, self._source_run = point.prefix, point.snapshot, point.source_run
 
-    async def rebuild(self, input: TrajectoryInput, slot: SlotRef, result: TrajectoryResult, rollout_key: str,
-                      step: Step) -> None:
+    async def rebuild(
+        self, input: TrajectoryInput, slot: SlotRef, result: TrajectoryResult, rollout_key: str, step: Step
+    ) -> None:
         """The workspace after turn K in `slot`, then the prefix taken over; a replay that diverged stops the
         rollout (fork_diverged) before its model runs, unless the fork allows it."""
         fork, prefix = input.fork, self._prefix
@@ -100,10 +105,20 @@ class Forking:
         if copy_from is not None:
             outcome = None
             try:
-                outcome = await step(ForkActivities.copy_workspace, CopyWorkspaceInput(
-                    source=copy_from, target=slot, parent=fork.source, parent_run=fork.source_run,
-                    child=workflow.info().workflow_id, prefix=prefix.transcript,
-                ), params.COPY_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
+                outcome = await step(
+                    ForkActivities.copy_workspace,
+                    CopyWorkspaceInput(
+                        source=copy_from,
+                        target=slot,
+                        parent=fork.source,
+                        parent_run=fork.source_run,
+                        child=workflow.info().workflow_id,
+                        prefix=prefix.transcript,
+                    ),
+                    params.COPY_WORKSPACE,
+                    StopReason.SANDBOX_ERROR,
+                    "setup",
+                )
             finally:
                 note = BranchCopied(child=workflow.info().workflow_id, ok=bool(outcome and outcome.copied))
                 await _signal(fork.source, fork.source_run, BRANCH_COPIED, note)
@@ -111,41 +126,77 @@ class Forking:
             in_place = outcome.copied and outcome.in_place
             snapshot, session_used = outcome.fallback_snapshot, outcome.session_used
         if source is None and fork.rebuild == "snapshot" and snapshot is None:
-            raise StepFailed(StopReason.CONFIG_ERROR, f"no snapshot of turn {fork.at_turn} of {fork.source} "
-                                                      "(it ran without snapshot_turns): rebuild it by replay")
+            raise StepFailed(
+                StopReason.CONFIG_ERROR,
+                f"no snapshot of turn {fork.at_turn} of {fork.source} "
+                "(it ran without snapshot_turns): rebuild it by replay",
+            )
         if source is None and snapshot is not None and fork.rebuild != "replay":
-            await step(SnapshotActivities.restore_workspace, SnapshotInput(lease=slot, key=snapshot),
-                       params.SETUP_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
+            await step(
+                SnapshotActivities.restore_workspace,
+                SnapshotInput(lease=slot, key=snapshot),
+                params.SETUP_WORKSPACE,
+                StopReason.SANDBOX_ERROR,
+                "setup",
+            )
             source = "snapshot"
         if source is None:
             report, meta = await self._replay(input, slot, prefix, rollout_key, step)
             source = "replay"
         result.fork = ForkOrigin(
-            parent=fork.source, parent_run=fork.source_run or self._source_run, at_turn=fork.at_turn,
-            prefix_tokens=prefix.tokens.tokens if prefix.tokens else 0, prefix_messages=prefix.transcript.messages,
-            workspace=source, copied_in_place=in_place, replayed_calls=report.calls if report else 0,
+            parent=fork.source,
+            parent_run=fork.source_run or self._source_run,
+            at_turn=fork.at_turn,
+            prefix_tokens=prefix.tokens.tokens if prefix.tokens else 0,
+            prefix_messages=prefix.transcript.messages,
+            workspace=source,
+            copied_in_place=in_place,
+            replayed_calls=report.calls if report else 0,
             divergences=report.divergences if report else [],
             not_carried=[NOT_CARRIED] if session_used and source != "replay" else [],
         )
         if report is not None and report.divergent and not fork.allow_divergence:
             first = report.divergences[0]
-            raise StepFailed(StopReason.FORK_DIVERGED, (
-                f"{report.divergent} replayed result(s) differ from the recorded ones; the first, turn {first.turn} "
-                f"{first.tool}: recorded {first.recorded!r}, replayed {first.replayed!r} (allow_divergence goes on)"))
+            raise StepFailed(
+                StopReason.FORK_DIVERGED,
+                (
+                    f"{report.divergent} replayed result(s) differ from the recorded ones; the first, turn {first.turn} "
+                    f"{first.tool}: recorded {first.recorded!r}, replayed {first.replayed!r} (allow_divergence goes on)"
+                ),
+            )
         for field in CARRIED_FIELDS:
             setattr(result, field, getattr(prefix, field))
         result.transcript, result.setup_meta = prefix.transcript, meta
         result.tool_stats = prefix.tool_stats.model_copy()
 
-    async def _replay(self, input: TrajectoryInput, slot: SlotRef, prefix: ForkPrefix, rollout_key: str,
-                      step: Step) -> tuple[ReplayReport, dict[str, Any]]:
-        ready = await step(WorkspaceActivities.setup_workspace, SetupWorkspaceInput(
-            env=input.env, env_config=input.env_config, item=input.item, lease=slot, rollout_key=rollout_key,
-        ), params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup")
-        report = await step(ForkActivities.replay_tool_calls, ReplayInput(
-            lease=slot, transcript=prefix.transcript, setup=ready.transcript,
-            default_timeout_s=input.limits.command_timeout_s,
-        ), params.REPLAY_TOOL_CALLS, StopReason.SANDBOX_ERROR, "setup")
+    async def _replay(
+        self, input: TrajectoryInput, slot: SlotRef, prefix: ForkPrefix, rollout_key: str, step: Step
+    ) -> tuple[ReplayReport, dict[str, Any]]:
+        ready = await step(
+            WorkspaceActivities.setup_workspace,
+            SetupWorkspaceInput(
+                env=input.env,
+                env_config=input.env_config,
+                item=input.item,
+                lease=slot,
+                rollout_key=rollout_key,
+            ),
+            params.SETUP_WORKSPACE,
+            StopReason.ENV_ERROR,
+            "setup",
+        )
+        report = await step(
+            ForkActivities.replay_tool_calls,
+            ReplayInput(
+                lease=slot,
+                transcript=prefix.transcript,
+                setup=ready.transcript,
+                default_timeout_s=input.limits.command_timeout_s,
+            ),
+            params.REPLAY_TOOL_CALLS,
+            StopReason.SANDBOX_ERROR,
+            "setup",
+        )
         return report, ready.meta
 
     async def turn_done(self, input: TrajectoryInput, slot: SlotRef, result: TrajectoryResult) -> None:
@@ -165,12 +216,18 @@ class Forking:
         assert result.transcript is not None
         children = [branch_id(info.workflow_id, turn, index) for index in range(1, plan.factor)]
         prefix = ForkPrefix(
-            transcript=result.transcript, tokens=result.tokens, turns=turn, tool_calls=result.tool_calls,
-            tool_stats=result.tool_stats.model_copy(), tool_errors=list(result.tool_errors),
-            policy_versions=list(result.policy_versions), setup_meta=result.setup_meta,
+            transcript=result.transcript,
+            tokens=result.tokens,
+            turns=turn,
+            tool_calls=result.tool_calls,
+            tool_stats=result.tool_stats.model_copy(),
+            tool_errors=list(result.tool_errors),
+            policy_versions=list(result.policy_versions),
+            setup_meta=result.setup_meta,
         )
-        request = BranchRequest(parent=info.workflow_id, parent_run=info.run_id, turn=turn, children=children,
-                                prefix=prefix, slot=slot)
+        request = BranchRequest(
+            parent=info.workflow_id, parent_run=info.run_id, turn=turn, children=children, prefix=prefix, slot=slot
+        )
         self._awaiting = set(children)
         record = BranchRecord(turn=turn, children=children)
         if not await _signal(plan.tree, None, BRANCH_REQUESTED, request):
@@ -188,8 +245,9 @@ class Forking:
         assert result.transcript is not None
         key = turn_snapshot_key(workflow.info().workflow_id, result.transcript.head)
         try:
-            return await workflow.execute_activity_method(SnapshotActivities.snapshot_workspace,
-                                                          SnapshotInput(lease=slot, key=key), **params.SNAPSHOT.options())
+            return await workflow.execute_activity_method(
+                SnapshotActivities.snapshot_workspace, SnapshotInput(lease=slot, key=key), **params.SNAPSHOT.options()
+            )
         except ActivityError as err:
             workflow.logger.warning("could not save the workspace after turn %d: %s", result.turns, err.cause or err)
             return None

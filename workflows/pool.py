@@ -86,5 +86,8 @@ class SlotPoolMaintenanceWorkflow:
 
     @workflow.query
     def status(self) -> dict:
-        return {"passes": self._passes, "interval_s": self._interval_s,
-                "last": self._last.model_dump(mode="json") if self._last else None}
+        return {
+            "passes": self._passes,
+            "interval_s": self._interval_s,
+            "last": self._last.model_dump(mode="json") if self._last else None,
+        }

@@ -62,8 +62,11 @@ class TrajectoryWorkflow:
     @workflow.query
     def progress(self) -> dict:
         result = self._result
-        return {"phase": self._phase, "turns": result.turns if result else 0,
-                "tool_calls": result.tool_calls if result else 0}
+        return {
+            "phase": self._phase,
+            "turns": result.turns if result else 0,
+            "tool_calls": result.tool_calls if result else 0,
+        }
 
     @workflow.query
     def resume_state(self) -> TrajectoryResult | None:
@@ -90,16 +93,21 @@ class TrajectoryWorkflow:
         info = workflow.info()
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
-            rollout_id=info.workflow_id, env=input.env, item_id=input.item.id,
-            group_index=input.group_index, stop_reason=StopReason.COMPLETED, run_id=info.run_id,
+            rollout_id=info.workflow_id,
+            env=input.env,
+            item_id=input.item.id,
+            group_index=input.group_index,
+            stop_reason=StopReason.COMPLETED,
+            run_id=info.run_id,
         )
         started = workflow.now()
         lease: SlotLease | None = None
         try:
             snapshot = await self._resume_point(input) if input.resume_from_run else None
             if input.fork is not None:
-                workflow.upsert_search_attributes([sa.FORKED_FROM.value_set(input.fork.source),
-                                                   sa.FORK_TURN.value_set(input.fork.at_turn)])
+                workflow.upsert_search_attributes(
+                    [sa.FORKED_FROM.value_set(input.fork.source), sa.FORK_TURN.value_set(input.fork.at_turn)]
+                )
             forking = input.fork is not None and result.transcript is None
             if forking:
                 self._phase = "fork"
@@ -109,13 +117,20 @@ class TrajectoryWorkflow:
             lease = await self._step(
                 SlotActivities.acquire_slot,
                 AcquireSlotInput(env=input.env, env_config=input.env_config, near=near),
-                params.ACQUIRE_SLOT, StopReason.SANDBOX_ERROR, "acquire",
+                params.ACQUIRE_SLOT,
+                StopReason.SANDBOX_ERROR,
+                "acquire",
             )
             slot = lease.ref()
             if snapshot:
                 self._phase = "restore"
-                await self._step(SnapshotActivities.restore_workspace, SnapshotInput(lease=slot, key=snapshot),
-                                 params.SETUP_WORKSPACE, StopReason.SANDBOX_ERROR, "setup")
+                await self._step(
+                    SnapshotActivities.restore_workspace,
+                    SnapshotInput(lease=slot, key=snapshot),
+                    params.SETUP_WORKSPACE,
+                    StopReason.SANDBOX_ERROR,
+                    "setup",
+                )
             elif forking:
                 self._phase = "rebuild"
                 await self._forking.rebuild(input, slot, result, rollout_key, self._step)
@@ -123,9 +138,12 @@ class TrajectoryWorkflow:
                 self._phase = "setup"
                 ready = await self._step(
                     WorkspaceActivities.setup_workspace,
-                    SetupWorkspaceInput(env=input.env, env_config=input.env_config, item=input.item, lease=slot,
-                                        rollout_key=rollout_key),
-                    params.SETUP_WORKSPACE, StopReason.ENV_ERROR, "setup",
+                    SetupWorkspaceInput(
+                        env=input.env, env_config=input.env_config, item=input.item, lease=slot, rollout_key=rollout_key
+                    ),
+                    params.SETUP_WORKSPACE,
+                    StopReason.ENV_ERROR,
+                    "setup",
                 )
                 result.transcript, result.setup_meta = ready.transcript, ready.meta
             self._forking.begin(result.turns, resumed=snapshot is not None)
@@ -137,9 +155,18 @@ class TrajectoryWorkflow:
                 assert result.transcript is not None
                 verdict = await self._step(
                     VerifyActivities.verify,
-                    VerifyInput(env=input.env, env_config=input.env_config, item=input.item, lease=slot,
-                                rollout_key=rollout_key, transcript=result.transcript, meta=result.setup_meta),
-                    params.VERIFY, StopReason.ENV_ERROR, "verify",
+                    VerifyInput(
+                        env=input.env,
+                        env_config=input.env_config,
+                        item=input.item,
+                        lease=slot,
+                        rollout_key=rollout_key,
+                        transcript=result.transcript,
+                        meta=result.setup_meta,
+                    ),
+                    params.VERIFY,
+                    StopReason.ENV_ERROR,
+                    "verify",
                 )
                 result.score, result.verify_details = verdict.score, verdict.details
         except asyncio.CancelledError:
@@ -164,8 +191,12 @@ class TrajectoryWorkflow:
         if input.notify and result.stop_reason != StopReason.CANCELLED:
             await _tell(input.notify, result)
         if result.failed:
-            raise ApplicationError(f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}", result,
-                                   type=ROLLOUT_FAILED, non_retryable=True)
+            raise ApplicationError(
+                f"rollout stopped: {result.stop_reason.value}: {result.stop_detail}",
+                result,
+                type=ROLLOUT_FAILED,
+                non_retryable=True,
+            )
         return result
 
     async def _resume_point(self, input: TrajectoryInput) -> str | None:
@@ -174,8 +205,11 @@ class TrajectoryWorkflow:
         assert result is not None and input.resume_from_run
         self._phase = "resume"
         point = await self._step(
-            ResumeActivities.load_resume_point, RunRef(workflow_id=result.rollout_id, run_id=input.resume_from_run),
-            params.LOAD_ITEMS, StopReason.CONFIG_ERROR, "resume",
+            ResumeActivities.load_resume_point,
+            RunRef(workflow_id=result.rollout_id, run_id=input.resume_from_run),
+            params.LOAD_ITEMS,
+            StopReason.CONFIG_ERROR,
+            "resume",
         )
         workflow.upsert_search_attributes([sa.RESUMED_FROM.value_set(input.resume_from_run)])
         result.resumed_from_run = input.resume_from_run
@@ -183,8 +217,22 @@ class TrajectoryWorkflow:
             workflow.logger.warning("no workspace snapshot of run %s: the rollout starts over", input.resume_from_run)
             return None
         earlier = point.result
-        for field in ("transcript", "setup_meta", "tokens", "turns", "tool_calls", "tool_errors", "tool_stats", "pending",
-                      "agent_stop", "agent_stop_detail", "policy_versions", "completion_tokens", "fork", "branches"):
+        for field in (
+            "transcript",
+            "setup_meta",
+            "tokens",
+            "turns",
+            "tool_calls",
+            "tool_errors",
+            "tool_stats",
+            "pending",
+            "agent_stop",
+            "agent_stop_detail",
+            "policy_versions",
+            "completion_tokens",
+            "fork",
+            "branches",
+        ):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
             result.stop_reason, result.stop_detail = earlier.agent_stop, earlier.agent_stop_detail
@@ -207,11 +255,19 @@ class TrajectoryWorkflow:
                 try:
                     turn = await self._step(
                         LlmActivities.llm_turn,
-                        LlmTurnInput(policy=input.policy, lease=slot, transcript=result.transcript,
-                                     sampling=None if input.sampling == Sampling() else input.sampling,
-                                     context_tokens=limits.context_tokens, tokens=result.tokens,
-                                     tool_call_parser=input.tool_call_parser, trainer_api=input.trainer_api),
-                        params.LLM_TURN, StopReason.MODEL_UNAVAILABLE, "llm",
+                        LlmTurnInput(
+                            policy=input.policy,
+                            lease=slot,
+                            transcript=result.transcript,
+                            sampling=None if input.sampling == Sampling() else input.sampling,
+                            context_tokens=limits.context_tokens,
+                            tokens=result.tokens,
+                            tool_call_parser=input.tool_call_parser,
+                            trainer_api=input.trainer_api,
+                        ),
+                        params.LLM_TURN,
+                        StopReason.MODEL_UNAVAILABLE,
+                        "llm",
                     )
                 except StepFailed as failed:
                     if failed.reason in (StopReason.MALFORMED_REPLY, StopReason.CONTEXT_BUDGET):
@@ -237,32 +293,49 @@ class TrajectoryWorkflow:
                 return
             index = pending.next_index
             self._phase = f"tool {result.turns}.{index}"
-            call = ToolCallInput(lease=slot, call_key=f"turn-{result.turns}/call-{index}",
-                                 transcript=result.transcript, assistant=pending.assistant, index=index,
-                                 default_timeout_s=input.limits.command_timeout_s)
+            call = ToolCallInput(
+                lease=slot,
+                call_key=f"turn-{result.turns}/call-{index}",
+                transcript=result.transcript,
+                assistant=pending.assistant,
+                index=index,
+                default_timeout_s=input.limits.command_timeout_s,
+            )
             if workflow.patched(TOOL_CALLS_LOCAL):
-                outcome = await self._step(ToolActivities.tool_call, call, params.TOOL_CALL_LOCAL,
-                                           StopReason.SANDBOX_ERROR, "tools", local=True)
+                outcome = await self._step(
+                    ToolActivities.tool_call,
+                    call,
+                    params.TOOL_CALL_LOCAL,
+                    StopReason.SANDBOX_ERROR,
+                    "tools",
+                    local=True,
+                )
             else:  # a run that started before tool calls became local activities replays as it ran
-                outcome = await self._step(ToolActivities.tool_call, call, params.TOOL_CALL,
-                                           StopReason.SANDBOX_ERROR, "tools")
+                outcome = await self._step(
+                    ToolActivities.tool_call, call, params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools"
+                )
             result.tool_calls += 1
             result.tool_stats.record(outcome.counted_as())
             result.transcript = outcome.transcript
             pending.next_index += 1
             if outcome.error:
-                result.tool_errors.append(ToolErrorRecord(
-                    turn=result.turns, tool_name=outcome.name or "", arguments=outcome.arguments_preview or "",
-                    error=outcome.error,
-                ))
+                result.tool_errors.append(
+                    ToolErrorRecord(
+                        turn=result.turns,
+                        tool_name=outcome.name or "",
+                        arguments=outcome.arguments_preview or "",
+                        error=outcome.error,
+                    )
+                )
         result.pending = None
 
     def _stop(self, reason: StopReason, detail: str) -> None:
         assert self._result is not None
         self._result.stop_reason, self._result.stop_detail = reason, detail
 
-    async def _step(self, method, arg, step: params.StepParams, phase_default: StopReason, timing: str, *,
-                    local: bool = False):
+    async def _step(
+        self, method, arg, step: params.StepParams, phase_default: StopReason, timing: str, *, local: bool = False
+    ):
         started = workflow.now()
         execute = workflow.execute_local_activity_method if local else workflow.execute_activity_method
         try:

@@ -37,8 +37,13 @@ with workflow.unsafe.imports_passed_through():
 def branch_input(parent: TrajectoryInput, request: BranchRequest, group_index: int) -> TrajectoryInput:
     """A sibling of `request.parent` from its turn: the parent's own input, forked at that turn, copying its
     live slot, with the later branch points only."""
-    fork = ForkSpec(source=request.parent, source_run=request.parent_run, at_turn=request.turn, prefix=request.prefix,
-                    copy_from=request.slot)
+    fork = ForkSpec(
+        source=request.parent,
+        source_run=request.parent_run,
+        at_turn=request.turn,
+        prefix=request.prefix,
+        copy_from=request.slot,
+    )
     plan = parent.branch.after(request.turn) if parent.branch else None
     return parent.model_copy(update={"fork": fork, "branch": plan, "group_index": group_index, "resume_from_run": None})
 
@@ -68,8 +73,16 @@ class RolloutTreeWorkflow:
             raise as_application_error(err) from None
         self._resume = input.resume
         branch = input.branch
-        plan = BranchPlan(at_turns=branch.at_turns, factor=branch.factor, tree=workflow.info().workflow_id,
-                          copy_wait_s=branch.copy_wait_s) if branch else None
+        plan = (
+            BranchPlan(
+                at_turns=branch.at_turns,
+                factor=branch.factor,
+                tree=workflow.info().workflow_id,
+                copy_wait_s=branch.copy_wait_s,
+            )
+            if branch
+            else None
+        )
         for index, root in enumerate(input.root_ids):
             self._start(root, input.rollout.model_copy(update={"branch": plan, "group_index": index}), None, None)
         try:
@@ -84,8 +97,9 @@ class RolloutTreeWorkflow:
                 task.cancel()
             await asyncio.gather(*self._running.values(), return_exceptions=True)
             raise
-        tree = RolloutTreeResult(results=[task.result() for task in self._running.values()],
-                                 nodes=list(self._nodes.values()))
+        tree = RolloutTreeResult(
+            results=[task.result() for task in self._running.values()], nodes=list(self._nodes.values())
+        )
         if input.notify:
             await _tell(input.notify, tree)
         return tree
@@ -113,7 +127,8 @@ class RolloutTreeWorkflow:
         resume_from = None
         if self._resume:
             outcome = await workflow.execute_activity_method(
-                ResumeActivities.await_rollout, RunRef(workflow_id=rollout), **params.AWAIT_ROLLOUT.options())
+                ResumeActivities.await_rollout, RunRef(workflow_id=rollout), **params.AWAIT_ROLLOUT.options()
+            )
             if outcome.result is not None:
                 self._revisit_branches(outcome.result)
                 if not outcome.result.failed:
@@ -122,13 +137,18 @@ class RolloutTreeWorkflow:
                 resume_from = outcome.run_id
         if input is None:
             input = await workflow.execute_activity_method(
-                ResumeActivities.started_input, RunRef(workflow_id=rollout), **params.LOAD_ITEMS.options())
+                ResumeActivities.started_input, RunRef(workflow_id=rollout), **params.LOAD_ITEMS.options()
+            )
             self._inputs[rollout] = input
         input = input.model_copy(update={"resume_from_run": resume_from})
         try:
             return await workflow.execute_child_workflow(
-                TrajectoryWorkflow.run, input, id=rollout, task_queue=workflow.info().task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, search_attributes=rollout_attributes(input),
+                TrajectoryWorkflow.run,
+                input,
+                id=rollout,
+                task_queue=workflow.info().task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                search_attributes=rollout_attributes(input),
             )
         except ChildWorkflowError as err:
             return result_from_failure(err, rollout, input.env, input.item, input.group_index)
@@ -146,4 +166,6 @@ async def _tell(workflow_id: str, tree: RolloutTreeResult) -> None:
     try:
         await workflow.get_external_workflow_handle(workflow_id).signal(ROLLOUT_TREE_FINISHED, tree)
     except Exception as err:  # noqa: BLE001
-        workflow.logger.warning("could not tell %s that tree %s ended: %s", workflow_id, workflow.info().workflow_id, err)
+        workflow.logger.warning(
+            "could not tell %s that tree %s ended: %s", workflow_id, workflow.info().workflow_id, err
+        )

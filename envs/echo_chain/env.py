@@ -88,7 +88,7 @@ class EchoChainEnv(Env):
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
         steps = self.item_steps(item)
         expected = "".join(f"step-{k}\\n" for k in range(1, steps + 1))
-        check = f"test \"$(cat {LOG} 2>/dev/null)\" = \"$(printf '{expected}')\""
+        check = f'test "$(cat {LOG} 2>/dev/null)" = "$(printf \'{expected}\')"'
         if self.verify_sleep_s:
             check = f"sleep {self.verify_sleep_s:g}; {check}"
         result = await slot.exec("check", check, timeout_s=self.verify_sleep_s + 30)
@@ -99,8 +99,10 @@ class EchoChainEnv(Env):
         )
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
-        return [[ScriptedCall(name="terminal", arguments={"command": self.command(k)})]
-                for k in range(1, self.item_steps(item) + 1)]
+        return [
+            [ScriptedCall(name="terminal", arguments={"command": self.command(k)})]
+            for k in range(1, self.item_steps(item) + 1)
+        ]
 
     def solution_for_prompt(self, prompt: str) -> list[list[ScriptedCall]] | None:
         """The solution read back from a prompt of any step count (used by the demo policy)."""

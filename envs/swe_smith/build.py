@@ -43,16 +43,25 @@ from envs.swe_smith.grader.pytest_summary import PYTEST_FLAGS, parse_summary
 log = logging.getLogger("envs.swe_smith.build")
 
 GRADER_WHEELS = (
-    "pytest==8.3.5", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.2", "wheel==0.45.1", "flit_core==3.10.1",
-)  # fmt: skip
+    "pytest==8.3.5",
+    "pluggy==1.5.0",
+    "iniconfig==2.0.0",
+    "packaging==24.2",
+    "wheel==0.45.1",
+    "flit_core==3.10.1",
+)
 """What the grader installs into its venv from `wheels/`: pytest, and the build backends the
 shipped projects need for `pip install -e . --no-build-isolation` (setuptools is the system's)."""
 GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "swe-smith-build", "GIT_AUTHOR_EMAIL": "build@swe-smith.invalid",
-    "GIT_COMMITTER_NAME": "swe-smith-build", "GIT_COMMITTER_EMAIL": "build@swe-smith.invalid",
-    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
-    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
-}  # fmt: skip
+    "GIT_AUTHOR_NAME": "swe-smith-build",
+    "GIT_AUTHOR_EMAIL": "build@swe-smith.invalid",
+    "GIT_COMMITTER_NAME": "swe-smith-build",
+    "GIT_COMMITTER_EMAIL": "build@swe-smith.invalid",
+    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 """PATH inside a slot (temporal_rollouts.sandbox_server.isolation), where the grader finds python3."""
 SKIPPED_SOURCES = re.compile(
@@ -145,8 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         python = test_python(args.python, Path(scratch) / "venv", args.out / "wheels")
         for spec in args.project:
             project = prepare_project(spec, Path(scratch), args.sdist_dir)
-            built = build_instances(project, python, per_project=args.per_project, max_candidates=args.max_candidates,
-                                    max_failing=args.max_failing, seed=args.seed)  # fmt: skip
+            built = build_instances(
+                project,
+                python,
+                per_project=args.per_project,
+                max_candidates=args.max_candidates,
+                max_failing=args.max_failing,
+                seed=args.seed,
+            )
             bundle = args.out / "repos" / f"{project.repo_name}.bundle"
             _git(project.repo, "-c", "pack.threads=1", "bundle", "create", str(bundle.resolve()), "--all")
             log.info(
@@ -362,8 +377,15 @@ def _interleaved_candidates(tree: Path, rng: random.Random) -> list[Mutation]:
     return dealt
 
 
-def _commit_instance(project: Project, clean: str, mutation: Mutation, original: str, failing: list[str],
-                     passing: list[str], run: SuiteRun) -> SweInstance:  # fmt: skip
+def _commit_instance(
+    project: Project,
+    clean: str,
+    mutation: Mutation,
+    original: str,
+    failing: list[str],
+    passing: list[str],
+    run: SuiteRun,
+) -> SweInstance:
     digest = _short_hash(mutation.key)
     instance_id = f"pypi__{project.repo_name}.{mutation.kind}__{digest}"
     _git(project.repo, "checkout", "-q", "-B", instance_id, clean)

@@ -114,10 +114,18 @@ class SweSmithEnv(Env):
         await slot.stop_terminal(key="grader-stop-terminal")
         repository, wheels = await self._share(instance, slot)
         script = grading.grade_script(
-            name, instance.base_commit, repository, wheels, targets=targets, test_files=test_files,
-            offline=not self.allow_network, install_timeout_s=settings.install_timeout_s,
-            test_timeout_s=settings.test_timeout_s, chunk_size=settings.test_chunk_size, fetch=self._fetch(instance),
-        )  # fmt: skip
+            name,
+            instance.base_commit,
+            repository,
+            wheels,
+            targets=targets,
+            test_files=test_files,
+            offline=not self.allow_network,
+            install_timeout_s=settings.install_timeout_s,
+            test_timeout_s=settings.test_timeout_s,
+            chunk_size=settings.test_chunk_size,
+            fetch=self._fetch(instance),
+        )
         chunk_count = max(1, -(-len(targets) // settings.test_chunk_size))
         timeout_s = settings.install_timeout_s + chunk_count * settings.test_timeout_s + GRADER_OVERHEAD_S
         entries = [entry for entry in (repository, wheels) if entry]

@@ -48,7 +48,7 @@ def _source(repository: str | None, fetch: str | None, fallback: str) -> str:
     if repository is not None:
         return f'src="${{SANDBOX_CACHE:-/cache}}"/{shlex.quote(repository)}/repo.git\n'
     assert fetch is not None, "a repository comes from the cache or from a fetch"
-    return f"src={fallback}\nrm -rf \"$src\"\n" + fetch
+    return f'src={fallback}\nrm -rf "$src"\n' + fetch
 
 
 def _copy_wheels(wheels: str, folder: str) -> str:
@@ -61,7 +61,8 @@ def setup_script(name: str, commit: str, repository: str | None, wheels: str, fe
     `wheels` into `.swe/`; a second run finds it done and stops."""
     q_name, q_commit = shlex.quote(name), shlex.quote(commit)
     return (
-        "set -eu\n" + CLEAN_ENVIRONMENT
+        "set -eu\n"
+        + CLEAN_ENVIRONMENT
         + f"if [ \"$(cat {q_name}/{BASE_MARKER} 2>/dev/null)\" = {q_commit} ]; then echo 'already set up'; exit 0; fi\n"
         + f"rm -rf {q_name} {SETUP_FOLDER}\nmkdir {SETUP_FOLDER}\n"
         + _source(repository, fetch, "$(mktemp -d)/src.git")
@@ -70,13 +71,23 @@ def setup_script(name: str, commit: str, repository: str | None, wheels: str, fe
         + f"cd {q_name}\ngit init -q -b main\ngit add -A\n"
         + f"GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z git {COMMIT_IDENTITY} commit -q -m 'base commit {commit[:12]}'\n"
         + f"echo {q_commit} > {BASE_MARKER}\n"
-        + "echo \"checked out $(git rev-parse --short HEAD) in $PWD\"\n"
-    )  # fmt: skip
+        + 'echo "checked out $(git rev-parse --short HEAD) in $PWD"\n'
+    )
 
 
 def grade_script(
-    name: str, commit: str, repository: str | None, wheels: str, *, targets: Sequence[str], test_files: Sequence[str],
-    offline: bool, install_timeout_s: float, test_timeout_s: float, chunk_size: int, fetch: str | None = None,
+    name: str,
+    commit: str,
+    repository: str | None,
+    wheels: str,
+    *,
+    targets: Sequence[str],
+    test_files: Sequence[str],
+    offline: bool,
+    install_timeout_s: float,
+    test_timeout_s: float,
+    chunk_size: int,
+    fetch: str | None = None,
 ) -> str:
     """The whole grading of /workspace/<name> against `commit`, in the command's own /tmp; the output
     ends with the report line (`grader.report`)."""
@@ -93,25 +104,27 @@ def grade_script(
     )
     run = (
         "python3 -I -S -c 'import sys; sys.path.insert(0, sys.argv[1]); from grader.grade import main; "
-        "sys.exit(main(sys.argv[2:]))' \"$G/bin\" "
-        f"--agent-repo /workspace/{shlex.quote(name)} --grader-root \"$G\" --python \"$G/venv/bin/python\" "
+        'sys.exit(main(sys.argv[2:]))\' "$G/bin" '
+        f'--agent-repo /workspace/{shlex.quote(name)} --grader-root "$G" --python "$G/venv/bin/python" '
         f"--chunk-size {int(chunk_size)} --timeout-s {float(test_timeout_s)}\n"
     )
     return (
-        "set -eu -o pipefail\n" + CLEAN_ENVIRONMENT
-        + "export G=\"$(mktemp -d /tmp/swe-grader.XXXXXX)\"\ntrap 'rm -rf \"$G\"' EXIT\n"
-        + "mkdir \"$G/bin\" \"$G/bin/grader\" \"$G/repo\" \"$G/home\" \"$G/tmp\"\n"
+        "set -eu -o pipefail\n"
+        + CLEAN_ENVIRONMENT
+        + 'export G="$(mktemp -d /tmp/swe-grader.XXXXXX)"\ntrap \'rm -rf "$G"\' EXIT\n'
+        + 'mkdir "$G/bin" "$G/bin/grader" "$G/repo" "$G/home" "$G/tmp"\n'
         + "".join(_heredoc(f"$G/bin/grader/{file}", text) for file, text in sources.items())
         + "".join(_heredoc(f"$G/{file}", text) for file, text in files.items())
         + _heredoc("$G/install.sh", install)
-        + _source(repository, fetch, '"$G/src.git"') + _copy_wheels(wheels, '"$G"')
-        + f"{GIT_SOURCE} archive {q_commit} | tar -xf - -C \"$G/repo\"\n"
-        + f"{GIT_SOURCE} ls-tree -r -z --full-tree {q_commit} > \"$G/base-tree\"\n"
-        + f"if ! timeout -s KILL {float(install_timeout_s)} bash \"$G/install.sh\" > \"$G/install.log\" 2>&1; then\n"
-        + f"  tail -c 4000 \"$G/install.log\"; echo; echo {shlex.quote(NOT_INSTALLED_LINE)}; exit 0\nfi\n"
+        + _source(repository, fetch, '"$G/src.git"')
+        + _copy_wheels(wheels, '"$G"')
+        + f'{GIT_SOURCE} archive {q_commit} | tar -xf - -C "$G/repo"\n'
+        + f'{GIT_SOURCE} ls-tree -r -z --full-tree {q_commit} > "$G/base-tree"\n'
+        + f'if ! timeout -s KILL {float(install_timeout_s)} bash "$G/install.sh" > "$G/install.log" 2>&1; then\n'
+        + f'  tail -c 4000 "$G/install.log"; echo; echo {shlex.quote(NOT_INSTALLED_LINE)}; exit 0\nfi\n'
         + "echo installed\n"
         + run
-    )  # fmt: skip
+    )
 
 
 def _heredoc(path: str, text: str) -> str:

@@ -35,9 +35,7 @@ available, and there is no network. Do what the task asks, check your work, and 
 when you are done reply with a short summary without calling any tool."""
 
 CHECK_TIMEOUT_S = 60.0
-CHECK_PRELUDE = (
-    "export PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1\nunset PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
-)
+CHECK_PRELUDE = "export PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1\nunset PYTHONPATH PYTHONSTARTUP BASH_ENV ENV\n"
 """Before every check: no Python user site (the agent's HOME is its workspace, so a planted
 usercustomize or .pth would run in every python3 the check starts), and no bytecode written (a
 check must leave the workspace as it found it). The bundled checks also run their own Python with
@@ -117,9 +115,12 @@ async def _fingerprint(slot: SlotHandle, key: str) -> dict[str, str] | None:
 
 
 def _verdict(
-    task: TerminalTask, result: ToolOutput, *, workspace_changed: Sequence[str] = (),
+    task: TerminalTask,
+    result: ToolOutput,
+    *,
+    workspace_changed: Sequence[str] = (),
     checked_in_agent_shell: bool = False,
-) -> Verdict:  # fmt: skip
+) -> Verdict:
     solved = result.exit_code == 0 and not result.timed_out and not workspace_changed
     details: dict[str, Any] = {
         "task": task.id,

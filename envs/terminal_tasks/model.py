@@ -26,7 +26,9 @@ class TerminalTask(BaseModel):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     prompt: str
-    files: dict[str, str] = Field(default_factory=dict, description="Workspace-relative path -> content, written at setup.")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Workspace-relative path -> content, written at setup."
+    )
     executable: tuple[str, ...] = Field(default=(), description="Paths from `files` to mark executable at setup.")
     check: str = Field(description="Bash script run in /workspace; exits 0 iff the task is solved.")
     check_in_session: bool = Field(

@@ -99,8 +99,9 @@ class WriteWordEnv(Env):
 
     async def verify(self, item: Item, slot: SlotHandle, transcript: list[Message]) -> Verdict:
         task = self.task(item)
-        script = CHECK.format(path=shlex.quote(task.path), word=shlex.quote(task.word),
-                              word_newline=shlex.quote(task.word + "\n"))
+        script = CHECK.format(
+            path=shlex.quote(task.path), word=shlex.quote(task.word), word_newline=shlex.quote(task.word + "\n")
+        )
         result = await slot.exec("check", script, timeout_s=CHECK_TIMEOUT_S)
         if result.timed_out or result.exit_code not in REWARD_BY_EXIT:
             raise TaskError(f"write_word's check failed to run (exit {result.exit_code}): {result.output[-500:]}")

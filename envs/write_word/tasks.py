@@ -12,8 +12,24 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 FILES = ("answer.txt", "word.txt", "note.txt", "out.txt")
-WORDS = ("apple", "river", "candle", "tiger", "garden", "pencil", "orange", "cloud",
-         "silver", "rocket", "window", "forest", "button", "planet", "yellow", "bridge")
+WORDS = (
+    "apple",
+    "river",
+    "candle",
+    "tiger",
+    "garden",
+    "pencil",
+    "orange",
+    "cloud",
+    "silver",
+    "rocket",
+    "window",
+    "forest",
+    "button",
+    "planet",
+    "yellow",
+    "bridge",
+)
 EXAMPLES = (("notes.txt", "hello"), ("list.txt", "milk"))
 """(file, word) of each worked example; none is a task."""
 
@@ -36,8 +52,9 @@ class WriteWordTask(BaseModel):
 def all_tasks() -> list[WriteWordTask]:
     """Every task once; item i has word i mod 16 and the files shifted by one every 16 items."""
     count = len(FILES) * len(WORDS)
-    return [WriteWordTask(path=FILES[(i + i // len(WORDS)) % len(FILES)], word=WORDS[i % len(WORDS)])
-            for i in range(count)]
+    return [
+        WriteWordTask(path=FILES[(i + i // len(WORDS)) % len(FILES)], word=WORDS[i % len(WORDS)]) for i in range(count)
+    ]
 
 
 def worked_examples(count: int) -> list[WriteWordTask]:

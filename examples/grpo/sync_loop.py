@@ -54,8 +54,13 @@ def free_port() -> int:
 
 def stack_environment(out: Path, server_url: str, slots: int) -> dict[str, str]:
     """The settings the worker and this script share, as ROLLOUTS_* variables."""
-    policy = {"type": "sglang", "base_url": server_url, "tokenizer": str(out / "tokenizer"),
-              "chat_template": str(TEMPLATE), "tool_call_parser": "hermes"}
+    policy = {
+        "type": "sglang",
+        "base_url": server_url,
+        "tokenizer": str(out / "tokenizer"),
+        "chat_template": str(TEMPLATE),
+        "tool_call_parser": "hermes",
+    }
     return {
         "ROLLOUTS_DATA_DIR": str(out / "rollouts"),
         "ROLLOUTS_TEMPORAL__EMBEDDED_PORT": str(free_port()),
@@ -89,9 +94,20 @@ class Stack:
 
     def start(self) -> None:
         server_log, worker_log = self.out / "policy_server.log", self.out / "worker.log"
-        server = self._start([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate",
-                              "--port", str(self.port), "--tokenizer-out", str(self.out / "tokenizer"),
-                              "--threads", str(self.threads)], server_log)
+        server = self._start(
+            [
+                sys.executable,
+                "-m",
+                "temporal_rollouts.policy_servers.cpu_generate",
+                "--port",
+                str(self.port),
+                "--tokenizer-out",
+                str(self.out / "tokenizer"),
+                "--threads",
+                str(self.threads),
+            ],
+            server_log,
+        )
         wait_for_port(HOST, self.port, server, "the CPU policy server", server_log, wait_s=600)
         worker = self._start([sys.executable, str(REPO / "worker.py")], worker_log)
         deadline = time.monotonic() + 300
@@ -137,9 +153,13 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
     for step in range(1, args.steps + 1):
         started = time.monotonic()
         batch = BatchInput(
-            env="write_word", num_items=args.items, group_size=args.group_size,
-            item_offset=((step - 1) * args.items) % task_count, policy="cpu",
-            max_concurrency=args.items * args.group_size, cycle_items=True,
+            env="write_word",
+            num_items=args.items,
+            group_size=args.group_size,
+            item_offset=((step - 1) * args.items) % task_count,
+            policy="cpu",
+            max_concurrency=args.items * args.group_size,
+            cycle_items=True,
             sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
             limits=RolloutLimits(max_turns=1),
         )
@@ -156,12 +176,25 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
         save_and_publish(model, out / "checkpoints", step, server_url)
         published = time.monotonic()
         curve.append(stats.mean_reward)
-        print(f"step {step:3d}  v{expected:>7}  {stats.line()}  rollouts {rolled - started:.0f}s  "
-              f"publish {published - trained:.0f}s  failed {result.failed}", flush=True)
+        print(
+            f"step {step:3d}  v{expected:>7}  {stats.line()}  rollouts {rolled - started:.0f}s  "
+            f"publish {published - trained:.0f}s  failed {result.failed}",
+            flush=True,
+        )
         with open(out / "curve.jsonl", "a") as log:
-            log.write(json.dumps({"step": step, "served_version": expected, **asdict(stats),
-                                  "rollout_s": rolled - started, "publish_s": published - trained,
-                                  "failed": result.failed}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "served_version": expected,
+                        **asdict(stats),
+                        "rollout_s": rolled - started,
+                        "publish_s": published - trained,
+                        "failed": result.failed,
+                    }
+                )
+                + "\n"
+            )
     if len(curve) >= 10:
         first, last = statistics.fmean(curve[:5]), statistics.fmean(curve[-5:])
         print(f"mean reward, first 5 steps {first:.3f}, last 5 steps {last:.3f} ({last - first:+.3f})")

@@ -79,10 +79,12 @@ class StepStats:
     current_tokens: int = 0
 
     def line(self) -> str:
-        return (f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  "
-                f"tokens {self.tokens:5d}  "
-                f"|dlogp| mean {self.logprob_gap_mean:.1e} max {self.logprob_gap_max:.1e}  clipped {self.clipped:.2f}  "
-                f"{self.seconds:.0f}s")
+        return (
+            f"reward {self.mean_reward:.3f}  loss {self.loss:+.4f}  seqs {self.sequences:3d}  "
+            f"tokens {self.tokens:5d}  "
+            f"|dlogp| mean {self.logprob_gap_mean:.1e} max {self.logprob_gap_max:.1e}  clipped {self.clipped:.2f}  "
+            f"{self.seconds:.0f}s"
+        )
 
 
 def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
@@ -100,12 +102,20 @@ def sequences_of(groups: list[dict[str, Any]], eps: float = 1e-6) -> list[Scored
             continue
         advantages = group_advantages(group["scores"], eps)
         overrides = group.get("overrides") or [{} for _ in advantages]
-        for tokens, masks, logprobs, advantage, override in zip(group["tokens"], group["masks"],
-                                                                group["inference_logprobs"], advantages, overrides):
+        for tokens, masks, logprobs, advantage, override in zip(
+            group["tokens"], group["masks"], group["inference_logprobs"], advantages, overrides
+        ):
             trainable = [i for i, mask in enumerate(masks) if mask != IGNORE_INDEX and i > 0]
             if trainable:
-                found.append(ScoredSequence(tokens, trainable, [logprobs[i] for i in trainable], advantage,
-                                            list((override or {}).get("policy_versions") or [])))
+                found.append(
+                    ScoredSequence(
+                        tokens,
+                        trainable,
+                        [logprobs[i] for i in trainable],
+                        advantage,
+                        list((override or {}).get("policy_versions") or []),
+                    )
+                )
     return found
 
 
@@ -137,9 +147,10 @@ def token_logprobs(model, sequences: list[ScoredSequence]) -> list[torch.Tensor]
     for row, sequence in enumerate(sequences):
         rest = sequence.tokens[shared:]
         ids[row, : len(rest)] = torch.tensor(rest)
-        attention[row, shared + len(rest):] = 0
-    hidden = model.base_model(input_ids=ids, attention_mask=attention, past_key_values=cache,
-                              use_cache=cache is not None).last_hidden_state
+        attention[row, shared + len(rest) :] = 0
+    hidden = model.base_model(
+        input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=cache is not None
+    ).last_hidden_state
     head = model.get_output_embeddings()
     found = []
     for row, sequence in enumerate(sequences):
@@ -149,9 +160,17 @@ def token_logprobs(model, sequences: list[ScoredSequence]) -> list[torch.Tensor]
     return found
 
 
-def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], *, clip: float = 0.2,
-               micro_batch: int = 8, max_grad_norm: float = 1.0, eps: float = 1e-6,
-               current_version: int | None = None) -> StepStats:
+def train_step(
+    model,
+    optimizer: torch.optim.Optimizer,
+    groups: list[dict[str, Any]],
+    *,
+    clip: float = 0.2,
+    micro_batch: int = 8,
+    max_grad_norm: float = 1.0,
+    eps: float = 1e-6,
+    current_version: int | None = None,
+) -> StepStats:
     """One GRPO step on `groups` (Atropos `ScoredDataGroup` dicts with `inference_logprobs`);
     `current_version`, the version of the weights being trained, picks the tokens of `current_gap_*`."""
     started = time.monotonic()
@@ -161,13 +180,12 @@ def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, A
     loss_sum, gaps, current_gaps, clipped = 0.0, [], [], 0
     optimizer.zero_grad(set_to_none=True)
     for start in range(0, len(sequences), micro_batch):
-        chunk = sequences[start:start + micro_batch]
+        chunk = sequences[start : start + micro_batch]
         chunk_loss = torch.zeros(())
         for sequence, new in zip(chunk, token_logprobs(model, chunk)):
             old = torch.tensor(sequence.inference_logprobs)
             ratio = torch.exp(new - old)
-            objective = torch.minimum(ratio * sequence.advantage,
-                                      ratio.clamp(1 - clip, 1 + clip) * sequence.advantage)
+            objective = torch.minimum(ratio * sequence.advantage, ratio.clamp(1 - clip, 1 + clip) * sequence.advantage)
             chunk_loss = chunk_loss - objective.sum() / total_tokens
             gap = (new.detach() - old).abs().tolist()
             gaps.extend(gap)
@@ -180,22 +198,33 @@ def train_step(model, optimizer: torch.optim.Optimizer, groups: list[dict[str, A
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
     return StepStats(
-        mean_reward=statistics.fmean(rewards), loss=loss_sum, sequences=len(sequences), tokens=total_tokens,
-        logprob_gap_mean=statistics.fmean(gaps) if gaps else math.nan, logprob_gap_max=max(gaps, default=math.nan),
-        clipped=clipped / total_tokens if total_tokens else 0.0, seconds=time.monotonic() - started,
+        mean_reward=statistics.fmean(rewards),
+        loss=loss_sum,
+        sequences=len(sequences),
+        tokens=total_tokens,
+        logprob_gap_mean=statistics.fmean(gaps) if gaps else math.nan,
+        logprob_gap_max=max(gaps, default=math.nan),
+        clipped=clipped / total_tokens if total_tokens else 0.0,
+        seconds=time.monotonic() - started,
         current_gap_mean=statistics.fmean(current_gaps) if current_gaps else math.nan,
-        current_gap_max=max(current_gaps, default=math.nan), current_tokens=len(current_gaps),
+        current_gap_max=max(current_gaps, default=math.nan),
+        current_tokens=len(current_gaps),
     )
 
 
-def save_and_publish(model, checkpoints: Path, step: int, policy_server: str, *, api_key: str | None = None,
-                     keep: int = 2) -> Path:
+def save_and_publish(
+    model, checkpoints: Path, step: int, policy_server: str, *, api_key: str | None = None, keep: int = 2
+) -> Path:
     """Save the weights as `checkpoints/step-<step>` and have the server serve them as version `step`;
     older checkpoints beyond the last `keep` are deleted once the server holds the new ones."""
     folder = save_weights(model, checkpoints / f"step-{step:05d}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.post(f"{policy_server.rstrip('/')}/update_weights_from_disk", headers=headers, timeout=600,
-                          json={"model_path": str(folder.resolve()), "weight_version": str(step)})
+    response = httpx.post(
+        f"{policy_server.rstrip('/')}/update_weights_from_disk",
+        headers=headers,
+        timeout=600,
+        json={"model_path": str(folder.resolve()), "weight_version": str(step)},
+    )
     answer = response.json()
     if not answer.get("success"):
         raise RuntimeError(f"the policy server refused step {step}'s weights: {answer.get('message', response.text)}")
@@ -226,9 +255,14 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     async with TrajectoryApi(args.run_api) as api:
         await api.register_trainer(
-            wandb_group="grpo-example", wandb_project="grpo-example", batch_size=args.batch_size,
-            max_token_len=args.max_token_len, checkpoint_dir=str(args.checkpoints), save_checkpoint_interval=-1,
-            starting_step=args.first_step - 1, num_steps=args.first_step - 1 + args.steps,
+            wandb_group="grpo-example",
+            wandb_project="grpo-example",
+            batch_size=args.batch_size,
+            max_token_len=args.max_token_len,
+            checkpoint_dir=str(args.checkpoints),
+            save_checkpoint_interval=-1,
+            starting_step=args.first_step - 1,
+            num_steps=args.first_step - 1 + args.steps,
         )
         for step in range(args.first_step, args.first_step + args.steps):
             batch = await pull_batch(api)

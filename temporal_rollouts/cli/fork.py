@@ -41,23 +41,50 @@ async def find_fork_point(client: Client, settings: Settings, rollout: str, at_t
     return await points.find(ForkPointInput(source=rollout, at_turn=at_turn))
 
 
-def fork_input(source: TrajectoryInput, rollout: str, point: ForkPoint, at_turn: int, *, policy: str | None = None,
-               temperature: float | None = None, rebuild: WorkspaceRebuild = "auto",
-               allow_divergence: bool = False) -> TrajectoryInput:
+def fork_input(
+    source: TrajectoryInput,
+    rollout: str,
+    point: ForkPoint,
+    at_turn: int,
+    *,
+    policy: str | None = None,
+    temperature: float | None = None,
+    rebuild: WorkspaceRebuild = "auto",
+    allow_divergence: bool = False,
+) -> TrajectoryInput:
     """The source's own input, forked at `at_turn`, with another policy or temperature if asked; a fork
     belongs to no batch and tells no training feed."""
-    sampling = source.sampling if temperature is None else source.sampling.model_copy(update={"temperature": temperature})
-    fork = ForkSpec(source=rollout, source_run=point.source_run, at_turn=at_turn, rebuild=rebuild,
-                    allow_divergence=allow_divergence)
-    return source.model_copy(update={
-        "fork": fork, "policy": policy or source.policy, "sampling": sampling, "batch_id": None, "group_index": 0,
-        "resume_from_run": None, "notify": None, "branch": None,
-    })
+    sampling = (
+        source.sampling if temperature is None else source.sampling.model_copy(update={"temperature": temperature})
+    )
+    fork = ForkSpec(
+        source=rollout, source_run=point.source_run, at_turn=at_turn, rebuild=rebuild, allow_divergence=allow_divergence
+    )
+    return source.model_copy(
+        update={
+            "fork": fork,
+            "policy": policy or source.policy,
+            "sampling": sampling,
+            "batch_id": None,
+            "group_index": 0,
+            "resume_from_run": None,
+            "notify": None,
+            "branch": None,
+        }
+    )
 
 
-async def start_fork(client: Client, settings: Settings, rollout: str, at_turn: int, count: int, *,
-                     fork_id: str | None = None, point: ForkPoint | None = None,
-                     **options: Any) -> tuple[WorkflowHandle, ForkPoint, list[str]]:
+async def start_fork(
+    client: Client,
+    settings: Settings,
+    rollout: str,
+    at_turn: int,
+    count: int,
+    *,
+    fork_id: str | None = None,
+    point: ForkPoint | None = None,
+    **options: Any,
+) -> tuple[WorkflowHandle, ForkPoint, list[str]]:
     """Start the fork's tree; (its handle, the fork point, the first continuation's id)."""
     from workflows.tree import RolloutTreeWorkflow
 
@@ -71,29 +98,43 @@ async def start_fork(client: Client, settings: Settings, rollout: str, at_turn: 
     tree_id = fork_id or f"{rollout}/fork-{uuid.uuid4().hex[:6]}"
     root = f"{tree_id}/n0"
     tree = RolloutTreeInput(
-        rollout=fork_input(source, rollout, point, at_turn, **options), root_ids=[root],
+        rollout=fork_input(source, rollout, point, at_turn, **options),
+        root_ids=[root],
         branch=BranchSpec(at_turns=[at_turn], factor=count) if count > 1 else None,
     )
     await add_missing_search_attributes(client, settings.temporal.namespace)
-    handle = await client.start_workflow(RolloutTreeWorkflow.run, tree, id=tree_id, task_queue=settings.temporal.task_queue)
+    handle = await client.start_workflow(
+        RolloutTreeWorkflow.run, tree, id=tree_id, task_queue=settings.temporal.task_queue
+    )
     return handle, point, [root]
 
 
-def describe_plan(rollout: str, at_turn: int, count: int, point: ForkPoint, rebuild: WorkspaceRebuild) -> dict[str, Any]:
+def describe_plan(
+    rollout: str, at_turn: int, count: int, point: ForkPoint, rebuild: WorkspaceRebuild
+) -> dict[str, Any]:
     prefix = point.prefix
     snapshot = point.snapshot if rebuild != "replay" else None
     if snapshot:
         workspace = f"restored from the snapshot taken after turn {at_turn}"
     else:
-        workspace = (f"rebuilt by replaying {prefix.tool_calls} recorded tool call(s) in a fresh slot, each answer "
-                     "compared with the recorded one (a difference stops the fork unless --allow-divergence)")
+        workspace = (
+            f"rebuilt by replaying {prefix.tool_calls} recorded tool call(s) in a fresh slot, each answer "
+            "compared with the recorded one (a difference stops the fork unless --allow-divergence)"
+        )
     if count > 1:
         workspace += f"; the other {count - 1} continuation(s) copy it inside their container"
     return {
-        "source": rollout, "source_run": point.source_run, "at_turn": at_turn, "continuations": count,
-        "reused": {"turns": prefix.turns, "messages": prefix.transcript.messages,
-                   "tokens": prefix.tokens.tokens if prefix.tokens else None},
-        "workspace": workspace, "rebuild": "snapshot" if snapshot else "replay",
+        "source": rollout,
+        "source_run": point.source_run,
+        "at_turn": at_turn,
+        "continuations": count,
+        "reused": {
+            "turns": prefix.turns,
+            "messages": prefix.transcript.messages,
+            "tokens": prefix.tokens.tokens if prefix.tokens else None,
+        },
+        "workspace": workspace,
+        "rebuild": "snapshot" if snapshot else "replay",
         "not_carried": [NOT_CARRIED] if prefix.session_used and snapshot else [],
         "replayed_sessions": prefix.session_used and not snapshot,
     }
@@ -109,8 +150,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     ]
     lines += [f"  not carried {item}" for item in plan["not_carried"]]
     if plan["replayed_sessions"]:
-        lines.append("  note        the stateful terminal's commands are replayed in a new session; processes they "
-                     "started are started again, not carried")
+        lines.append(
+            "  note        the stateful terminal's commands are replayed in a new session; processes they "
+            "started are started again, not carried"
+        )
     return "\n".join(lines)
 
 
@@ -118,23 +161,32 @@ def format_results(tree: RolloutTreeResult) -> str:
     lines = [f"{'rollout':<60} {'workspace':<9} {'stop':<15} {'score':>5} {'turns':>5}"]
     for result in tree.results:
         how = result.fork.workspace if result.fork else "-"
-        lines.append(f"{result.rollout_id:<60} {how:<9} {result.stop_reason.value:<15} {result.score:>5g} {result.turns:>5}")
+        lines.append(
+            f"{result.rollout_id:<60} {how:<9} {result.stop_reason.value:<15} {result.score:>5g} {result.turns:>5}"
+        )
         for divergence in (result.fork.divergences if result.fork else [])[:3]:
-            lines.append(f"    diverged at turn {divergence.turn} ({divergence.tool}): recorded {divergence.recorded!r}, "
-                         f"replayed {divergence.replayed!r}")
+            lines.append(
+                f"    diverged at turn {divergence.turn} ({divergence.tool}): recorded {divergence.recorded!r}, "
+                f"replayed {divergence.replayed!r}"
+            )
     return "\n".join(lines)
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect(settings)
-    options = {"policy": args.policy, "temperature": args.temperature, "rebuild": args.rebuild,
-               "allow_divergence": args.allow_divergence}
+    options = {
+        "policy": args.policy,
+        "temperature": args.temperature,
+        "rebuild": args.rebuild,
+        "allow_divergence": args.allow_divergence,
+    }
     point = await find_fork_point(client, settings, args.rollout_id, args.at_turn)
     plan = describe_plan(args.rollout_id, args.at_turn, args.n, point, args.rebuild)
     if not args.json:
         print(format_plan(plan), flush=True)
-    handle, point, roots = await start_fork(client, settings, args.rollout_id, args.at_turn, args.n,
-                                            fork_id=args.id, point=point, **options)
+    handle, point, roots = await start_fork(
+        client, settings, args.rollout_id, args.at_turn, args.n, fork_id=args.id, point=point, **options
+    )
     summary: dict[str, Any] = {"fork_id": handle.id, **plan, "first": roots[0]}
     if not args.json:
         print(f"started {handle.id}", flush=True)
@@ -144,11 +196,18 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     tree = RolloutTreeResult.model_validate(await handle.result())
     failed = [r for r in tree.results if r.failed]
     if args.json:
-        summary["results"] = [{"rollout_id": r.rollout_id, "workspace": r.fork.workspace if r.fork else None,
-                               "stop_reason": r.stop_reason.value, "score": r.score, "turns": r.turns,
-                               "completion_tokens": r.completion_tokens,
-                               "divergences": [d.model_dump() for d in (r.fork.divergences if r.fork else [])]}
-                              for r in tree.results]
+        summary["results"] = [
+            {
+                "rollout_id": r.rollout_id,
+                "workspace": r.fork.workspace if r.fork else None,
+                "stop_reason": r.stop_reason.value,
+                "score": r.score,
+                "turns": r.turns,
+                "completion_tokens": r.completion_tokens,
+                "divergences": [d.model_dump() for d in (r.fork.divergences if r.fork else [])],
+            }
+            for r in tree.results
+        ]
         print(json.dumps(summary))
     else:
         print(format_results(tree))
@@ -156,17 +215,27 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    fork = sub.add_parser("fork", help="N continuations of a rollout from its turn K",
-                          description=__doc__.split("\n\n")[1].replace("\n", " "))
+    fork = sub.add_parser(
+        "fork",
+        help="N continuations of a rollout from its turn K",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
     fork.add_argument("rollout_id")
     fork.add_argument("--at-turn", type=int, required=True, help="keep the first K model turns (0: only the prompt)")
     fork.add_argument("-n", type=int, default=1, help="continuations (default: %(default)s)")
     fork.add_argument("--policy", default=None, help="continue with another policy (default: the rollout's own)")
     fork.add_argument("--temperature", type=float, default=None, help="continue at another temperature")
-    fork.add_argument("--rebuild", choices=["auto", "snapshot", "replay"], default="auto",
-                      help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists")
-    fork.add_argument("--allow-divergence", action="store_true",
-                      help="go on when a replayed tool call answers differently than it did")
+    fork.add_argument(
+        "--rebuild",
+        choices=["auto", "snapshot", "replay"],
+        default="auto",
+        help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists",
+    )
+    fork.add_argument(
+        "--allow-divergence",
+        action="store_true",
+        help="go on when a replayed tool call answers differently than it did",
+    )
     fork.add_argument("--id", default=None, help="the fork's workflow id (default: ROLLOUT_ID/fork-<random>)")
     fork.add_argument("--wait", action="store_true", help="wait for the continuations and show how they ended")
     fork.add_argument("--json", action="store_true", help="print one JSON object on stdout")

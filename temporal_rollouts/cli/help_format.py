@@ -12,6 +12,11 @@ import argparse
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
-        if action.default is None or action.default is False or action.default == argparse.SUPPRESS or "default" in help_text:
+        if (
+            action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or "default" in help_text
+        ):
             return help_text
         return super()._get_help_string(action)

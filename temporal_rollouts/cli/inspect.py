@@ -52,7 +52,7 @@ async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore
 def cut(text: str, limit: int = TOOL_RESULT_CHARS) -> str:
     if len(text) <= limit:
         return text
-    head, tail = text[: limit * 2 // 3], text[-limit // 3:]
+    head, tail = text[: limit * 2 // 3], text[-limit // 3 :]
     return f"{head}\n... [{len(text) - len(head) - len(tail)} characters cut; --json has them all] ...\n{tail}"
 
 
@@ -88,7 +88,9 @@ def format_rollout(record: RolloutRecord) -> str:
         return "\n".join(out)
     stop = result.stop_reason.value + (f": {result.stop_detail}" if result.stop_detail else "")
     out.append(f"stop reason  {stop}")
-    out.append(f"score        {result.score:g}" + ("" if result.stop_reason.scored else "  (not scored: the rollout failed)"))
+    out.append(
+        f"score        {result.score:g}" + ("" if result.stop_reason.scored else "  (not scored: the rollout failed)")
+    )
     out.append(f"turns        {result.turns}, tool calls {result.tool_calls}, tool errors {len(result.tool_errors)}")
     for error in result.tool_errors:
         out.append(f"  turn {error.turn} {error.tool_name}({error.arguments}): {error.error}")
@@ -199,15 +201,21 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if not batches:
         print(f"no batches on {settings.temporal_address} (namespace {settings.temporal.namespace})")
         return 0
-    print(f"{'batch':<36} {'status':<11} {'env':<15} {'policy':<12} {'total':>5} {'done':>5} {'failed':>6} "
-          f"{'running':>7} {'score':>6}  started")
+    print(
+        f"{'batch':<36} {'status':<11} {'env':<15} {'policy':<12} {'total':>5} {'done':>5} {'failed':>6} "
+        f"{'running':>7} {'score':>6}  started"
+    )
     for b in batches:
+
         def num(value: int | None) -> str:
             return "-" if value is None else str(value)
+
         score = "-" if b.mean_score is None else f"{b.mean_score:.2f}"
         started = b.started_at.strftime("%Y-%m-%d %H:%M:%S") if b.started_at else "-"
-        print(f"{b.batch_id:<36} {b.outcome:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
-              f"{num(b.completed):>5} {num(b.failed):>6} {num(b.running):>7} {score:>6}  {started}")
+        print(
+            f"{b.batch_id:<36} {b.outcome:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
+            f"{num(b.completed):>5} {num(b.failed):>6} {num(b.running):>7} {score:>6}  {started}"
+        )
     return 0
 
 
@@ -219,40 +227,65 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"batch {args.batch_id} is not running (it is {described.status.name.lower()})")
     await client.get_workflow_handle(args.batch_id).cancel()
     message = {"batch_id": args.batch_id, "status": "cancel_requested"}
-    print(json.dumps(message) if args.json else
-          f"cancelling {args.batch_id}: its running rollouts stop and give their slots back")
+    print(
+        json.dumps(message)
+        if args.json
+        else f"cancelling {args.batch_id}: its running rollouts stop and give their slots back"
+    )
     return 0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="a rollout's conversation, tool calls, results, stop reason, score and timings")
-    show.add_argument("rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1 (`rollouts list BATCH_ID` lists them)")
+    show.add_argument(
+        "rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1 (`rollouts list BATCH_ID` lists them)"
+    )
     show.add_argument("--json", action="store_true", help="the whole record as one JSON object")
 
     export = sub.add_parser("export", help="every rollout of a batch, failed ones included, as JSONL")
     export.add_argument("batch_id")
-    export.add_argument("--output", default=None,
-                        help="JSONL path (default: <data_dir>/exports/<batch id>.rollouts.jsonl)")
-    export.add_argument("--html", action="store_true",
-                        help="also write the Atropos viewer's HTML beside it (needs the rl extra)")
+    export.add_argument(
+        "--output", default=None, help="JSONL path (default: <data_dir>/exports/<batch id>.rollouts.jsonl)"
+    )
+    export.add_argument(
+        "--html", action="store_true", help="also write the Atropos viewer's HTML beside it (needs the rl extra)"
+    )
     export.add_argument("--json", action="store_true", help="print a JSON summary")
 
-    listing = sub.add_parser("list", help="batches, newest first, with their counts; or the rollouts of one batch",
-                             description="Without BATCH_ID: batches, newest first, with their counts. With it: the "
-                                         "rollouts of that batch or training run (ids for `rollouts show`), filtered.")
-    listing.add_argument("batch_id", nargs="?", default=None, metavar="BATCH_ID",
-                         help="list this batch's (or training run's) rollouts instead")
-    listing.add_argument("--limit", type=int, default=None,
-                         help=f"how many batches (default {BATCHES_LISTED}) or rollouts (default {MAX_ROLLOUTS})")
+    listing = sub.add_parser(
+        "list",
+        help="batches, newest first, with their counts; or the rollouts of one batch",
+        description="Without BATCH_ID: batches, newest first, with their counts. With it: the "
+        "rollouts of that batch or training run (ids for `rollouts show`), filtered.",
+    )
+    listing.add_argument(
+        "batch_id",
+        nargs="?",
+        default=None,
+        metavar="BATCH_ID",
+        help="list this batch's (or training run's) rollouts instead",
+    )
+    listing.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help=f"how many batches (default {BATCHES_LISTED}) or rollouts (default {MAX_ROLLOUTS})",
+    )
     add_filter_arguments(listing)
     listing.add_argument("--json", action="store_true")
 
-    view = sub.add_parser("view", help="a local web page of batches, rollouts and trajectories",
-                          formatter_class=DefaultsHelpFormatter)
+    view = sub.add_parser(
+        "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
+    )
     view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
     view.add_argument("--port", type=int, default=8300)
-    view.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
-                      help="another name the page is reached by (repeatable); it refuses every other Host header")
+    view.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        help="another name the page is reached by (repeatable); it refuses every other Host header",
+    )
 
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
     cancel.add_argument("batch_id")
@@ -270,8 +303,11 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
     app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    print(f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
-          f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec", flush=True)
+    print(
+        f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
+        f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
+        flush=True,
+    )
     await uvicorn.Server(config).serve()
     return 0
 

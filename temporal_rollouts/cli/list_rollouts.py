@@ -26,11 +26,18 @@ FILTER_FLAGS = ("status", "stop_reason", "min_score", "max_score")
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", default=None,
-                        help="with a BATCH_ID: running, completed, failed, canceled, terminated or timed_out")
-    parser.add_argument("--stop-reason", default=None, help="with a BATCH_ID: e.g. completed, max_turns, model_rejected")
-    parser.add_argument("--min-score", type=float, default=None, help="with a BATCH_ID: scored rollouts from this score")
-    parser.add_argument("--max-score", type=float, default=None, help="with a BATCH_ID: scored rollouts up to this score")
+    parser.add_argument(
+        "--status", default=None, help="with a BATCH_ID: running, completed, failed, canceled, terminated or timed_out"
+    )
+    parser.add_argument(
+        "--stop-reason", default=None, help="with a BATCH_ID: e.g. completed, max_turns, model_rejected"
+    )
+    parser.add_argument(
+        "--min-score", type=float, default=None, help="with a BATCH_ID: scored rollouts from this score"
+    )
+    parser.add_argument(
+        "--max-score", type=float, default=None, help="with a BATCH_ID: scored rollouts up to this score"
+    )
 
 
 def wanted_rollouts(args: argparse.Namespace) -> RolloutFilter:
@@ -39,14 +46,24 @@ def wanted_rollouts(args: argparse.Namespace) -> RolloutFilter:
 
 def refuse_filters_without_a_batch(args: argparse.Namespace) -> None:
     if wanted_rollouts(args).narrows:
-        raise ConfigError("--status, --stop-reason, --min-score and --max-score filter the rollouts of one batch: "
-                          "name it, e.g. `rollouts list BATCH_ID --status failed`")
+        raise ConfigError(
+            "--status, --stop-reason, --min-score and --max-score filter the rollouts of one batch: "
+            "name it, e.g. `rollouts list BATCH_ID --status failed`"
+        )
 
 
 def format_rows(rows: list[RolloutRow]) -> list[str]:
     header = ("rollout", "status", "stop reason", "score", "turns")
-    cells = [(row.rollout_id, row.status, row.stop_reason or "-", "-" if row.score is None else f"{row.score:g}",
-              "-" if row.turns is None else str(row.turns)) for row in rows]
+    cells = [
+        (
+            row.rollout_id,
+            row.status,
+            row.stop_reason or "-",
+            "-" if row.score is None else f"{row.score:g}",
+            "-" if row.turns is None else str(row.turns),
+        )
+        for row in rows
+    ]
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
 
     def line(values: tuple[str, ...]) -> str:
@@ -72,11 +89,16 @@ async def cmd_list_rollouts(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.model_dump(mode="json") for row in rows]))
         return 0
-    shown = ", ".join(f"{flag.replace('_', ' ')} {value}" for flag, value in wanted.model_dump().items() if value is not None)
+    shown = ", ".join(
+        f"{flag.replace('_', ' ')} {value}" for flag, value in wanted.model_dump().items() if value is not None
+    )
     if not rows:
         print(f"no rollouts of {args.batch_id}" + (f" with {shown}" if shown else ""))
         return 0
     print("\n".join(format_rows(rows)))
-    print(f"{len(rows)} rollout{'s' if len(rows) != 1 else ''} of {args.batch_id}" + (f" with {shown}" if shown else "")
-          + "; `rollouts show ROLLOUT_ID` shows one")
+    print(
+        f"{len(rows)} rollout{'s' if len(rows) != 1 else ''} of {args.batch_id}"
+        + (f" with {shown}" if shown else "")
+        + "; `rollouts show ROLLOUT_ID` shows one"
+    )
     return 0

@@ -74,10 +74,16 @@ def resolve_policy(settings: Settings, policy: str | None) -> str:
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
     fields = {
-        "env": known_env(args.env), "num_items": args.items, "group_size": args.group_size,
-        "item_offset": args.offset, "cycle_items": args.cycle, "policy": resolve_policy(settings, args.policy),
+        "env": known_env(args.env),
+        "num_items": args.items,
+        "group_size": args.group_size,
+        "item_offset": args.offset,
+        "cycle_items": args.cycle,
+        "policy": resolve_policy(settings, args.policy),
         "limits": limits,
-        "max_concurrency": args.max_concurrency, "start_rate": args.start_rate, "output": args.output,
+        "max_concurrency": args.max_concurrency,
+        "start_rate": args.start_rate,
+        "output": args.output,
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
@@ -101,7 +107,9 @@ def _json_option(flag: str, text: str) -> Any:
         raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
-async def start_batch(client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None) -> WorkflowHandle:
+async def start_batch(
+    client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None
+) -> WorkflowHandle:
     from workflows.batch import BatchWorkflow
 
     if batch.branch is not None:  # its rollouts carry RolloutForkedFrom, which an older server may lack
@@ -114,8 +122,14 @@ async def start_batch(client: Client, settings: Settings, batch: BatchInput, bat
     workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
 
     async def start() -> WorkflowHandle:
-        return await client.start_workflow(BatchWorkflow.run, batch, id=workflow_id, task_queue=settings.temporal.task_queue,
-                                           search_attributes=TypedSearchAttributes(attributes))
+        return await client.start_workflow(
+            BatchWorkflow.run,
+            batch,
+            id=workflow_id,
+            task_queue=settings.temporal.task_queue,
+            search_attributes=TypedSearchAttributes(attributes),
+        )
+
     try:
         return await start()
     except RPCError as err:
@@ -134,15 +148,20 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
     try:
-        described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-            namespace=settings.temporal.namespace, task_queue=TaskQueue(name=settings.temporal.task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        ))
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=settings.temporal.namespace,
+                task_queue=TaskQueue(name=settings.temporal.task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
     except RPCError:
         return
     if not described.pollers:
-        console.print(f"[yellow]no worker polls task queue {settings.temporal.task_queue!r}: "
-                      "start one with `python worker.py`[/yellow]")
+        console.print(
+            f"[yellow]no worker polls task queue {settings.temporal.task_queue!r}: "
+            "start one with `python worker.py`[/yellow]"
+        )
 
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
@@ -179,8 +198,9 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
     """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
-    batch = BatchInput(env=DEMO_ENV, num_items=args.items, group_size=args.group_size,
-                       policy=resolve_policy(settings, None))
+    batch = BatchInput(
+        env=DEMO_ENV, num_items=args.items, group_size=args.group_size, policy=resolve_policy(settings, None)
+    )
     _check_items(batch)
     return batch
 
@@ -190,15 +210,19 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from worker import running_worker
 
     console = Console()
-    console.print("[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
-                  "(a scripted test policy that replays reference solutions, not a model)")
+    console.print(
+        "[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
+        "(a scripted test policy that replays reference solutions, not a model)"
+    )
     batch = demo_batch(args, settings)  # refused before a worker or server is started
     async with running_worker(settings) as client:
         handle = await start_batch(client, settings, batch)
         code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
     if settings.embedded:
-        console.print("The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
-                      "`rollouts server stop` stops them.")
+        console.print(
+            "The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
+            "`rollouts server stop` stops them."
+        )
     return code
 
 
@@ -216,16 +240,23 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     console = Console()
     console.print(f"data folder: {settings.data_dir}", soft_wrap=True)
     if not containers:
-        console.print(f"no sandbox containers are registered under {settings.data_dir}: start a worker "
-                      "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data")
+        console.print(
+            f"no sandbox containers are registered under {settings.data_dir}: start a worker "
+            "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data"
+        )
         return 0
     table = Table("container", "slot", "state", "holder", "expires in (s)")
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
             state = "leased" if lease else "quarantined" if slot.quarantined else "free"
-            table.add_row(container.container_id, str(slot.slot), state,
-                          lease.holder.workflow_id if lease else "", f"{lease.expires_at - time.time():.0f}" if lease else "")
+            table.add_row(
+                container.container_id,
+                str(slot.slot),
+                state,
+                lease.holder.workflow_id if lease else "",
+                f"{lease.expires_at - time.time():.0f}" if lease else "",
+            )
     console.print(table)
     return 0
 
@@ -295,6 +326,7 @@ def _int_at_least(minimum: int):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
         return value
+
     return parse
 
 
@@ -310,32 +342,51 @@ def _env_names() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rollouts", description=__doc__.splitlines()[0],
+        prog="rollouts",
+        description=__doc__.splitlines()[0],
         epilog=f"exit codes: {EXIT_OK} all rollouts scored, {EXIT_ERROR} the command failed, {EXIT_USAGE} usage error, "
-               f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
+        f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     defaults = DefaultsHelpFormatter
 
-    demo = sub.add_parser("demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults)
+    demo = sub.add_parser(
+        "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults
+    )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
     demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
 
-    batch = sub.add_parser("batch", help="start a batch of rollouts", formatter_class=defaults,
-                           description=f"Start a batch of rollouts. Envs: {_env_names()}.")
+    batch = sub.add_parser(
+        "batch",
+        help="start a batch of rollouts",
+        formatter_class=defaults,
+        description=f"Start a batch of rollouts. Envs: {_env_names()}.",
+    )
     batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
-    batch.add_argument("--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)")
+    batch.add_argument(
+        "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
+    )
     batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
-    batch.add_argument("--cycle", action="store_true",
-                       help="go round the task set again when --items runs past its end (repeats tasks)")
-    batch.add_argument("--policy", default=None,
-                       help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
-                            "default: the config's default_policy")
+    batch.add_argument(
+        "--cycle",
+        action="store_true",
+        help="go round the task set again when --items runs past its end (repeats tasks)",
+    )
+    batch.add_argument(
+        "--policy",
+        default=None,
+        help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
+        "default: the config's default_policy",
+    )
     batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
     batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
-    batch.add_argument("--start-rate", type=float, default=0,
-                       help="rollouts started per second at most; 0 starts them as fast as the batch can")
+    batch.add_argument(
+        "--start-rate",
+        type=float,
+        default=0,
+        help="rollouts started per second at most; 0 starts them as fast as the batch can",
+    )
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
     batch.add_argument("--output", default=None, help="JSONL path for scored groups")
     batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")
@@ -367,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = policy_sub.add_parser("serve", help="serve the demo policy as an OpenAI-compatible server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("rest", nargs=argparse.REMAINDER, help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h")
+    serve.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h",
+    )
 
     cli_inspect.add_parsers(sub)
     cli_train.add_parser(sub)
@@ -375,9 +430,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"batch": cmd_batch, "status": cmd_status, "demo": cmd_demo, "slots": cmd_slots, "reap": cmd_reap,
-            "resume": cmd_resume, "worker": cmd_worker, "server": cmd_server, "train": cli_train.cmd_train, "fork": cli_fork.cmd_fork,
-            **cli_inspect.COMMANDS}
+COMMANDS = {
+    "batch": cmd_batch,
+    "status": cmd_status,
+    "demo": cmd_demo,
+    "slots": cmd_slots,
+    "reap": cmd_reap,
+    "resume": cmd_resume,
+    "worker": cmd_worker,
+    "server": cmd_server,
+    "train": cli_train.cmd_train,
+    "fork": cli_fork.cmd_fork,
+    **cli_inspect.COMMANDS,
+}
 
 
 def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
@@ -385,7 +450,9 @@ def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
     if err.status == RPCStatusCode.NOT_FOUND:
         return f"not found on {where}: {err.message}"
     if err.status == RPCStatusCode.UNAVAILABLE:
-        hint = " (start it with `python worker.py` or `rollouts server start`)" if settings and settings.embedded else ""
+        hint = (
+            " (start it with `python worker.py` or `rollouts server start`)" if settings and settings.embedded else ""
+        )
         return f"Temporal at {where} is not reachable{hint}: {err.message}"
     return f"Temporal at {where} answered {err.status.name if err.status else 'an error'}: {err.message}"
 

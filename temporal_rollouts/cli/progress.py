@@ -82,11 +82,20 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
 
 def summary_json(result: BatchResult) -> dict[str, Any]:
     return {
-        "batch_id": result.batch_id, "env": result.env, "total": result.total, "completed": result.completed,
-        "failed": result.failed, "mean_score": result.mean_score, "stop_reasons": result.stop_reasons,
-        "stop_details": result.stop_details, "items": result.items, "distinct_items": result.distinct_items,
-        "output": result.output, "groups_written": result.groups_written,
-        "groups_pending": result.groups_pending, "resumed": result.resumed,
+        "batch_id": result.batch_id,
+        "env": result.env,
+        "total": result.total,
+        "completed": result.completed,
+        "failed": result.failed,
+        "mean_score": result.mean_score,
+        "stop_reasons": result.stop_reasons,
+        "stop_details": result.stop_details,
+        "items": result.items,
+        "distinct_items": result.distinct_items,
+        "output": result.output,
+        "groups_written": result.groups_written,
+        "groups_pending": result.groups_pending,
+        "resumed": result.resumed,
     }
 
 
@@ -103,7 +112,9 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
         table.add_row(f"why {reason}", detail)
     table.add_row("groups written", str(result.groups_written))
     if result.groups_pending:
-        table.add_row("groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)")
+        table.add_row(
+            "groups pending", f"{result.groups_pending} (a member failed: `rollouts resume {result.batch_id}`)"
+        )
     if result.resumed:
         table.add_row("resumed", str(result.resumed))
     console.print(table)
@@ -125,14 +136,24 @@ def root_cause(err: BaseException) -> str:
     return message
 
 
-async def finish(client: Client, handle: WorkflowHandle, console: Console, settings: Settings, *, as_json: bool,
-                  extra: dict[str, Any] | None = None, policy: str | None = None) -> int:
+async def finish(
+    client: Client,
+    handle: WorkflowHandle,
+    console: Console,
+    settings: Settings,
+    *,
+    as_json: bool,
+    extra: dict[str, Any] | None = None,
+    policy: str | None = None,
+) -> int:
     try:
         result = await watch(client, handle, console)
     except WorkflowFailureError as err:
         message = f"batch {handle.id} failed: {root_cause(err)}"
-        print(json.dumps({"batch_id": handle.id, "error": message}) if as_json else message,
-              file=sys.stdout if as_json else sys.stderr)
+        print(
+            json.dumps({"batch_id": handle.id, "error": message}) if as_json else message,
+            file=sys.stdout if as_json else sys.stderr,
+        )
         return EXIT_FAILED
     if as_json:
         print(json.dumps({**summary_json(result), **({"policy": policy} if policy else {}), **(extra or {})}))
@@ -146,8 +167,11 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     described = await require_workflow(client, batch_id, "BatchWorkflow")
     handle = client.get_workflow_handle(batch_id)
     status = described.status.name.lower() if described.status else "unknown"
-    data: dict[str, Any] = {"batch_id": batch_id, "status": status,
-                            "policy": described.typed_search_attributes.get(sa.POLICY)}
+    data: dict[str, Any] = {
+        "batch_id": batch_id,
+        "status": status,
+        "policy": described.typed_search_attributes.get(sa.POLICY),
+    }
     if described.status == WorkflowExecutionStatus.COMPLETED:
         result = BatchResult.model_validate(await handle.result())
         return {**data, **summary_json(result), "status": "completed"}
@@ -156,13 +180,20 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     except RPCError:
         progress = None
     if progress:
-        data |= {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
-                 "running": progress.running, "mean_score": progress.mean_score,
-                 "stop_reasons": progress.stop_reasons, "stop_details": progress.stop_details,
-                 "output": progress.output}
+        data |= {
+            "total": progress.total,
+            "completed": progress.completed,
+            "failed": progress.failed,
+            "running": progress.running,
+            "mean_score": progress.mean_score,
+            "stop_reasons": progress.stop_reasons,
+            "stop_details": progress.stop_details,
+            "output": progress.output,
+        }
     if described.status == WorkflowExecutionStatus.RUNNING:
-        data["retrying"] = [note.model_dump() | {"headline": note.headline}
-                            for note in await waiting_on_retries(client, batch_id)]
+        data["retrying"] = [
+            note.model_dump() | {"headline": note.headline} for note in await waiting_on_retries(client, batch_id)
+        ]
     elif described.status == WorkflowExecutionStatus.FAILED:
         try:
             await handle.result()
@@ -180,13 +211,17 @@ def status_exit_code(data: dict[str, Any]) -> int:
 
 
 def format_status(data: dict[str, Any]) -> str:
-    lines = [f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")]
+    lines = [
+        f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")
+    ]
     if data.get("error"):
         lines.append(f"  error: {data['error']}")
     if data.get("total") is not None:
         counts = f"  {data['total']} rollouts: {data.get('completed', 0)} scored, {data.get('failed', 0)} failed"
         if data["status"] == "running":
-            queued = data["total"] - (data.get("completed") or 0) - (data.get("failed") or 0) - (data.get("running") or 0)
+            queued = (
+                data["total"] - (data.get("completed") or 0) - (data.get("failed") or 0) - (data.get("running") or 0)
+            )
             counts += f", {data.get('running') or 0} running, {max(queued, 0)} queued"
         lines.append(counts)
         mean = data.get("mean_score")
@@ -200,7 +235,9 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  waiting on retries: {len(notes)}")
         lines += [f"    {note['rollout_id']}: {note['headline']}" for note in notes]
     if data.get("groups_pending"):
-        lines.append(f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)")
+        lines.append(
+            f"  groups pending: {data['groups_pending']} (a member failed: `rollouts resume {data['batch_id']}`)"
+        )
     if data.get("output"):
         lines.append(f"  results: {data['output']}")
     if data.get("total"):

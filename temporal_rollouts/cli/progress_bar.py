@@ -43,11 +43,15 @@ class BatchBar(Progress):
         id_width = max(8, min(MAX_ID_COLUMNS, console.width // 3))
         super().__init__(
             SpinnerColumn(),
-            TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=id_width)),
+            TextColumn(
+                "[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=id_width)
+            ),
             BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=10)),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            console=console, transient=False, expand=True,
+            console=console,
+            transient=False,
+            expand=True,
         )
 
     def get_renderables(self) -> list[RenderableType]:

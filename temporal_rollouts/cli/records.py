@@ -157,9 +157,14 @@ async def load_rollout(client: Client, transcripts: TranscriptStore, rollout_id:
         result = await run_result(client, rollout_id, described.run_id)
     attributes = described.typed_search_attributes
     record = RolloutRecord(
-        rollout_id=rollout_id, run_id=described.run_id, status=status, result=result,
-        batch_id=attributes.get(sa.BATCH_ID), policy=attributes.get(sa.POLICY),
-        started_at=described.start_time, closed_at=described.close_time,
+        rollout_id=rollout_id,
+        run_id=described.run_id,
+        status=status,
+        result=result,
+        batch_id=attributes.get(sa.BATCH_ID),
+        policy=attributes.get(sa.POLICY),
+        started_at=described.start_time,
+        closed_at=described.close_time,
     )
     if result is not None and result.transcript is not None:
         try:
@@ -177,7 +182,9 @@ async def rollout_branches(client: Client, rollout_id: str) -> list[BranchLink]:
     async for execution in client.list_workflows(query):
         if execution.id not in latest:
             turn = execution.typed_search_attributes.get(sa.FORK_TURN)
-            latest[execution.id] = BranchLink(rollout_id=execution.id, at_turn=turn, status=status_name(execution.status))
+            latest[execution.id] = BranchLink(
+                rollout_id=execution.id, at_turn=turn, status=status_name(execution.status)
+            )
     return sorted(latest.values(), key=lambda link: (link.at_turn or 0, natural_key(link.rollout_id)))
 
 
@@ -192,28 +199,42 @@ def natural_key(value: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", value)]
 
 
-async def batch_counts(client: Client, batch_id: str, status: WorkflowExecutionStatus | None,
-                       run_id: str | None = None) -> dict[str, Any]:
+async def batch_counts(
+    client: Client, batch_id: str, status: WorkflowExecutionStatus | None, run_id: str | None = None
+) -> dict[str, Any]:
     """Counts of a batch: its result when it completed, else its `progress` query."""
     handle = client.get_workflow_handle(batch_id, run_id=run_id)
     try:
         if status == WorkflowExecutionStatus.COMPLETED:
             result = BatchResult.model_validate(await handle.result(follow_runs=False))
-            return {"total": result.total, "completed": result.completed, "failed": result.failed,
-                    "running": 0, "mean_score": result.mean_score}
+            return {
+                "total": result.total,
+                "completed": result.completed,
+                "failed": result.failed,
+                "running": 0,
+                "mean_score": result.mean_score,
+            }
         raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
     except (RPCError, WorkflowFailureError):  # no worker to answer, or a batch that failed before it counted
         return {}
     if not raw:
         return {}
     progress = BatchProgress.model_validate(raw)
-    return {"total": progress.total, "completed": progress.completed, "failed": progress.failed,
-            "running": progress.running if status == WorkflowExecutionStatus.RUNNING else 0,
-            "mean_score": progress.mean_score}
+    return {
+        "total": progress.total,
+        "completed": progress.completed,
+        "failed": progress.failed,
+        "running": progress.running if status == WorkflowExecutionStatus.RUNNING else 0,
+        "mean_score": progress.mean_score,
+    }
 
 
-async def list_batches(client: Client, limit: int = 20, closed_counts: dict[str, dict[str, Any]] | None = None,
-                       first_starts: dict[str, datetime | None] | None = None) -> list[BatchSummary]:
+async def list_batches(
+    client: Client,
+    limit: int = 20,
+    closed_counts: dict[str, dict[str, Any]] | None = None,
+    first_starts: dict[str, datetime | None] | None = None,
+) -> list[BatchSummary]:
     """The latest `limit` batches, newest first, with their counts. `closed_counts` and `first_starts`
     (by run id) keep what never changes between calls: the counts of closed runs, when chains began."""
     summaries: list[BatchSummary] = []
@@ -229,17 +250,24 @@ async def list_batches(client: Client, limit: int = 20, closed_counts: dict[str,
             counts = await batch_counts(client, execution.id, execution.status, execution.run_id)
             if closed_counts is not None and counts and execution.status != WorkflowExecutionStatus.RUNNING:
                 closed_counts[execution.run_id] = counts
-        summaries.append(BatchSummary(
-            batch_id=execution.id, status=status_name(execution.status), env=attributes.get(sa.ENV),
-            policy=attributes.get(sa.POLICY), started_at=await _first_start(client, execution, first_starts), **counts,
-        ))
+        summaries.append(
+            BatchSummary(
+                batch_id=execution.id,
+                status=status_name(execution.status),
+                env=attributes.get(sa.ENV),
+                policy=attributes.get(sa.POLICY),
+                started_at=await _first_start(client, execution, first_starts),
+                **counts,
+            )
+        )
         if len(summaries) >= limit:
             break
     return summaries
 
 
-async def _first_start(client: Client, execution: WorkflowExecution,
-                       known: dict[str, datetime | None] | None) -> datetime | None:
+async def _first_start(
+    client: Client, execution: WorkflowExecution, known: dict[str, datetime | None] | None
+) -> datetime | None:
     if known is None:
         return await first_started_at(client, execution)
     if execution.run_id not in known:
@@ -270,13 +298,15 @@ SLOW_STEP_S = 60.0
 """A step attempt running this long without an answer is listed too (a stalled model shows before its timeout)."""
 
 
-async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
-                             slow_after_s: float = SLOW_STEP_S) -> list[RetryNote]:
+async def waiting_on_retries(
+    client: Client, batch_id: str, limit: int = 50, slow_after_s: float = SLOW_STEP_S
+) -> list[RetryNote]:
     """Rollouts of a running batch whose step is being retried, and why, or whose current
     attempt has run `slow_after_s` without an answer, from Temporal's pending-activity
     information (describe of each running rollout, at most `limit`)."""
-    query = (f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow' "
-             "AND ExecutionStatus = 'Running'")
+    query = (
+        f"RolloutBatchId = {quoted(batch_id)} AND WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Running'"
+    )
     notes: list[RetryNote] = []
     checked = 0
     async for execution in client.list_workflows(query):
@@ -290,16 +320,31 @@ async def waiting_on_retries(client: Client, batch_id: str, limit: int = 50,
         now = datetime.now(UTC)
         for pending in described.raw_description.pending_activities:
             if not pending.HasField("last_failure"):
-                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField("last_started_time"):
+                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField(
+                    "last_started_time"
+                ):
                     running = (now - pending.last_started_time.ToDatetime(tzinfo=UTC)).total_seconds()
                     if running >= slow_after_s:
-                        notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
-                                               attempt=pending.attempt, reason=f"no answer yet (running {running:.0f} s)"))
+                        notes.append(
+                            RetryNote(
+                                rollout_id=execution.id,
+                                activity=pending.activity_type.name,
+                                attempt=pending.attempt,
+                                reason=f"no answer yet (running {running:.0f} s)",
+                            )
+                        )
                 continue
             failure = pending.last_failure
             error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
-            notes.append(RetryNote(rollout_id=execution.id, activity=pending.activity_type.name,
-                                   attempt=pending.attempt, error_type=error_type or None, reason=failure.message))
+            notes.append(
+                RetryNote(
+                    rollout_id=execution.id,
+                    activity=pending.activity_type.name,
+                    attempt=pending.attempt,
+                    error_type=error_type or None,
+                    reason=failure.message,
+                )
+            )
     return sorted(notes, key=lambda note: natural_key(note.rollout_id))
 
 

@@ -55,7 +55,10 @@ async def _failed_rollouts(client: Client, batch_id: str) -> list[str]:
     failed = []
     for rollout in candidates:
         described = await client.get_workflow_handle(rollout).describe()
-        if described.status != WorkflowExecutionStatus.RUNNING and described.status != WorkflowExecutionStatus.COMPLETED:
+        if (
+            described.status != WorkflowExecutionStatus.RUNNING
+            and described.status != WorkflowExecutionStatus.COMPLETED
+        ):
             failed.append(rollout)
     return failed
 
@@ -66,15 +69,24 @@ async def resume_rollout(client: Client, settings: Settings, rollout: str) -> di
 
     handle = client.get_workflow_handle(rollout)
     described = await handle.describe()
-    original = await started_input(client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput)
+    original = await started_input(
+        client, client.get_workflow_handle(rollout, run_id=described.run_id), TrajectoryInput
+    )
     resumed = original.model_copy(update={"resume_from_run": described.run_id})
     new = await client.start_workflow(
-        TrajectoryWorkflow.run, resumed, id=rollout, task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, memo={"resumed_from_run": described.run_id},
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(sa.ENV, original.env), SearchAttributePair(sa.ITEM_ID, original.item.id),
-            *([SearchAttributePair(sa.BATCH_ID, original.batch_id)] if original.batch_id else []),
-        ]),
+        TrajectoryWorkflow.run,
+        resumed,
+        id=rollout,
+        task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={"resumed_from_run": described.run_id},
+        search_attributes=TypedSearchAttributes(
+            [
+                SearchAttributePair(sa.ENV, original.env),
+                SearchAttributePair(sa.ITEM_ID, original.item.id),
+                *([SearchAttributePair(sa.BATCH_ID, original.batch_id)] if original.batch_id else []),
+            ]
+        ),
     )
     return {"rollout_id": rollout, "resumed_from_run": described.run_id, "run_id": new.result_run_id}
 
@@ -93,8 +105,9 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps(resumed))
         else:
-            console.print(f"resumed {resumed['rollout_id']} from run {resumed['resumed_from_run']} "
-                          f"as run {resumed['run_id']}")
+            console.print(
+                f"resumed {resumed['rollout_id']} from run {resumed['resumed_from_run']} as run {resumed['run_id']}"
+            )
         return 0
     if described.workflow_type != "BatchWorkflow":
         raise ConfigError(f"{args.id} is a {described.workflow_type}, not a batch or a rollout")
@@ -108,12 +121,14 @@ async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps({"batch_id": args.id, "run_id": new.result_run_id, "resumed": failed}))
         return 0
-    return await finish(client, new, console, settings, as_json=args.json, extra={"resumed": failed},
-                        policy=original.policy)
+    return await finish(
+        client, new, console, settings, as_json=args.json, extra={"resumed": failed}, policy=original.policy
+    )
 
 
-async def resume_batch(client: Client, settings: Settings, described: WorkflowExecutionDescription,
-                       original: BatchInput) -> WorkflowHandle:
+async def resume_batch(
+    client: Client, settings: Settings, described: WorkflowExecutionDescription, original: BatchInput
+) -> WorkflowHandle:
     """A new run of the batch that gathers it again; it keeps the labels of the run it resumes (env,
     policy) and the time the batch first started."""
     from workflows.batch import BatchWorkflow
@@ -123,9 +138,14 @@ async def resume_batch(client: Client, settings: Settings, described: WorkflowEx
         attributes.append(SearchAttributePair(sa.POLICY, policy))
     first_started = await first_started_at(client, described)
     return await client.start_workflow(
-        BatchWorkflow.run, original.model_copy(update={"resume": True, "cursor": None}), id=described.id,
-        task_queue=settings.temporal.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        BatchWorkflow.run,
+        original.model_copy(update={"resume": True, "cursor": None}),
+        id=described.id,
+        task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         search_attributes=TypedSearchAttributes(attributes),
-        memo={"resumed_from_run": described.run_id,
-              FIRST_STARTED: first_started.isoformat() if first_started else None},
+        memo={
+            "resumed_from_run": described.run_id,
+            FIRST_STARTED: first_started.isoformat() if first_started else None,
+        },
     )

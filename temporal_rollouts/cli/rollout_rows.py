@@ -39,8 +39,12 @@ READ_CONCURRENCY = 32
 """Rollout results read at once."""
 
 STATUS_FILTERS = {
-    "running": "Running", "completed": "Completed", "failed": "Failed", "canceled": "Canceled",
-    "terminated": "Terminated", "timed_out": "TimedOut",
+    "running": "Running",
+    "completed": "Completed",
+    "failed": "Failed",
+    "canceled": "Canceled",
+    "terminated": "Terminated",
+    "timed_out": "TimedOut",
 }
 
 
@@ -108,10 +112,14 @@ def _row(execution: WorkflowExecution) -> RolloutRow:
     attributes = execution.typed_search_attributes
     scored = execution.status == WorkflowExecutionStatus.COMPLETED
     return RolloutRow(
-        rollout_id=execution.id, run_id=execution.run_id, status=status_name(execution.status),
-        item_id=attributes.get(sa.ITEM_ID), stop_reason=attributes.get(sa.STOP_REASON),
+        rollout_id=execution.id,
+        run_id=execution.run_id,
+        status=status_name(execution.status),
+        item_id=attributes.get(sa.ITEM_ID),
+        stop_reason=attributes.get(sa.STOP_REASON),
         score=attributes.get(sa.SCORE) if scored else None,
-        started_at=execution.start_time, closed_at=execution.close_time,
+        started_at=execution.start_time,
+        closed_at=execution.close_time,
     )
 
 
@@ -125,8 +133,9 @@ async def _latest_runs(client: Client, query: str, limit: int) -> dict[str, Roll
     return rows
 
 
-async def list_rollouts(client: Client, batch_id: str, wanted: RolloutFilter | None = None,
-                        limit: int = MAX_ROLLOUTS) -> list[RolloutRow]:
+async def list_rollouts(
+    client: Client, batch_id: str, wanted: RolloutFilter | None = None, limit: int = MAX_ROLLOUTS
+) -> list[RolloutRow]:
     """The latest run of each rollout of a batch (or training run) that matches `wanted`, in natural
     order (item-2 before item-10)."""
     wanted = wanted or RolloutFilter()

@@ -49,10 +49,16 @@ def add_parser(sub: Any) -> None:
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
     start.add_argument("--group-size", type=int, default=8)
     start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
-    start.add_argument("--stale-groups", choices=[s.value for s in StaleGroups], default=StaleGroups.POST.value,
-                       help="what happens to a group that ends staler anyway")
+    start.add_argument(
+        "--stale-groups",
+        choices=[s.value for s in StaleGroups],
+        default=StaleGroups.POST.value,
+        help="what happens to a group that ends staler anyway",
+    )
     start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
-    start.add_argument("--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped")
+    start.add_argument(
+        "--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped"
+    )
     start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
     start.add_argument("--max-turns", type=int, default=None)
     start.add_argument("--temperature", type=float, default=None)
@@ -74,9 +80,17 @@ def add_parser(sub: Any) -> None:
 
 def feed_input(args: argparse.Namespace) -> FeedInput:
     fields: dict[str, Any] = {
-        "env": args.env, "policy": args.policy, "group_size": args.group_size, "max_staleness": args.max_staleness,
-        "stale_groups": args.stale_groups, "max_groups_in_flight": args.in_flight, "max_groups": args.max_groups,
-        "max_retries": args.max_retries, "api_url": args.api_url, "sink": args.sink, "output": args.output,
+        "env": args.env,
+        "policy": args.policy,
+        "group_size": args.group_size,
+        "max_staleness": args.max_staleness,
+        "stale_groups": args.stale_groups,
+        "max_groups_in_flight": args.in_flight,
+        "max_groups": args.max_groups,
+        "max_retries": args.max_retries,
+        "api_url": args.api_url,
+        "sink": args.sink,
+        "output": args.output,
     }
     if args.env_config:
         try:
@@ -100,8 +114,10 @@ def check_start(feed: FeedInput, settings: Settings) -> None:
     endpoint = settings.policy_endpoint(feed.policy)
     if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
         name = feed.policy or settings.default_policy
-        raise ConfigError(f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
-                          f"or a chat policy with a tokenizer (policies.{name}.tokenizer)")
+        raise ConfigError(
+            f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
+            f"or a chat policy with a tokenizer (policies.{name}.tokenizer)"
+        )
 
 
 async def start_feed(client: Client, settings: Settings, name: str, feed: FeedInput) -> WorkflowHandle:
@@ -110,12 +126,17 @@ async def start_feed(client: Client, settings: Settings, name: str, feed: FeedIn
 
     try:
         return await client.start_workflow(
-            TrainingFeedWorkflow.run, feed, id=name, task_queue=settings.temporal.task_queue,
+            TrainingFeedWorkflow.run,
+            feed,
+            id=name,
+            task_queue=settings.temporal.task_queue,
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.ENV, feed.env)]),
         )
     except WorkflowAlreadyStartedError:
-        raise ConfigError(f"a training run named {name!r} is running: watch it with `rollouts train status {name}`, "
-                          f"or stop it with `rollouts train stop {name}`") from None
+        raise ConfigError(
+            f"a training run named {name!r} is running: watch it with `rollouts train status {name}`, "
+            f"or stop it with `rollouts train stop {name}`"
+        ) from None
 
 
 async def feed_status(client: Client, name: str) -> FeedStatus:
@@ -137,9 +158,18 @@ def format_feed(status: FeedStatus) -> str:
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(f.dropped.items())) or "none"
     stale = ", ".join(f"{k}: {v}" for k, v in sorted(f.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
     served = f", weights v{t.policy_version} served" if t.policy_version is not None else ""
-    trainer = (f"step {t.current_step}{served}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
-               if t.registered else "no trainer registered yet")
-    admission = "open" if status.admitted else "held (waiting for the trainer to step)" if status.in_flight or t.registered else "-"
+    trainer = (
+        f"step {t.current_step}{served}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
+        if t.registered
+        else "no trainer registered yet"
+    )
+    admission = (
+        "open"
+        if status.admitted
+        else "held (waiting for the trainer to step)"
+        if status.in_flight or t.registered
+        else "-"
+    )
     lines = [
         f"training run {status.run} ({status.env}): {status.phase}" + (" - stopping" if status.stopping else ""),
         f"  groups: {f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for "
@@ -166,7 +196,9 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(json.dumps({"run": handle.id, "status": "running"}))
         else:
-            console.print(f"started training run {handle.id}; watch it with `rollouts train status {handle.id} --watch`")
+            console.print(
+                f"started training run {handle.id}; watch it with `rollouts train status {handle.id} --watch`"
+            )
         return 0
     if args.train_command == "list":
         return await _list(client, console)
@@ -176,8 +208,10 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
             state = described.status.name.lower() if described.status else "gone"
             raise ConfigError(f"training run {args.name} is not running (it is {state})")
         await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
-        console.print(f"{'cancelling' if args.now else 'draining'} {args.name}: "
-                      f"`rollouts train status {args.name}` shows when it is done")
+        console.print(
+            f"{'cancelling' if args.now else 'draining'} {args.name}: "
+            f"`rollouts train status {args.name}` shows when it is done"
+        )
         return 0
     while True:
         status = await feed_status(client, args.name)
@@ -209,12 +243,17 @@ async def list_training_runs(client: Client, limit: int = 50) -> list[RunSummary
         if execution.id in seen:  # an earlier run of one that continued as new
             continue
         seen.add(execution.id)
-        summary = RunSummary(run=execution.id, status=status_name(execution.status),
-                             env=execution.typed_search_attributes.get(sa.ENV), started_at=execution.start_time)
+        summary = RunSummary(
+            run=execution.id,
+            status=status_name(execution.status),
+            env=execution.typed_search_attributes.get(sa.ENV),
+            started_at=execution.start_time,
+        )
         if execution.status == WorkflowExecutionStatus.RUNNING:
             try:
                 status = FeedStatus.model_validate(
-                    await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT))
+                    await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT)
+                )
                 summary.groups_posted, summary.in_flight = status.figures.groups_posted, status.in_flight
             except RPCError:
                 pass

@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from temporal_rollouts.core.records import MAX_GROUP_SIZE, MAX_ITEM_OFFSET, RolloutLimits, Sampling, StopReason, TrajectoryResult
+from temporal_rollouts.core.records import (
+    MAX_GROUP_SIZE,
+    MAX_ITEM_OFFSET,
+    RolloutLimits,
+    Sampling,
+    StopReason,
+    TrajectoryResult,
+)
 from temporal_rollouts.core.forks import BranchSpec
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.core.trees import RolloutTreeResult
@@ -30,10 +37,16 @@ class StaleGroups(StrEnum):
     """Drop the whole group and count it (`dropped["stale"]`)."""
 
 
-RETRIED_STOPS = frozenset({
-    StopReason.MODEL_UNAVAILABLE, StopReason.SLOT_UNAVAILABLE, StopReason.SANDBOX_ERROR, StopReason.ENV_ERROR,
-    StopReason.TERMINATED, StopReason.TIMED_OUT,
-})
+RETRIED_STOPS = frozenset(
+    {
+        StopReason.MODEL_UNAVAILABLE,
+        StopReason.SLOT_UNAVAILABLE,
+        StopReason.SANDBOX_ERROR,
+        StopReason.ENV_ERROR,
+        StopReason.TERMINATED,
+        StopReason.TIMED_OUT,
+    }
+)
 """Machinery failures a feed finishes by resuming the rollout; other failures (a bad item, a config
 error, a 4xx from the model, a cancel) would fail again the same way and give the group up at once."""
 
@@ -54,24 +67,32 @@ class FeedInput(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
     max_groups_in_flight: int = Field(default=16, ge=1, le=4096, description="Groups whose rollouts run at once.")
     max_staleness: int = Field(
-        default=1, ge=0, description="Trainer steps a posted token may lag behind the trainer: a group starts only "
-                                     "while the groups ahead of it fit in that many steps' batches."
+        default=1,
+        ge=0,
+        description="Trainer steps a posted token may lag behind the trainer: a group starts only "
+        "while the groups ahead of it fit in that many steps' batches.",
     )
     stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="What to do with a group that ends staler.")
     max_retries: int = Field(default=3, ge=0, description="Runs after the first a rollout gets for machinery failures.")
     retry_backoff_s: float = Field(
-        default=10.0, ge=0, description="Wait before resuming a failed rollout, doubled each time (at most 5 minutes): "
-                                        "a model server that is down for a minute is waited out, not raced."
+        default=10.0,
+        ge=0,
+        description="Wait before resuming a failed rollout, doubled each time (at most 5 minutes): "
+        "a model server that is down for a minute is waited out, not raced.",
     )
     max_groups: int = Field(default=0, ge=0, description="Stop after posting this many groups; 0 runs until stopped.")
     sink: Literal["atropos", "jsonl"] = Field(
-        default="atropos", description="Post each group to run-api, or write it to `output` (SFT data, `process`).")
+        default="atropos", description="Post each group to run-api, or write it to `output` (SFT data, `process`)."
+    )
     output: str | None = Field(default=None, description="The JSONL file (in the results folder) for `sink: jsonl`.")
     api_url: str | None = Field(default=None, description="run-api; the workers' settings atropos.api_url when unset.")
-    max_token_length: int = Field(default=0, ge=0, description="Cut sequences to this; 0: below the trainer's max_token_len.")
+    max_token_length: int = Field(
+        default=0, ge=0, description="Cut sequences to this; 0: below the trainer's max_token_len."
+    )
     branch: BranchSpec | None = Field(
-        default=None, description="Branch every rollout at these turns into `factor` siblings: a group is then one "
-                                  "tree (RolloutTreeWorkflow), posted with its tree, resumed as a whole."
+        default=None,
+        description="Branch every rollout at these turns into `factor` siblings: a group is then one "
+        "tree (RolloutTreeWorkflow), posted with its tree, resumed as a whole.",
     )
     env_weight: float = Field(default=1.0, gt=0, description="This env's weight in run-api's batches.")
     state: FeedState | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
@@ -85,7 +106,9 @@ class GroupRun(BaseModel):
     results: list[TrajectoryResult | None]
     runs: list[str | None] = Field(description="The current run id of each rollout.")
     attempts: list[int] = Field(description="Runs each rollout has had.")
-    resume_at: dict[int, float] = Field(default_factory=dict, description="Rollouts waiting to be resumed: index -> when.")
+    resume_at: dict[int, float] = Field(
+        default_factory=dict, description="Rollouts waiting to be resumed: index -> when."
+    )
     resume_from: dict[int, str | None] = Field(default_factory=dict, description="...and the run each resumes from.")
     started_step: int = 0
     tree_run: str | None = Field(default=None, description="A branching group: the run of its RolloutTreeWorkflow.")

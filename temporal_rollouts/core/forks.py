@@ -43,8 +43,10 @@ WorkspaceRebuild = Literal["auto", "snapshot", "replay"]
 WorkspaceSource = Literal["copy", "snapshot", "replay"]
 SESSION_TOOLS = ("terminal_stateful", "tmux")
 """Tools whose effect lives in the stateful terminal's processes as well as in files."""
-NOT_CARRIED = ("the stateful terminal's session (its shell, working directory, variables and background "
-               "processes): a fork starts with none, and the model's next session command starts a new one")
+NOT_CARRIED = (
+    "the stateful terminal's session (its shell, working directory, variables and background "
+    "processes): a fork starts with none, and the model's next session command starts a new one"
+)
 
 
 class BranchSpec(BaseModel):
@@ -55,11 +57,15 @@ class BranchSpec(BaseModel):
     at_turns: list[int] = Field(description="Turns after which a rollout branches (0: right after its setup).")
     factor: int = Field(ge=2, le=MAX_BRANCH_FACTOR, description="Siblings per branch point, the parent included.")
     prefix_tokens: PrefixTokens = Field(
-        default="once", description="once: the shared prefix is trained in one sibling (the parent) and masked "
-                                    "in the others; every_branch: each sibling trains its whole sequence.",
+        default="once",
+        description="once: the shared prefix is trained in one sibling (the parent) and masked "
+        "in the others; every_branch: each sibling trains its whole sequence.",
     )
-    copy_wait_s: float = Field(default=DEFAULT_COPY_WAIT_S, gt=0,
-                               description="How long a parent waits for its branches' copies of its workspace.")
+    copy_wait_s: float = Field(
+        default=DEFAULT_COPY_WAIT_S,
+        gt=0,
+        description="How long a parent waits for its branches' copies of its workspace.",
+    )
 
     @field_validator("at_turns")
     @classmethod
@@ -111,10 +117,15 @@ class ForkSpec(BaseModel):
     source: str = Field(description="Rollout id forked from.")
     source_run: str | None = Field(default=None, description="Its run; the latest when unset.")
     at_turn: int = Field(ge=0)
-    prefix: ForkPrefix | None = Field(default=None, description="Carried by a live branch; read from storage when unset.")
-    copy_from: SlotRef | None = Field(default=None, description="A live branch: the parent's slot, copied while it waits.")
+    prefix: ForkPrefix | None = Field(
+        default=None, description="Carried by a live branch; read from storage when unset."
+    )
+    copy_from: SlotRef | None = Field(
+        default=None, description="A live branch: the parent's slot, copied while it waits."
+    )
     rebuild: WorkspaceRebuild = Field(
-        default="auto", description="Without a live copy: a snapshot of that turn (auto: when one exists) or a replay.")
+        default="auto", description="Without a live copy: a snapshot of that turn (auto: when one exists) or a replay."
+    )
     allow_divergence: bool = Field(default=False, description="Go on when a replayed tool call answers differently.")
 
 

@@ -38,10 +38,18 @@ _LIMIT_WORDS = {
     "less_than": ("lt", "must be less than {}"),
 }
 _TYPE_WORDS = {
-    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
-    "float_type": "a number", "float_parsing": "a number", "string_type": "a string",
-    "bool_type": "true or false", "bool_parsing": "true or false", "dict_type": "a JSON object",
-    "model_type": "a JSON object", "model_attributes_type": "a JSON object", "list_type": "a JSON list",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "dict_type": "a JSON object",
+    "model_type": "a JSON object",
+    "model_attributes_type": "a JSON object",
+    "list_type": "a JSON list",
 }
 _MAX_SHOWN = 60
 

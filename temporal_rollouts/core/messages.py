@@ -28,7 +28,9 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
-    reasoning_content: str | None = Field(default=None, description="The model's reasoning text, kept for templates that render it.")
+    reasoning_content: str | None = Field(
+        default=None, description="The model's reasoning text, kept for templates that render it."
+    )
 
     def to_openai(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

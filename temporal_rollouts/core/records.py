@@ -63,11 +63,14 @@ class RolloutLimits(BaseModel):
     max_tool_calls: int = Field(default=100, ge=0, description="Tool calls before the rollout stops.")
     wall_clock_s: float = Field(default=1800.0, gt=0, description="Budget from the first model turn to the last.")
     context_tokens: int = Field(
-        default=32_768, gt=0,
+        default=32_768,
+        gt=0,
         description="Context budget of one model turn: old tool results are shortened, then the oldest middle "
-                    "turns dropped, to fit; the rollout stops only when even that cannot fit.",
+        "turns dropped, to fit; the rollout stops only when even that cannot fit.",
     )
-    command_timeout_s: float = Field(default=DEFAULT_COMMAND_TIMEOUT_S, gt=0, description="Default timeout of one terminal command.")
+    command_timeout_s: float = Field(
+        default=DEFAULT_COMMAND_TIMEOUT_S, gt=0, description="Default timeout of one terminal command."
+    )
 
 
 class Sampling(BaseModel):
@@ -94,50 +97,78 @@ class BatchInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env: str = Field(description="Registered env name, e.g. terminal_tasks.")
-    num_items: int = Field(default=4, ge=1, description="Items in the batch; items x group size is capped by settings max_batch_rollouts.")
+    num_items: int = Field(
+        default=4, ge=1, description="Items in the batch; items x group size is capped by settings max_batch_rollouts."
+    )
     group_size: int = Field(default=2, ge=1, le=MAX_GROUP_SIZE)
-    item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET,
-                             description="Index of the first item in the env's task set; must lie inside it.")
+    item_offset: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_ITEM_OFFSET,
+        description="Index of the first item in the env's task set; must lie inside it.",
+    )
     cycle_items: bool = Field(
-        default=False, description="Go round the env's task set again when num_items runs past its end; "
-                                   "without it such a batch is refused, so no task is repeated by accident.")
+        default=False,
+        description="Go round the env's task set again when num_items runs past its end; "
+        "without it such a batch is refused, so no task is repeated by accident.",
+    )
     policy: str | None = Field(default=None, description="Policy name or base URL; the worker's default when unset.")
-    tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's tool-call parser.")
+    tool_call_parser: str | None = Field(
+        default=None, description="Overrides the token-level policy's tool-call parser."
+    )
     env_config: dict[str, Any] = Field(default_factory=dict)
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
-    max_concurrency: int = Field(default=32, ge=1, le=MAX_BATCH_CONCURRENCY,
-                                 description="Trajectories running at once; capped by settings max_batch_concurrency.")
+    max_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=MAX_BATCH_CONCURRENCY,
+        description="Trajectories running at once; capped by settings max_batch_concurrency.",
+    )
     start_rate: float = Field(
-        default=0, ge=0, le=MAX_START_RATE, allow_inf_nan=False,
+        default=0,
+        ge=0,
+        le=MAX_START_RATE,
+        allow_inf_nan=False,
         description="Rollouts started per second at most; 0 starts them as fast as the batch's workflow task allows. "
-                    "Spreads a large first wave, so its model turns and sandbox setups do not all arrive at once.",
+        "Spreads a large first wave, so its model turns and sandbox setups do not all arrive at once.",
     )
     output: str | None = Field(
-        default=None, description="JSONL file for scored groups, inside the results folder (a relative name is taken "
-                                  "relative to it); results/<batch id>.jsonl when unset."
+        default=None,
+        description="JSONL file for scored groups, inside the results folder (a relative name is taken "
+        "relative to it); results/<batch id>.jsonl when unset.",
     )
     sink: Literal["jsonl", "atropos"] = Field(
         default="jsonl", description="Also post each group to the Atropos trajectory API (settings atropos.api_url)."
     )
     max_token_length: int = Field(
-        default=0, ge=0, description="Cut token sequences from the end to this length; 0 keeps them whole "
-                                     "(the atropos sink then uses the trainer's max_token_len)."
+        default=0,
+        ge=0,
+        description="Cut token sequences from the end to this length; 0 keeps them whole "
+        "(the atropos sink then uses the trainer's max_token_len).",
     )
-    resume: bool = Field(default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts.")
+    resume: bool = Field(
+        default=False, description="Gather an earlier run of this batch again, resuming its failed rollouts."
+    )
     branch: BranchSpec | None = Field(
-        default=None, description="Branch every rollout at these turns into `factor` siblings that share its prefix "
-                                  "(an item's group is then its whole tree).",
+        default=None,
+        description="Branch every rollout at these turns into `factor` siblings that share its prefix "
+        "(an item's group is then its whole tree).",
     )
-    snapshot_turns: bool = Field(default=False, description="Save each rollout's workspace after every turn, so a "
-                                                            "later fork restores it instead of replaying tool calls.")
+    snapshot_turns: bool = Field(
+        default=False,
+        description="Save each rollout's workspace after every turn, so a "
+        "later fork restores it instead of replaying tool calls.",
+    )
     cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
 
     @model_validator(mode="after")
     def _tree_fits(self) -> BatchInput:
         if self.branch is not None and self.branch.tree_size(self.group_size) > MAX_GROUP_SIZE:
-            raise ValueError(f"branch: group_size x factor^len(at_turns) = {self.branch.tree_size(self.group_size)} "
-                             f"rollouts per item, over {MAX_GROUP_SIZE}")
+            raise ValueError(
+                f"branch: group_size x factor^len(at_turns) = {self.branch.tree_size(self.group_size)} "
+                f"rollouts per item, over {MAX_GROUP_SIZE}"
+            )
         return self
 
 
@@ -161,8 +192,9 @@ class TrajectoryInput(BaseModel):
         default=None, description="Workflow id told when the rollout ends (signal `rollout_finished`): a training feed."
     )
     trainer_api: str | None = Field(
-        default=None, description="run-api, asked for the trainer's step as each turn's policy version where the "
-                                  "model server reports none.",
+        default=None,
+        description="run-api, asked for the trainer's step as each turn's policy version where the "
+        "model server reports none.",
     )
     fork: ForkSpec | None = Field(default=None, description="Begin with another rollout's first turns and workspace.")
     branch: BranchPlan | None = Field(default=None, description="Branch at these turns; the tree starts the siblings.")
@@ -188,11 +220,17 @@ class TrajectoryResult(BaseModel):
     turns: int = 0
     tool_calls: int = 0
     tool_errors: list[ToolErrorRecord] = Field(default_factory=list)
-    tool_stats: ToolStats = Field(default_factory=ToolStats, description="Calls attempted, schema-valid, run ok, failed.")
-    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total.")
+    tool_stats: ToolStats = Field(
+        default_factory=ToolStats, description="Calls attempted, schema-valid, run ok, failed."
+    )
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="Seconds per phase: acquire, setup, llm, tools, verify, total."
+    )
     verify_details: dict[str, Any] = Field(default_factory=dict)
     transcript: TranscriptRef | None = Field(default=None, description="The conversation, stored once per message.")
-    setup_meta: dict[str, Any] = Field(default_factory=dict, description="What the env's workspace setup returned, for its verifier.")
+    setup_meta: dict[str, Any] = Field(
+        default_factory=dict, description="What the env's workspace setup returned, for its verifier."
+    )
     tokens: TokenTraceRef | None = Field(default=None, description="Token ids and logprobs, for token-level policies.")
     pending: PendingCalls | None = None
     agent_stop: StopReason | None = Field(default=None, description="Why the model's part ended, once it has.")
@@ -203,8 +241,11 @@ class TrajectoryResult(BaseModel):
     policy_versions: list[int | None] = Field(
         default_factory=list, description="Per model turn, the version of the weights that produced it (None: unknown)."
     )
-    completion_tokens: int = Field(default=0, description="Tokens the model generated for this rollout: a fork's "
-                                                          "prefix, taken over and not generated again, is not counted.")
+    completion_tokens: int = Field(
+        default=0,
+        description="Tokens the model generated for this rollout: a fork's "
+        "prefix, taken over and not generated again, is not counted.",
+    )
     fork: ForkOrigin | None = Field(default=None, description="The rollout and turn this one was forked from.")
     branches: list[BranchRecord] = Field(default_factory=list, description="Where this rollout branched, into which.")
 
@@ -235,7 +276,9 @@ def failed_rollout_result(cause: BaseException | None) -> TrajectoryResult | Non
 
 STOP_DETAILS = "For each way rollouts failed, why the first of them stopped (e.g. the model server's answer)."
 MAX_STOP_DETAIL_CHARS = 500
-DISTINCT_ITEMS = "Items of the task set the batch ran: fewer than `items` when it went round the set again (cycle_items)."
+DISTINCT_ITEMS = (
+    "Items of the task set the batch ran: fewer than `items` when it went round the set again (cycle_items)."
+)
 
 
 class BatchProgress(BaseModel):
@@ -285,7 +328,9 @@ class BatchResult(BaseModel):
     distinct_items: int | None = Field(default=None, description=DISTINCT_ITEMS)
     output: str | None
     groups_written: int
-    groups_pending: int = Field(default=0, description="Groups held back because a member failed; `rollouts resume` completes them.")
+    groups_pending: int = Field(
+        default=0, description="Groups held back because a member failed; `rollouts resume` completes them."
+    )
     resumed: int = 0
 
 

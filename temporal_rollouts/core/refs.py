@@ -23,4 +23,6 @@ class TokenTraceRef(BaseModel):
     tokens: int = Field(description="Length of the sequence.")
     generated: int = Field(description="How many of its tokens the model generated.")
     messages: int = Field(description="How many transcript messages the sequence renders, the last reply included.")
-    restarts: int = Field(default=0, description="Times the sequence began again from a fresh render (template drift or context fitting).")
+    restarts: int = Field(
+        default=0, description="Times the sequence began again from a fresh render (template drift or context fitting)."
+    )

@@ -22,8 +22,18 @@ FORKED_FROM = SearchAttributeKey.for_keyword("RolloutForkedFrom")
 FORK_TURN = SearchAttributeKey.for_int("RolloutForkTurn")
 """The turn of its parent after which a fork or branch began."""
 
-ALL: tuple[SearchAttributeKey, ...] = (ENV, BATCH_ID, ITEM_ID, STOP_REASON, SCORE, COMPLETED, RESUMED_FROM, POLICY,
-                                       FORKED_FROM, FORK_TURN)
+ALL: tuple[SearchAttributeKey, ...] = (
+    ENV,
+    BATCH_ID,
+    ITEM_ID,
+    STOP_REASON,
+    SCORE,
+    COMPLETED,
+    RESUMED_FROM,
+    POLICY,
+    FORKED_FROM,
+    FORK_TURN,
+)
 
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}
 

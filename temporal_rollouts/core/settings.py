@@ -222,7 +222,9 @@ class SandboxSettings(ServerOptions):
         moved = {"host": "host", "start_local": "start_containers"}
         if any(old in data for old in moved):
             if not isinstance(backend, dict) or backend.get("type", "local") != "local":
-                raise ValueError("sandbox.host and sandbox.start_local belong to the local backend: set sandbox.backend.*")
+                raise ValueError(
+                    "sandbox.host and sandbox.start_local belong to the local backend: set sandbox.backend.*"
+                )
             backend = {**backend, **{new: data.pop(old) for old, new in moved.items() if old in data}}
         data["backend"] = backend
         return data
@@ -316,9 +318,7 @@ class AtroposSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid"
-    )
+    model_config = SettingsConfigDict(env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid")
 
     data_dir: Path = Path(".rollouts")
     """Where the embedded server's database, sandbox workspaces, results and logs live."""

@@ -21,12 +21,17 @@ class RolloutTreeInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rollout: TrajectoryInput = Field(description="What every root runs (a fork's roots carry `fork`).")
-    root_ids: list[str] = Field(min_length=1, description="Workflow ids of the roots; their branches are named after them.")
+    root_ids: list[str] = Field(
+        min_length=1, description="Workflow ids of the roots; their branches are named after them."
+    )
     branch: BranchSpec | None = Field(default=None, description="Where the roots and their branches branch.")
-    resume: bool = Field(default=False, description="Gather an earlier run again: keep scored rollouts, resume failed ones.")
+    resume: bool = Field(
+        default=False, description="Gather an earlier run again: keep scored rollouts, resume failed ones."
+    )
     notify: str | None = Field(
-        default=None, description="Workflow id told when the tree ends (signal `rollout_tree_finished`, with the "
-                                  "RolloutTreeResult): a training feed that does not wait on its children.",
+        default=None,
+        description="Workflow id told when the tree ends (signal `rollout_tree_finished`, with the "
+        "RolloutTreeResult): a training feed that does not wait on its children.",
     )
 
 

@@ -56,7 +56,9 @@ class ChatClient:
     ) -> None:
         self.model = model
         self._secrets = (api_key,) if api_key else ()
-        self._http = model_http_client(base_url, api_key, timeout_s, transport=transport, max_connections=max_connections)
+        self._http = model_http_client(
+            base_url, api_key, timeout_s, transport=transport, max_connections=max_connections
+        )
 
     async def __aenter__(self) -> ChatClient:
         return self

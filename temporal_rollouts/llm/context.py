@@ -27,8 +27,6 @@ TRUNCATION_MARKER = "\n...[truncated]...\n"
 TokenCounter = Callable[[Sequence[Message]], int]
 
 
-
-
 def fit_context(messages: Sequence[Message], budget: int, count: TokenCounter = estimate_tokens) -> list[Message]:
     """A copy of `messages` that `count` puts at or under `budget` tokens.
 
@@ -49,8 +47,7 @@ def fit_context(messages: Sequence[Message], budget: int, count: TokenCounter = 
         if count(fitted) <= budget:
             return fitted
     raise ContextOverflow(
-        f"the conversation needs {count(fitted)} tokens after shortening and dropping old turns; "
-        f"the budget is {budget}"
+        f"the conversation needs {count(fitted)} tokens after shortening and dropping old turns; the budget is {budget}"
     )
 
 
@@ -58,7 +55,9 @@ def _shortened(message: Message) -> Message:
     text = message.content or ""
     if message.role != "tool" or len(text) <= SHORTEN_OVER_CHARS:
         return message
-    return message.model_copy(update={"content": text[:SHORT_HEAD_CHARS] + TRUNCATION_MARKER + text[-SHORT_TAIL_CHARS:]})
+    return message.model_copy(
+        update={"content": text[:SHORT_HEAD_CHARS] + TRUNCATION_MARKER + text[-SHORT_TAIL_CHARS:]}
+    )
 
 
 def _oldest_middle_turn(messages: list[Message]) -> slice | None:

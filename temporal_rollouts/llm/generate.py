@@ -72,13 +72,24 @@ class GenerateClient:
         if self.api == "sglang":
             body: dict[str, Any] = {
                 "input_ids": input_ids,
-                "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                                    "stop_token_ids": stop_token_ids},
+                "sampling_params": {
+                    "max_new_tokens": max_tokens,
+                    "temperature": temperature,
+                    "top_p": top_p,
+                    "stop_token_ids": stop_token_ids,
+                },
                 "return_logprob": True,
             }
         else:
-            body = {"prompt": {"prompt_token_ids": input_ids}, "logprobs": 0, "n": 1, "max_tokens": max_tokens,
-                    "temperature": temperature, "top_p": top_p, "stop_token_ids": stop_token_ids}
+            body = {
+                "prompt": {"prompt_token_ids": input_ids},
+                "logprobs": 0,
+                "n": 1,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop_token_ids": stop_token_ids,
+            }
         response = await post_json(self._http, "/generate", body, secrets=self._secrets)
         read = _read_sglang if self.api == "sglang" else _read_vllm
         try:
@@ -93,8 +104,9 @@ class GenerateClient:
             ) from None
         if len(ids) != len(logprobs):
             raise MalformedModelReply(f"/generate returned {len(ids)} tokens but {len(logprobs)} logprobs")
-        return Generation(ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop",
-                          weight_version=version)
+        return Generation(
+            ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop", weight_version=version
+        )
 
 
 def _read_sglang(data: Any) -> tuple[list[int], list[float], str]:

@@ -98,7 +98,9 @@ def error_for_exception(exc: BaseException, *, secrets: Iterable[str] = ()) -> M
     if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
         return ModelStalled(f"model stalled: no answer within the request timeout ({detail})")
     if isinstance(exc, (httpx.ConnectError, ConnectionRefusedError)):
-        return ModelUnreachable(f"model unreachable: {'connection refused' if _refused(exc) else 'cannot connect'} ({detail})")
+        return ModelUnreachable(
+            f"model unreachable: {'connection refused' if _refused(exc) else 'cannot connect'} ({detail})"
+        )
     if isinstance(exc, (httpx.RequestError, OSError)):
         return ModelUnavailable(f"model server unreachable ({detail})")
     return ModelError(f"model request failed ({detail})", retryable=False)

@@ -18,7 +18,9 @@ from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.llm.templates import ChatTemplate
 
 
-def sft_tokens(template: ChatTemplate, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> tuple[list[int], list[int]]:
+def sft_tokens(
+    template: ChatTemplate, messages: Sequence[Message], tools: Sequence[ToolSpec]
+) -> tuple[list[int], list[int]]:
     """(token ids, masks) of the whole conversation; masks hold the id where it is trained on, else -100."""
     if not messages:
         return [], []

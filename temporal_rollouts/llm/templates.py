@@ -38,7 +38,9 @@ class ChatTemplate:
             try:
                 from transformers import AutoTokenizer
             except ImportError as exc:
-                raise ConfigError("token-level policies need transformers: pip install 'temporal-rollouts[rl]'") from exc
+                raise ConfigError(
+                    "token-level policies need transformers: pip install 'temporal-rollouts[rl]'"
+                ) from exc
             try:
                 loaded = AutoTokenizer.from_pretrained(tokenizer)
             except (OSError, ValueError) as exc:
@@ -73,8 +75,11 @@ class ChatTemplate:
     @cached_property
     def end_of_turn(self) -> str:
         """What the template writes after an assistant reply, e.g. '<|im_end|>\\n'."""
-        text = self.render([Message(role="user", content="hi"), Message(role="assistant", content=_MARK)], [],
-                           add_generation_prompt=False)
+        text = self.render(
+            [Message(role="user", content="hi"), Message(role="assistant", content=_MARK)],
+            [],
+            add_generation_prompt=False,
+        )
         if _MARK not in text:
             raise ConfigError("the chat template does not render an assistant reply's content")
         return text.rsplit(_MARK, 1)[1]
@@ -99,7 +104,7 @@ class ChatTemplate:
         if generated and generated[-1] in self.stop_token_ids:
             stop_text = self.decode([generated[-1]])
             end = self.end_of_turn
-            return end[len(stop_text):] if end.startswith(stop_text) else ""
+            return end[len(stop_text) :] if end.startswith(stop_text) else ""
         return self.end_of_turn
 
 
@@ -109,8 +114,11 @@ def template_message(message: Message) -> dict[str, Any]:
     data = message.to_openai()
     if message.tool_calls:
         data["tool_calls"] = [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
             for call in message.tool_calls
         ]
     return data

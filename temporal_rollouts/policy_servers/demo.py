@@ -181,7 +181,11 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
 
 
 def _tool_call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": f"call_{secrets.token_hex(4)}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": f"call_{secrets.token_hex(4)}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _estimate_tokens(text_len: int) -> int:
@@ -258,7 +262,9 @@ class DemoPolicy:
         if calls:
             message["tool_calls"] = calls
         prompt_chars = sum(len(_text(m.get("content"))) for m in messages)
-        reply_chars = len(content or "") + sum(len(c["function"]["arguments"]) + len(c["function"]["name"]) for c in calls)
+        reply_chars = len(content or "") + sum(
+            len(c["function"]["arguments"]) + len(c["function"]["name"]) for c in calls
+        )
         prompt_tokens, completion_tokens = _estimate_tokens(prompt_chars), _estimate_tokens(reply_chars)
         return {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
@@ -323,7 +329,10 @@ def is_loopback_host(host: str) -> bool:
 
 
 def build_app(
-    faults: Faults | dict[str, Any] | None = None, *, enable_control: bool = False, allowed_hosts: AllowedHosts | None = None
+    faults: Faults | dict[str, Any] | None = None,
+    *,
+    enable_control: bool = False,
+    allowed_hosts: AllowedHosts | None = None,
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
@@ -371,8 +380,14 @@ async def serve(
 class BackgroundServer:
     """The demo policy served from a daemon thread, for synchronous callers and tests."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None,
-                 *, enable_control: bool = False) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: Faults | dict[str, Any] | None = None,
+        *,
+        enable_control: bool = False,
+    ) -> None:
         self.app = build_app(faults, enable_control=enable_control, allowed_hosts=AllowedHosts.for_bind(host))
         self.policy: DemoPolicy = self.app.state.policy
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -417,8 +432,11 @@ class BackgroundServer:
 
 
 def start_in_thread(
-    host: str = "127.0.0.1", port: int = 0, faults: Faults | dict[str, Any] | None = None,
-    *, enable_control: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    faults: Faults | dict[str, Any] | None = None,
+    *,
+    enable_control: bool = False,
 ) -> BackgroundServer:
     """Start the server in a daemon thread (port 0 picks a free port) and return once it accepts requests."""
     return BackgroundServer(host, port, faults, enable_control=enable_control).start()
@@ -432,10 +450,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts",
-                        help="another name this server is reached by (repeatable; '.example.com' for subdomains)")
-    parser.add_argument("--enable-control", action="store_true",
-                        help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        help="another name this server is reached by (repeatable; '.example.com' for subdomains)",
+    )
+    parser.add_argument(
+        "--enable-control",
+        action="store_true",
+        help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).",
+    )
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"
@@ -454,8 +480,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper())
     print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        asyncio.run(serve(args.host, args.port, faults=faults, log_level=args.log_level,
-                          enable_control=args.enable_control, allowed_hosts=args.allowed_hosts))
+        asyncio.run(
+            serve(
+                args.host,
+                args.port,
+                faults=faults,
+                log_level=args.log_level,
+                enable_control=args.enable_control,
+                allowed_hosts=args.allowed_hosts,
+            )
+        )
     except KeyboardInterrupt:
         pass
 

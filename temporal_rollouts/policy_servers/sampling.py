@@ -106,8 +106,9 @@ class TokenSampler:
     def check(self, req: SamplingRequest) -> None:
         if not req.input_ids:
             raise BadRequest("input_ids must be a non-empty list of token ids")
-        bad = [t for t in req.input_ids
-               if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        bad = [
+            t for t in req.input_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size
+        ]
         if bad:
             raise BadRequest(f"token ids out of the vocabulary [0, {self.vocab_size}): {bad[:5]}")
         if len(req.input_ids) >= self.context:

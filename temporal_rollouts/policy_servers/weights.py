@@ -54,8 +54,11 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     missing = sorted(name for name in own if name not in state and own[name].data_ptr() not in loaded_storage)
     if missing:
         raise WeightsError(f"the checkpoint lacks tensors of this model: {missing[:5]}")
-    wrong = [f"{name}: {tuple(tensor.shape)} for {tuple(own[name].shape)}" for name, tensor in state.items()
-             if tensor.shape != own[name].shape]
+    wrong = [
+        f"{name}: {tuple(tensor.shape)} for {tuple(own[name].shape)}"
+        for name, tensor in state.items()
+        if tensor.shape != own[name].shape
+    ]
     if wrong:
         raise WeightsError(f"the checkpoint is another architecture: {wrong[:3]}")
     with torch.no_grad():
@@ -81,4 +84,3 @@ def save_weights(model: torch.nn.Module, folder: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     return folder
-

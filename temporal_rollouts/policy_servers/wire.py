@@ -21,10 +21,38 @@ from typing import Any
 from temporal_rollouts.policy_servers.sampling import BadRequest, Sample, SamplingRequest
 
 _NEUTRAL = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
-_SGLANG_PARAMS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos",
-                  "skip_special_tokens", "n", "seed", "sampling_seed", "no_stop_trim", *_NEUTRAL}
-_VLLM_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos",
-                "skip_special_tokens", "n", "seed", "logprobs", "stream", "model", *_NEUTRAL}
+_SGLANG_PARAMS = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "n",
+    "seed",
+    "sampling_seed",
+    "no_stop_trim",
+    *_NEUTRAL,
+}
+_VLLM_FIELDS = {
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "n",
+    "seed",
+    "logprobs",
+    "stream",
+    "model",
+    *_NEUTRAL,
+}
 
 
 def _number(params: dict, key: str, default, kind=float, low=None, high=None):
@@ -103,15 +131,14 @@ def parse_vllm(body: dict, tokenizer) -> SamplingRequest:
     elif isinstance(prompt, str) and prompt:
         input_ids = tokenizer.encode(prompt, add_special_tokens=False)
     else:
-        raise BadRequest("prompt must be {\"prompt_token_ids\": [...]} or a non-empty string")
+        raise BadRequest('prompt must be {"prompt_token_ids": [...]} or a non-empty string')
     req = _common(body, input_ids, "max_tokens", 16)
     if body.get("logprobs") is not None:
         req.top_logprobs = _number(body, "logprobs", 0, int, low=0, high=20)
     return req
 
 
-def sglang_response(req: SamplingRequest, samples: list[Sample], version: str, body: dict, tokenizer,
-                    elapsed_s: float):
+def sglang_response(req: SamplingRequest, samples: list[Sample], version: str, body: dict, tokenizer, elapsed_s: float):
     with_text = bool(body.get("return_text_in_logprobs"))
 
     def entry(logprob: float, token: int) -> list:
@@ -119,8 +146,11 @@ def sglang_response(req: SamplingRequest, samples: list[Sample], version: str, b
 
     results = []
     for sample in samples:
-        finish = ({"type": "stop", "matched": sample.matched} if sample.finish_type == "stop"
-                  else {"type": "length", "length": req.max_new_tokens})
+        finish = (
+            {"type": "stop", "matched": sample.matched}
+            if sample.finish_type == "stop"
+            else {"type": "length", "length": req.max_new_tokens}
+        )
         meta = {
             "id": uuid.uuid4().hex,
             "prompt_tokens": len(req.input_ids),
@@ -148,8 +178,10 @@ def vllm_response(req: SamplingRequest, samples: list[Sample], version: str, bod
     if body.get("logprobs") is not None:
         # The sampled token first in each dict: Atropos reads the first key as the token id.
         response["logprobs"] = [
-            [[{str(t): lp, **{str(i): v for i, v in top if i != t}}] for t, lp, top
-              in zip(s.output_ids, s.logprobs, s.top_logprobs or [[]] * len(s.output_ids))]
+            [
+                [{str(t): lp, **{str(i): v for i, v in top if i != t}}]
+                for t, lp, top in zip(s.output_ids, s.logprobs, s.top_logprobs or [[]] * len(s.output_ids))
+            ]
             for s in samples
         ]
         response["prompt_token_ids"] = req.input_ids

@@ -28,8 +28,14 @@ class OneLineActivityFailures(logging.Filter):
         attempt = info.get("attempt")
         outcome = "giving up" if err.non_retryable else "will retry"
         record.msg = "%s failed (attempt %s, %s) in %s: %s: %s"
-        record.args = (info.get("activity_type", "activity"), attempt, outcome, info.get("workflow_id", "-"),
-                       err.type or "Error", err.message)
+        record.args = (
+            info.get("activity_type", "activity"),
+            attempt,
+            outcome,
+            info.get("workflow_id", "-"),
+            err.type or "Error",
+            err.message,
+        )
         record.exc_info = None
         record.exc_text = None
         return True

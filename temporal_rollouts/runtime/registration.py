@@ -21,9 +21,13 @@ from temporal_rollouts.core import search_attributes as sa
 async def add_missing_search_attributes(client: Client, namespace: str) -> list[str]:
     """Add the project's search attributes the namespace lacks; returns their names."""
     listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
-    missing = {key.name: IndexedValueType.ValueType(key.indexed_value_type.value)
-               for key in sa.ALL if key.name not in listed.custom_attributes}
+    missing = {
+        key.name: IndexedValueType.ValueType(key.indexed_value_type.value)
+        for key in sa.ALL
+        if key.name not in listed.custom_attributes
+    }
     if missing:
         await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing))
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
     return sorted(missing)

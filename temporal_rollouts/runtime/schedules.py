@@ -42,8 +42,10 @@ async def ensure_maintenance_workflow(client: Client, settings: Settings) -> Wor
     await delete_old_reaper_schedule(client, settings)
     interval = settings.sandbox.reap_interval_s
     handle = await client.start_workflow(
-        SlotPoolMaintenanceWorkflow.run, MaintenanceInput(interval_s=interval),
-        id=maintenance_workflow_id(settings), task_queue=settings.temporal.task_queue,
+        SlotPoolMaintenanceWorkflow.run,
+        MaintenanceInput(interval_s=interval),
+        id=maintenance_workflow_id(settings),
+        task_queue=settings.temporal.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
     )

@@ -62,11 +62,16 @@ def start_detached(module: str, args: list[str], log_path: Path) -> subprocess.P
     with open(log_path, "ab") as logfile:
         return subprocess.Popen(
             [sys.executable, "-m", module, *args],
-            stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
 
-def wait_for_port(host: str, port: int, proc: subprocess.Popen, what: str, log_path: Path, wait_s: float = 30.0) -> None:
+def wait_for_port(
+    host: str, port: int, proc: subprocess.Popen, what: str, log_path: Path, wait_s: float = 30.0
+) -> None:
     deadline = time.monotonic() + wait_s
     while not port_open(host, port):
         if proc.poll() is not None:
@@ -82,7 +87,9 @@ def ensure_demo_policy(settings: Settings) -> bool:
     if settings.default_policy != DEMO_POLICY or not cfg.start_local or port_open(cfg.host, cfg.port):
         return False
     log_path = settings.data_dir / "demo_policy.log"
-    proc = start_detached("temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port)], log_path)
+    proc = start_detached(
+        "temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port)], log_path
+    )
     wait_for_port(cfg.host, cfg.port, proc, "the demo policy server", log_path)
     _demo_pid_file(settings).write_text(str(proc.pid))
     log.info("started the demo policy (a scripted test policy, not a model) at %s", settings.demo_policy_url)

@@ -58,8 +58,10 @@ def fast_step_flags(overrides: dict[str, Any] | None = None) -> list[str]:
     """The dev server's tuning as flags; `overrides` replace or add dynamic config values."""
     return [
         *dynamic_config_flags({**DYNAMIC_CONFIG, **(overrides or {})}),
-        "--sqlite-pragma", "journal_mode=wal",
-        "--sqlite-pragma", "synchronous=normal",
+        "--sqlite-pragma",
+        "journal_mode=wal",
+        "--sqlite-pragma",
+        "synchronous=normal",
     ]
 
 
@@ -97,13 +99,21 @@ def ensure_dev_server(settings: Settings, *, wait_s: float = 60.0) -> bool:
     folder = settings.data_dir / "temporal"
     folder.mkdir(parents=True, exist_ok=True)
     args = [
-        temporal_binary(), "server", "start-dev",
-        "--ip", "127.0.0.1",
-        "--port", str(port),
-        "--ui-port", str(settings.temporal.embedded_ui_port),
-        "--db-filename", str((folder / "temporal.db").resolve()),
-        "--namespace", settings.temporal.namespace,
-        "--log-level", "warn",
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ui-port",
+        str(settings.temporal.embedded_ui_port),
+        "--db-filename",
+        str((folder / "temporal.db").resolve()),
+        "--namespace",
+        settings.temporal.namespace,
+        "--log-level",
+        "warn",
         *dev_server_flags(),
     ]
     with open(folder / "server.log", "ab") as logfile:
@@ -143,6 +153,7 @@ def connect_options(settings: Settings) -> dict[str, Any]:
             raise ConfigError(f"temporal.api_key_env names ${temporal.api_key_env}, which is not set")
         options["api_key"] = api_key
     if temporal.uses_tls:
+
         def read(path: Path | None) -> bytes | None:
             if path is None:
                 return None

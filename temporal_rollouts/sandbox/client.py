@@ -69,9 +69,13 @@ class SandboxClient:
             content, headers = request.model_dump_json(), {"Content-Type": "application/json"}
         try:
             response = await self._http.request(
-                route.method, route.path, params=params, content=content, headers=headers,
+                route.method,
+                route.path,
+                params=params,
+                content=content,
+                headers=headers,
                 timeout=self.timeout + route.runs_for(request),
-            )  # fmt: skip
+            )
         except httpx.TimeoutException as err:
             raise SandboxUnreachable(f"sandbox {self.base_url} did not answer {what} in time: {err!r}") from err
         except httpx.TransportError as err:
@@ -85,9 +89,11 @@ class SandboxClient:
         what = f"{route.method} {route.path}"
         try:
             response = await self._http.put(
-                route.path, params=query.model_dump(mode="json"), content=_file_chunks(source),
+                route.path,
+                params=query.model_dump(mode="json"),
+                content=_file_chunks(source),
                 timeout=self._transfer_timeout(),
-            )  # fmt: skip
+            )
         except httpx.TimeoutException as err:
             raise SandboxUnreachable(f"sandbox {self.base_url} did not take {what} in time: {err!r}") from err
         except httpx.TransportError as err:

@@ -93,7 +93,9 @@ class LeasedSlot(Lease):
         key, (path, content) = _split_key(args, 2, key, "write_file(path, content)")
         return await self._run(key, WriteFileOp(path=path, content=content))
 
-    async def search(self, pattern: str, path: str = ".", *, max_matches: int = 200, key: str | None = None) -> ToolOutput:
+    async def search(
+        self, pattern: str, path: str = ".", *, max_matches: int = 200, key: str | None = None
+    ) -> ToolOutput:
         """Lines matching a Perl regular expression under `path`, with file and line number."""
         return await self._run(key, SearchOp(pattern=pattern, path=path, max_matches=max_matches))
 

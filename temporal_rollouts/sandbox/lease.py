@@ -113,11 +113,13 @@ class Lease:
         the server copies it in place (nothing travels)."""
         if source.container_id != self._ref.container_id:
             raise ValueError(f"slot {source.slot} of {source.container_id} is in another container than this lease")
-        return await self._send(CopyRequest(**self._held(), source_slot=source.slot, source_lease_id=source.lease_id,
-                                            max_bytes=max_bytes))
+        return await self._send(
+            CopyRequest(**self._held(), source_slot=source.slot, source_lease_id=source.lease_id, max_bytes=max_bytes)
+        )
 
-    async def _upload(self, source: Path, remote: str, format: TransferFormat, max_bytes: int,
-                      replace: bool = False) -> TransferResult:  # fmt: skip
+    async def _upload(
+        self, source: Path, remote: str, format: TransferFormat, max_bytes: int, replace: bool = False
+    ) -> TransferResult:
         query = TransferQuery(**self._held(), path=remote, format=format, max_bytes=max_bytes, replace=replace)
         return await self._fleet.call(self._ref.container_id, lambda c: c.upload(query, source))
 

@@ -33,8 +33,9 @@ Release = Callable[[SlotLease], Awaitable[Any]]
 Waits = dict[asyncio.Task[SlotLease], tuple[SandboxClient, str]]
 
 
-async def wait_everywhere(fleet: Fleet, container_ids: list[str], request: AcquireRequest,
-                          release: Release) -> SlotLease | None:  # fmt: skip
+async def wait_everywhere(
+    fleet: Fleet, container_ids: list[str], request: AcquireRequest, release: Release
+) -> SlotLease | None:
     """Wait in line on every container at once, each for `request.wait_s`; the first lease granted, or
     None when none was. `release` gives back a lease granted in the race that another one won."""
     clients: dict[str, SandboxClient] = {}

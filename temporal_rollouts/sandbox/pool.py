@@ -75,10 +75,14 @@ class SandboxPool:
         """`start_containers=False` makes a pool that never starts or restarts a container process;
         `max_containers` bounds how many the pool starts when every slot is taken."""
         self.fleet = Fleet(
-            backend, start_containers=start_containers, client_timeout_s=client_timeout_s,
-            slots_per_container=slots_per_container, min_containers=min_containers,
-            max_containers=max_containers, idle_stop_s=idle_stop_s,
-        )  # fmt: skip
+            backend,
+            start_containers=start_containers,
+            client_timeout_s=client_timeout_s,
+            slots_per_container=slots_per_container,
+            min_containers=min_containers,
+            max_containers=max_containers,
+            idle_stop_s=idle_stop_s,
+        )
         self.placement = Placement(self.fleet)
 
     @classmethod
@@ -102,8 +106,14 @@ class SandboxPool:
         return self.fleet.max_containers * self.fleet.slots_per_container
 
     async def acquire(
-        self, holder: Holder, ttl_s: float = DEFAULT_LEASE_TTL_S, wait_s: float = 30.0, allow_network: bool = False,
-        *, may_hold: bool = True, near: str | None = None,
+        self,
+        holder: Holder,
+        ttl_s: float = DEFAULT_LEASE_TTL_S,
+        wait_s: float = 30.0,
+        allow_network: bool = False,
+        *,
+        may_hold: bool = True,
+        near: str | None = None,
     ) -> SlotLease:
         """Lease a slot on some container, waiting up to `wait_s`; see `Placement.acquire`. `near` names a
         container to try first (only when the holder cannot hold a slot yet: `may_hold=False`)."""
@@ -156,7 +166,9 @@ class SandboxPool:
                 try:
                     await before_release(lease)
                 except Exception as err:
-                    log.warning("could not save slot %d of %s before reaping it: %s", lease.slot, lease.container_id, err)
+                    log.warning(
+                        "could not save slot %d of %s before reaping it: %s", lease.slot, lease.container_id, err
+                    )
             try:
                 result = await self.placement.release(lease, reason="reaped")
             except SandboxUnreachable as err:

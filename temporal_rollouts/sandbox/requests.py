@@ -72,8 +72,9 @@ class Route:
     """Seconds the server may spend on the request beyond the client's own timeout."""
 
 
-def _route(method: Literal["GET", "POST", "PUT"], path: str, reply: Any,
-           runs_for: Callable[[Any], float] = _no_extra_time) -> Route:  # fmt: skip
+def _route(
+    method: Literal["GET", "POST", "PUT"], path: str, reply: Any, runs_for: Callable[[Any], float] = _no_extra_time
+) -> Route:
     return Route(method, path, TypeAdapter(reply), runs_for)
 
 

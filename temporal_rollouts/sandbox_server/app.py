@@ -93,7 +93,9 @@ Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel] | Response]]
 
 
 def create_app(
-    manager: SlotManager, token: str, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
+    manager: SlotManager,
+    token: str,
+    max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
     allowed_hosts: AllowedHosts | None = None,
 ) -> Starlette:
     """The server's routes; requests for another host than `allowed_hosts` (by default a loopback
@@ -161,7 +163,9 @@ def create_app(
 
     async def download(request: Request) -> Response:
         query = _parse_query(request, TransferQuery)
-        chunks, size, kind = await transfer.send(manager.leased_slot(query.slot, query.lease_id), query, max_transfer_bytes)
+        chunks, size, kind = await transfer.send(
+            manager.leased_slot(query.slot, query.lease_id), query, max_transfer_bytes
+        )
         headers = {"content-length": str(size), "x-transfer-kind": kind}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
@@ -300,11 +304,19 @@ def read_token(token_file: Path | None = None, token_env: str | None = None) -> 
 
 async def serve(config: ServerConfig) -> None:
     manager = SlotManager.from_config(config)
-    app = create_app(manager, read_token(config.token_file, config.token_env), config.max_transfer_bytes,
-                     AllowedHosts.for_bind(config.host, config.allowed_hosts))
+    app = create_app(
+        manager,
+        read_token(config.token_file, config.token_env),
+        config.max_transfer_bytes,
+        AllowedHosts.for_bind(config.host, config.allowed_hosts),
+    )
     listener = _tcp_listener(config.host, config.port)
     uvicorn_config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # Longer than httpx's 5 s keep-alive expiry, so a client never reuses a connection the server is closing.
         timeout_keep_alive=KEEP_ALIVE_S,
     )

@@ -98,7 +98,12 @@ class _Exactly:
 
 
 def unpack_archive(
-    tar: tarfile.TarFile, target_fd: int, owner: tuple[int, int] | None, *, trash: Trash, replace: bool,
+    tar: tarfile.TarFile,
+    target_fd: int,
+    owner: tuple[int, int] | None,
+    *,
+    trash: Trash,
+    replace: bool,
     limit: int = 0,
 ) -> int:
     """Write the archive's files, folders and links under the folder `target_fd` (emptied first with
@@ -122,7 +127,9 @@ def unpack_archive(
     except BadToolRequest:
         raise
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise BadToolRequest(f"the archive cannot be unpacked: {describe(err) if isinstance(err, OSError) else err}") from err
+        raise BadToolRequest(
+            f"the archive cannot be unpacked: {describe(err) if isinstance(err, OSError) else err}"
+        ) from err
     return len(members)
 
 

@@ -107,8 +107,9 @@ def open_beneath(dir_fd: int, parts: tuple[str, ...] | list[str], flags: int, mo
             os.close(parent)
 
 
-def folder_beneath(dir_fd: int, parts: tuple[str, ...] | list[str], *, owner: tuple[int, int] | None = None,
-                   create: bool = True) -> int:
+def folder_beneath(
+    dir_fd: int, parts: tuple[str, ...] | list[str], *, owner: tuple[int, int] | None = None, create: bool = True
+) -> int:
     """An O_PATH descriptor of the folder `parts` below `dir_fd`, making missing folders (mode 0755,
     given to `owner`) one at a time; a link (ELOOP) or a file (ENOTDIR) on the way is refused."""
     current = os.dup(dir_fd)
@@ -237,8 +238,13 @@ def _walk_to(dir_fd: int, parts: tuple[str, ...] | list[str]) -> int:
 def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
     how = _OpenHow(flags, mode, _RESOLVE)
     for _ in range(_RACE_RETRIES):
-        fd = _libc().syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), ctypes.c_char_p(os.fsencode(path)),
-                             ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        fd = _libc().syscall(
+            _SYS_OPENAT2,
+            ctypes.c_int(dir_fd),
+            ctypes.c_char_p(os.fsencode(path)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
         if fd >= 0:
             return fd
         code = ctypes.get_errno()

@@ -89,8 +89,9 @@ class SharedCache:
                 staging_fd = open_root(staging)
                 try:
                     with tarfile.open(spool, mode="r:gz") as tar:
-                        unpack_archive(tar, staging_fd, None, trash=Trash(self.folder, TEMP_PREFIX), replace=False,
-                                       limit=max_bytes)
+                        unpack_archive(
+                            tar, staging_fd, None, trash=Trash(self.folder, TEMP_PREFIX), replace=False, limit=max_bytes
+                        )
                 except tarfile.TarError as err:
                     raise BadToolRequest(f"the cache entry {name!r} cannot be unpacked: {err}") from err
                 finally:

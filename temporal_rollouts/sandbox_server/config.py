@@ -171,7 +171,9 @@ class ServerConfig(ServerOptions):
     @model_validator(mode="after")
     def _one_token_source(self) -> ServerConfig:
         if (self.token_file is None) == (self.token_env is None):
-            raise ValueError("give the bearer token with exactly one of token_file (--token-file) and token_env (--token-env)")
+            raise ValueError(
+                "give the bearer token with exactly one of token_file (--token-file) and token_env (--token-env)"
+            )
         return self
 
     def argv(self, **placeholders: str) -> list[str]:

@@ -46,7 +46,12 @@ class Slot:
 
 class CallRunner:
     def __init__(
-        self, root: Path, max_output_chars: int, require_isolation: bool, journal_limit: int, confinement: Confinement,
+        self,
+        root: Path,
+        max_output_chars: int,
+        require_isolation: bool,
+        journal_limit: int,
+        confinement: Confinement,
         cache: SharedCache | None = None,
     ) -> None:
         self.cache = cache
@@ -81,13 +86,23 @@ class CallRunner:
     async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         async with slot.lock:
             context = SlotContext(
-                slot.workspace, slot.allow_network, self.max_output_chars, self.require_isolation,
-                self.confinement.with_limits(slot.limits), slot.index, self.cache,
+                slot.workspace,
+                slot.allow_network,
+                self.max_output_chars,
+                self.require_isolation,
+                self.confinement.with_limits(slot.limits),
+                slot.index,
+                self.cache,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
                 output = await self.sessions.run(
-                    slot.index, slot.workspace, request.lease_id, slot.allow_network, request.call_id, request.operation,
+                    slot.index,
+                    slot.workspace,
+                    request.lease_id,
+                    slot.allow_network,
+                    request.call_id,
+                    request.operation,
                     context.confinement,
                 )
                 if over_disk := await settle_after_command(context):

@@ -16,7 +16,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.beneath import ToolPath, chmod_at, folder_beneath, move_aside, open_beneath, open_root, walk
+from temporal_rollouts.sandbox_server.beneath import (
+    ToolPath,
+    chmod_at,
+    folder_beneath,
+    move_aside,
+    open_beneath,
+    open_root,
+    walk,
+)
 from temporal_rollouts.sandbox_server.output import BYTES_PER_CHAR, BoundedOutput
 
 TRASH_PREFIX = "trash-"
@@ -167,7 +175,9 @@ def remove_tree(top: Path) -> None:
     done = subprocess.run(argv, capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
     if done.returncode != 0 and os.path.lexists(top):
         # A non-root server meets folders the agent made unwritable: give them back to the owner and retry.
-        subprocess.run(["chmod", "-R", "u+rwx", "--", str(top)], capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
+        subprocess.run(
+            ["chmod", "-R", "u+rwx", "--", str(top)], capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False
+        )
         done = subprocess.run(argv, capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
     if os.path.lexists(top):
         raise OSError(f"cannot remove {top}: {done.stderr.decode(errors='replace').strip()[-500:]}")

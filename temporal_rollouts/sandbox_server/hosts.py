@@ -53,8 +53,12 @@ class AllowedHosts:
         if not host_header:
             return False
         host = _without_port(host_header.strip().lower())
-        return (host in self.names or _is_loopback(host) and bool(self.names & LOOPBACK_NAMES)
-                or any(host.endswith(suffix) for suffix in self.suffixes))
+        return (
+            host in self.names
+            or _is_loopback(host)
+            and bool(self.names & LOOPBACK_NAMES)
+            or any(host.endswith(suffix) for suffix in self.suffixes)
+        )
 
 
 class HostGuard:
@@ -71,8 +75,13 @@ class HostGuard:
                     await send({"type": "websocket.close", "code": 1008})
                     return
                 body = b"this server does not answer to that host name"
-                await send({"type": "http.response.start", "status": 421,
-                            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 421,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

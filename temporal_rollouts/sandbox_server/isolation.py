@@ -65,8 +65,14 @@ def sandbox_environment(home: str) -> dict[str, str]:
 
 
 def bubblewrap_argv(
-    bwrap: str, workspace: Path, command: list[str], *, allow_network: bool, as_root: bool | None = None,
-    tmp_bytes: int = 0, cache: Sequence[Path] = (),
+    bwrap: str,
+    workspace: Path,
+    command: list[str],
+    *,
+    allow_network: bool,
+    as_root: bool | None = None,
+    tmp_bytes: int = 0,
+    cache: Sequence[Path] = (),
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
@@ -152,7 +158,8 @@ def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
     if probe.returncode != 0:
         log.warning(
             "bubblewrap cannot build a sandbox here (%s): %s",
-            "as root" if as_root else "in a user namespace", probe.stderr.decode(errors="replace").strip(),
+            "as root" if as_root else "in a user namespace",
+            probe.stderr.decode(errors="replace").strip(),
         )
         return False
     return True
@@ -198,12 +205,16 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
     return "none"
 
 
-
-
-
 def command_launch(
-    script: list[str], workspace: Path, *, allow_network: bool, require_isolation: bool,
-    confinement: Confinement | None = None, slot: int = 0, cache: Sequence[Path] = (), part: str = "command",
+    script: list[str],
+    workspace: Path,
+    *,
+    allow_network: bool,
+    require_isolation: bool,
+    confinement: Confinement | None = None,
+    slot: int = 0,
+    cache: Sequence[Path] = (),
+    part: str = "command",
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
@@ -226,9 +237,18 @@ def command_launch(
         as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
         # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
         outer, inner = ([], drop) if as_root else (drop, [])
-        argv = prefix + outer + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
-            bwrap, workspace, inner + script, allow_network=allow_network, as_root=as_root,
-            tmp_bytes=confinement.limits.tmp_bytes, cache=cache,
+        argv = (
+            prefix
+            + outer
+            + bubblewrap_argv(  # --die-with-parent: bwrap dies with the server
+                bwrap,
+                workspace,
+                inner + script,
+                allow_network=allow_network,
+                as_root=as_root,
+                tmp_bytes=confinement.limits.tmp_bytes,
+                cache=cache,
+            )
         )
         return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
     environment = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
@@ -265,12 +285,24 @@ async def run_command(
     # bash says it started (one byte on the `started` pipe), then reads the command from the memory file
     # and runs it as `bash -c` would (same $0, same messages); both are closed first, so nothing the
     # command starts holds them. No byte: the sandbox never got as far as the command (`_launch_failed`).
-    script = ["bash", "-c", f'printf . >&{started_write}; exec {started_write}>&-; '
-              f'eval "$(</dev/fd/{script_fd})" {script_fd}<&-', "bash"]
+    script = [
+        "bash",
+        "-c",
+        f'printf . >&{started_write}; exec {started_write}>&-; eval "$(</dev/fd/{script_fd})" {script_fd}<&-',
+        "bash",
+    ]
     part = f"command-{uuid.uuid4().hex[:12]}"
     try:
-        argv, env = command_launch(script, workspace, allow_network=allow_network, require_isolation=require_isolation,
-                                   confinement=confinement, slot=slot, cache=cache, part=part)
+        argv, env = command_launch(
+            script,
+            workspace,
+            allow_network=allow_network,
+            require_isolation=require_isolation,
+            confinement=confinement,
+            slot=slot,
+            cache=cache,
+            part=part,
+        )
     except BaseException:
         for fd in (script_fd, started_read, started_write):
             os.close(fd)
@@ -317,8 +349,10 @@ async def run_command(
     text, truncated = output.text()
     started = _read_started(started_read)
     if not started and not timed_out and proc.returncode != 0:
-        raise SandboxLaunchFailed(f"the sandbox could not start the command (status {proc.returncode}): "
-                                  f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}")
+        raise SandboxLaunchFailed(
+            f"the sandbox could not start the command (status {proc.returncode}): "
+            f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}"
+        )
     text += confinement.notices(slot)
     return CommandResult(
         exit_code=proc.returncode,

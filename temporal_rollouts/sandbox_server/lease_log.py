@@ -84,9 +84,7 @@ def utilisation(events: Iterable[LeaseEvent], slots: int, start: float, end: flo
     """Busy slot-seconds / (slots * (end - start)): the share of slot time spent leased."""
     if slots < 1 or end <= start:
         raise ValueError("utilisation needs at least one slot and end after start")
-    busy = sum(
-        max(0.0, min(ended, end) - max(granted, start)) for granted, ended in lease_spans(events).values()
-    )
+    busy = sum(max(0.0, min(ended, end) - max(granted, start)) for granted, ended in lease_spans(events).values())
     return busy / (slots * (end - start))
 
 
@@ -96,11 +94,7 @@ def idle_while_waiting(events: Iterable[LeaseEvent]) -> float:
     Pass the events of one server: line and free counts are per server. Time a slot
     spends being reset for its next holder counts, as nobody works in it."""
     ordered = sorted(events, key=lambda event: event.t)
-    return sum(
-        later.t - event.t
-        for event, later in zip(ordered, ordered[1:])
-        if event.free > 0 and event.waiters > 0
-    )
+    return sum(later.t - event.t for event, later in zip(ordered, ordered[1:]) if event.free > 0 and event.waiters > 0)
 
 
 def hand_over_latencies(events: Iterable[LeaseEvent]) -> list[float]:

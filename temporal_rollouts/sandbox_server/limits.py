@@ -146,8 +146,14 @@ class Confinement:
     """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
 
     @classmethod
-    def detect(cls, limits: SlotLimits, uid_base: int, container_id: str, use_cgroups: bool = True,
-               uid_count: int = DEFAULT_UID_COUNT) -> Confinement:
+    def detect(
+        cls,
+        limits: SlotLimits,
+        uid_base: int,
+        container_id: str,
+        use_cgroups: bool = True,
+        uid_count: int = DEFAULT_UID_COUNT,
+    ) -> Confinement:
         wanted = set()
         if limits.memory_bytes:
             wanted.add("memory")
@@ -189,8 +195,20 @@ class Confinement:
             return []
         assert self.setpriv is not None
         uid, gid = str(self.uid(slot)), str(self.gid(slot))
-        return [self.setpriv, "--reuid", uid, "--regid", gid, "--clear-groups",
-                "--inh-caps", "-all", "--bounding-set", "-all", "--no-new-privs", "--"]  # fmt: skip
+        return [
+            self.setpriv,
+            "--reuid",
+            uid,
+            "--regid",
+            gid,
+            "--clear-groups",
+            "--inh-caps",
+            "-all",
+            "--bounding-set",
+            "-all",
+            "--no-new-privs",
+            "--",
+        ]
 
     def die_with_server(self) -> list[str]:
         """An argv prefix after which the process is SIGKILLed when the server dies (set after any uid change,
@@ -318,9 +336,14 @@ class Confinement:
     def unwatched_limits(self) -> set[str]:
         """The slot-wide limits no cgroup holds here, which the watchdog must: "memory", "cpus"."""
         cgroup = self._cgroup_controllers()
-        return {name for name, controller, value in (("memory", "memory", self.limits.memory_bytes),
-                                                      ("cpus", "cpu", self.limits.cpus))
-                if value and controller not in cgroup}
+        return {
+            name
+            for name, controller, value in (
+                ("memory", "memory", self.limits.memory_bytes),
+                ("cpus", "cpu", self.limits.cpus),
+            )
+            if value and controller not in cgroup
+        }
 
     def _uids_in_force(self) -> str:
         if not self.dedicated_uids:
@@ -347,8 +370,11 @@ class Confinement:
             return fallback or "off"
 
         watchdog = self.watchdog is not None
-        memory = "watchdog (slot total) + rlimit-as (each process)" if watchdog and rlimit else (
-            "watchdog (slot total)" if watchdog else "rlimit-as (each process)" if rlimit else None)
+        memory = (
+            "watchdog (slot total) + rlimit-as (each process)"
+            if watchdog and rlimit
+            else ("watchdog (slot total)" if watchdog else "rlimit-as (each process)" if rlimit else None)
+        )
         return {
             "uid": self._uids_in_force(),
             "memory": pick(limits.memory_bytes, "memory", memory),

@@ -183,7 +183,9 @@ class ToolOutput(BaseModel):
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
-    replayed: bool = Field(default=False, description="True when answered from the stored result of an earlier attempt.")
+    replayed: bool = Field(
+        default=False, description="True when answered from the stored result of an earlier attempt."
+    )
 
 
 TransferFormat = Literal["file", "tar", "tar.gz"]

@@ -62,10 +62,24 @@ MARKER = re.compile(rb"\x1e([0-9a-f]{16}):(-?\d+)\x1e")
 CURSOR_MOVES = re.compile("([\r\b])")
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 KEY_NAMES = {
-    "Enter": "\r", "C-m": "\r", "Tab": "\t", "Escape": "\x1b", "BSpace": "\x7f", "Space": " ",
-    "C-c": "\x03", "C-d": "\x04", "C-z": "\x1a", "C-l": "\x0c", "C-u": "\x15", "C-a": "\x01", "C-e": "\x05",
-    "Up": "\x1b[A", "Down": "\x1b[B", "Right": "\x1b[C", "Left": "\x1b[D",
-}  # fmt: skip
+    "Enter": "\r",
+    "C-m": "\r",
+    "Tab": "\t",
+    "Escape": "\x1b",
+    "BSpace": "\x7f",
+    "Space": " ",
+    "C-c": "\x03",
+    "C-d": "\x04",
+    "C-z": "\x1a",
+    "C-l": "\x0c",
+    "C-u": "\x15",
+    "C-a": "\x01",
+    "C-e": "\x05",
+    "Up": "\x1b[A",
+    "Down": "\x1b[B",
+    "Right": "\x1b[C",
+    "Left": "\x1b[D",
+}
 SESSION_FILE = "session.json"
 SESSION_PART = "session"
 """The session's own cgroup under the slot's: one-shot commands end theirs, never this one."""
@@ -136,7 +150,13 @@ class SlotSessions:
         self._sessions: dict[int, Session] = {}
 
     async def run(
-        self, index: int, workspace: Path, lease_id: str, allow_network: bool, call_id: str, op: SessionOp,
+        self,
+        index: int,
+        workspace: Path,
+        lease_id: str,
+        allow_network: bool,
+        call_id: str,
+        op: SessionOp,
         confinement: Confinement | None = None,
     ) -> ToolOutput:
         """One action of the slot's session; `confinement`: this lease's (narrowed) limits, for a new session."""
@@ -150,9 +170,12 @@ class SlotSessions:
             code = session.process.returncode
             await self.stop(index, workspace)
             if op.action != "start":
-                return _failed(call_id, f"the terminal session ended: its shell exited with status {code}. "
-                                        "Its directory, variables and background processes are gone; "
-                                        "call again to start a new session.")  # fmt: skip
+                return _failed(
+                    call_id,
+                    f"the terminal session ended: its shell exited with status {code}. "
+                    "Its directory, variables and background processes are gone; "
+                    "call again to start a new session.",
+                )
             session = None
         lost = _lost_session(record, lease_id) if session is None else None
         if lost:
@@ -162,8 +185,11 @@ class SlotSessions:
         if op.action == "stop":
             stopped = session is not None
             await self.stop(index, workspace)
-            return ToolOutput(call_id=call_id, ok=True, output="stopped the terminal session" if stopped
-                              else "no terminal session was running")  # fmt: skip
+            return ToolOutput(
+                call_id=call_id,
+                ok=True,
+                output="stopped the terminal session" if stopped else "no terminal session was running",
+            )
         if session is None:
             session = await self._start(index, workspace, lease_id, allow_network, confinement or self.confinement)
             if op.action == "start":
@@ -218,13 +244,23 @@ class SlotSessions:
         self, index: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement | None
     ) -> Session:
         argv, env = command_launch(
-            ["bash", "-c", LAUNCH], workspace, allow_network=allow_network, require_isolation=self.require_isolation,
-            confinement=confinement, slot=index, part=SESSION_PART,
+            ["bash", "-c", LAUNCH],
+            workspace,
+            allow_network=allow_network,
+            require_isolation=self.require_isolation,
+            confinement=confinement,
+            slot=index,
+            part=SESSION_PART,
         )
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            cwd=workspace, env=env, start_new_session=True,
-        )  # fmt: skip
+            *argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=workspace,
+            env=env,
+            start_new_session=True,
+        )
         session = Session(process=process, lease_id=lease_id, confinement=confinement)
         if confinement is not None:
             session.watching.enter_context(confinement.watched(index, process.pid))
@@ -259,8 +295,13 @@ class SlotSessions:
             text = text.strip("\n")
             session.read_mark = end
             note = f"[still running after {op.timeout_s:g}s: sent Ctrl-C; background processes keep running]"
-            return ToolOutput(call_id=call_id, ok=False, output=f"{text}\n{note}" if text else note,
-                              timed_out=True, truncated=truncated)  # fmt: skip
+            return ToolOutput(
+                call_id=call_id,
+                ok=False,
+                output=f"{text}\n{note}" if text else note,
+                timed_out=True,
+                truncated=truncated,
+            )
         marker_at, marker_end, status = found
         text, truncated = await self._capped(session.take(begin, marker_at))
         session.read_mark = marker_end
@@ -342,8 +383,10 @@ def _lost_session(record: Path, lease_id: str) -> str | None:
         why = "the sandbox server restarted (its container or process crashed or was stopped)"
     else:
         why = "it was stopped"
-    return (f"the terminal session was lost: {why}. Its working directory, variables and background "
-            "processes are gone; files in /workspace remain. Call again to start a new session.")  # fmt: skip
+    return (
+        f"the terminal session was lost: {why}. Its working directory, variables and background "
+        "processes are gone; files in /workspace remain. Call again to start a new session."
+    )
 
 
 def _screen(data: bytes) -> str:

@@ -82,8 +82,11 @@ class SlotBook:
         assert slot.lease is not None
         written = slot.lease.expires_at + SAVE_AHEAD * slot.ttl_s
         self._saved_until[slot.lease.lease_id] = written
-        stored = StoredLease(lease=slot.lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
-                             allow_network=slot.allow_network)
+        stored = StoredLease(
+            lease=slot.lease.model_copy(update={"expires_at": written}),
+            ttl_s=slot.ttl_s,
+            allow_network=slot.allow_network,
+        )
         self._store.put(stored)
         self._compact_if_long()
 
@@ -110,8 +113,13 @@ class SlotBook:
             assert slot.lease is not None
             written = max(self._saved_until.get(slot.lease.lease_id, -1.0), slot.lease.expires_at)
             self._saved_until[slot.lease.lease_id] = written
-            stored.append(StoredLease(lease=slot.lease.model_copy(update={"expires_at": written}), ttl_s=slot.ttl_s,
-                                      allow_network=slot.allow_network))
+            stored.append(
+                StoredLease(
+                    lease=slot.lease.model_copy(update={"expires_at": written}),
+                    ttl_s=slot.ttl_s,
+                    allow_network=slot.allow_network,
+                )
+            )
         self._store.compact(stored)
 
     def _restore(self) -> None:

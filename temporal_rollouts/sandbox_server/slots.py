@@ -31,8 +31,20 @@ from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import give_tree, leftover_trash, prepare_workspace, remove_tree, reset_workspace
-from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_CLAIMS, DEFAULT_UID_COUNT, ServerConfig, SlotLimits
+from temporal_rollouts.sandbox_server.files import (
+    give_tree,
+    leftover_trash,
+    prepare_workspace,
+    remove_tree,
+    reset_workspace,
+)
+from temporal_rollouts.sandbox_server.config import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_CLAIMS,
+    DEFAULT_UID_COUNT,
+    ServerConfig,
+    SlotLimits,
+)
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -103,7 +115,9 @@ class SlotManager:
         self._book = SlotBook(root, slots, container_id, self._line)
         self._slots = self._book.slots
         self.cache = SharedCache(root)
-        self._runner = CallRunner(root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache)
+        self._runner = CallRunner(
+            root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache
+        )
         self._quarantine_retry_at = 0.0
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -113,10 +127,18 @@ class SlotManager:
     @classmethod
     def from_config(cls, config: ServerConfig) -> SlotManager:
         return cls(
-            config.root, config.slots, config.container_id, require_isolation=config.require_isolation,
-            max_output_chars=config.max_output_chars, sweep_interval_s=config.sweep_interval_s, limits=config.limits,
-            uid_base=config.slot_uid_base, uid_count=config.slot_uid_count, uid_claims_dir=config.uid_claims_dir,
-            allow_network_unprotected=config.allow_network_unprotected, use_cgroups=config.use_cgroups,
+            config.root,
+            config.slots,
+            config.container_id,
+            require_isolation=config.require_isolation,
+            max_output_chars=config.max_output_chars,
+            sweep_interval_s=config.sweep_interval_s,
+            limits=config.limits,
+            uid_base=config.slot_uid_base,
+            uid_count=config.slot_uid_count,
+            uid_claims_dir=config.uid_claims_dir,
+            allow_network_unprotected=config.allow_network_unprotected,
+            use_cgroups=config.use_cgroups,
         )
 
     async def start(self) -> None:
@@ -171,7 +193,9 @@ class SlotManager:
             uid = c.slot_uids[slot.index] = self._claims.claim(before)
             save_uid(folder, uid)
             if before is not None and before != uid and slot.lease is not None:
-                log.warning("slot %d's uid %d is held elsewhere now; its workspace moves to uid %d", slot.index, before, uid)
+                log.warning(
+                    "slot %d's uid %d is held elsewhere now; its workspace moves to uid %d", slot.index, before, uid
+                )
                 give_tree(slot.workspace, before, (uid, uid))
 
     def _watch_rule(self, index: int) -> SlotRule:

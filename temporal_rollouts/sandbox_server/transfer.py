@@ -27,7 +27,15 @@ from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.archive import pack_folder, spool_body, unpack_archive
-from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, folder_beneath, lstat_at, open_beneath, open_root, walk
+from temporal_rollouts.sandbox_server.beneath import (
+    ToolPath,
+    describe,
+    folder_beneath,
+    lstat_at,
+    open_beneath,
+    open_root,
+    walk,
+)
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.execution import Slot
 from temporal_rollouts.sandbox_server.files import Trash
@@ -113,7 +121,9 @@ async def send(slot: Slot, query: TransferQuery, max_bytes: int) -> tuple[AsyncI
             os.close(source)
 
 
-async def copy_workspace(source: Slot, target: Slot, max_bytes: int, owner: tuple[int, int] | None = None) -> TransferResult:
+async def copy_workspace(
+    source: Slot, target: Slot, max_bytes: int, owner: tuple[int, int] | None = None
+) -> TransferResult:
     """Replace `target`'s workspace with `source`'s: packed by descriptor into a spool under the source's
     lock, then unpacked with `replace` under the target's, exactly as a snapshot and its restore would be,
     without the trip through the worker and the object store. The locks are taken one after the other."""
@@ -149,11 +159,14 @@ def list_entries(slot: Slot, query: ListQuery) -> FileListing:
             if len(entries) >= query.max_entries:
                 return FileListing(path=top.shown, entries=entries, truncated=True)
             kind = (
-                "link" if stat.S_ISLNK(info.st_mode)
-                else "dir" if stat.S_ISDIR(info.st_mode)
-                else "file" if stat.S_ISREG(info.st_mode)
+                "link"
+                if stat.S_ISLNK(info.st_mode)
+                else "dir"
+                if stat.S_ISDIR(info.st_mode)
+                else "file"
+                if stat.S_ISREG(info.st_mode)
                 else "other"
-            )  # fmt: skip
+            )
             entries.append(FileEntry(path=relative, kind=kind, size=info.st_size if kind == "file" else 0))
     finally:
         os.close(folder)
@@ -181,7 +194,9 @@ async def _stream(fd: int) -> AsyncIterator[bytes]:
         os.close(fd)
 
 
-def _place_file(spools: Path, spool_name: str, workspace: Path, target: ToolPath, owner: tuple[int, int] | None) -> None:
+def _place_file(
+    spools: Path, spool_name: str, workspace: Path, target: ToolPath, owner: tuple[int, int] | None
+) -> None:
     """Move the finished spool into place: one rename between descriptors, which replaces a link itself
     and never writes through it."""
     if not target.parts:
@@ -213,7 +228,12 @@ def _pack(folder_fd: int, spool: Path, format: TransferFormat, limit: int) -> No
 
 
 def _unpack(
-    spool: Path, workspace: Path, target: ToolPath, format: TransferFormat, limit: int, replace: bool,
+    spool: Path,
+    workspace: Path,
+    target: ToolPath,
+    format: TransferFormat,
+    limit: int,
+    replace: bool,
     owner: tuple[int, int] | None,
 ) -> int:
     root = open_root(workspace)

@@ -36,9 +36,11 @@ class UidClaims:
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as err:
-            raise SandboxRequired(f"cannot make the slot uid claims folder {directory} ({err.strerror}); "
-                                  "set sandbox.uid_claims_dir (--uid-claims-dir) to a folder every "
-                                  "sandbox server on this host shares") from None
+            raise SandboxRequired(
+                f"cannot make the slot uid claims folder {directory} ({err.strerror}); "
+                "set sandbox.uid_claims_dir (--uid-claims-dir) to a folder every "
+                "sandbox server on this host shares"
+            ) from None
 
     def claim(self, preferred: int | None = None) -> int:
         """A uid of the range that no other slot on this host holds, `preferred` if it is free."""

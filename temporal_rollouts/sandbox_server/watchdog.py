@@ -119,8 +119,9 @@ class Watchdog:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    def _enforce(self, slot: int, watched: _Watched, processes: dict[int, Process],
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def _enforce(
+        self, slot: int, watched: _Watched, processes: dict[int, Process], loop: asyncio.AbstractEventLoop
+    ) -> None:
         rule = self.rule_of(slot)
         mine = slot_processes(processes, watched.roots, rule.uid)
         if rule.memory_bytes:
@@ -134,8 +135,10 @@ class Watchdog:
             if total <= limit:
                 return
             if _signal(process.pid, signal.SIGKILL):
-                watched.notices.append(f"killed a process using {process.rss_bytes // MIB} MiB: the slot's "
-                                       f"processes went over its memory limit of {limit // MIB} MiB")
+                watched.notices.append(
+                    f"killed a process using {process.rss_bytes // MIB} MiB: the slot's "
+                    f"processes went over its memory limit of {limit // MIB} MiB"
+                )
             total -= process.rss_bytes
 
     def _hold_cpu(self, watched: _Watched, mine: list[Process], cpus: float, loop: asyncio.AbstractEventLoop) -> None:
@@ -182,8 +185,13 @@ def read_processes() -> dict[int, Process]:
         except (OSError, IndexError):
             continue  # exited while we looked
         pid = int(entry.name)
-        found[pid] = Process(pid=pid, parent=int(fields[1]), uid=uid, rss_bytes=int(fields[21]) * PAGE_BYTES,
-                             cpu_ticks=int(fields[11]) + int(fields[12]))
+        found[pid] = Process(
+            pid=pid,
+            parent=int(fields[1]),
+            uid=uid,
+            rss_bytes=int(fields[21]) * PAGE_BYTES,
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+        )
     return found
 
 

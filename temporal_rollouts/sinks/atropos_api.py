@@ -19,7 +19,9 @@ class TrajectoryApiError(RolloutError):
 
 
 class TrajectoryApi:
-    def __init__(self, base_url: str, timeout_s: float = 60.0, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeout_s: float = 60.0, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport)
 
@@ -40,18 +42,25 @@ class TrajectoryApi:
         if response.status_code == 422:
             raise ConfigError(f"Atropos trajectory API rejected {path}: {response.text[:300]}")
         if response.status_code >= 400:
-            raise TrajectoryApiError(f"Atropos trajectory API {path}: HTTP {response.status_code}: {response.text[:300]}")
+            raise TrajectoryApiError(
+                f"Atropos trajectory API {path}: HTTP {response.status_code}: {response.text[:300]}"
+            )
         return response.json()
 
     # env side
     async def post_group(self, group: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", "/scored_data", group)
 
-    async def register_env(self, name: str, max_token_length: int, group_size: int, weight: float = 1.0) -> dict[str, Any]:
+    async def register_env(
+        self, name: str, max_token_length: int, group_size: int, weight: float = 1.0
+    ) -> dict[str, Any]:
         """`{"status": "success", "env_id": ...}`, or `{"status": "wait for trainer to start"}` until the
         trainer has asked for its first batch."""
-        return await self._call("POST", "/register-env", {
-            "desired_name": name, "max_token_length": max_token_length, "group_size": group_size, "weight": weight})
+        return await self._call(
+            "POST",
+            "/register-env",
+            {"desired_name": name, "max_token_length": max_token_length, "group_size": group_size, "weight": weight},
+        )
 
     async def env_status(self, env_id: int) -> dict[str, Any] | None:
         """This env's view of the queue (`self_queue_size` groups of its own waiting); None when run-api does

@@ -63,8 +63,15 @@ class GroupBuilder:
         self._transcripts = transcripts
         self._traces = traces
 
-    async def build(self, group_id: str, results: list[TrajectoryResult], *, max_token_length: int = 0,
-                    sft_template: ChatTemplate | None = None, prefix_tokens: PrefixTokens | None = None) -> ScoredGroup:
+    async def build(
+        self,
+        group_id: str,
+        results: list[TrajectoryResult],
+        *,
+        max_token_length: int = 0,
+        sft_template: ChatTemplate | None = None,
+        prefix_tokens: PrefixTokens | None = None,
+    ) -> ScoredGroup:
         """`max_token_length` > 0 cuts each token sequence from the end to that length: a
         long rollout still trains on its start instead of its whole group being dropped.
         `sft_template` renders rollouts without a token trace (a chat policy's) into token
@@ -93,11 +100,19 @@ class GroupBuilder:
         stats = tool_error_stats(results)
         calls = ToolStats.total([r.tool_stats for r in results])
         tree = is_tree(results)
-        overrides = [{"rollout_id": r.rollout_id, "stop_reason": r.stop_reason.value,
-                      **(rollout_tree_fields(r, hidden if r.tokens else 0) if tree else {})}
-                     for r, hidden in zip(results, masked)]
-        group_overrides = {"tool_errors": stats["count"], "tool_errors_by_tool": stats["by_tool"],
-                           "tool_stats": calls.model_dump()}
+        overrides = [
+            {
+                "rollout_id": r.rollout_id,
+                "stop_reason": r.stop_reason.value,
+                **(rollout_tree_fields(r, hidden if r.tokens else 0) if tree else {}),
+            }
+            for r, hidden in zip(results, masked)
+        ]
+        group_overrides = {
+            "tool_errors": stats["count"],
+            "tool_errors_by_tool": stats["by_tool"],
+            "tool_stats": calls.model_dump(),
+        }
         if tree:
             group_overrides["tree"] = tree_summary(results, prefix_tokens)
         return ScoredGroup(
@@ -118,7 +133,10 @@ class GroupBuilder:
                 "resumed_rollouts": [r.rollout_id for r in results if r.resumed_from_run],
                 "token_restarts": [r.tokens.restarts if r.tokens else None for r in results],
                 "tool_errors": stats,
-                "tool_stats": {"total": calls.model_dump(), "per_rollout": [r.tool_stats.model_dump() for r in results]},
+                "tool_stats": {
+                    "total": calls.model_dump(),
+                    "per_rollout": [r.tool_stats.model_dump() for r in results],
+                },
             },
         )
 

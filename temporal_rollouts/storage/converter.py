@@ -42,5 +42,6 @@ def data_converter(settings: Settings, objects: S3StorageDriverClient) -> DataCo
     # orphan the payloads of histories that already exist.
     driver = S3StorageDriver(objects, bucket=settings.storage.bucket, driver_name=PAYLOAD_DRIVER_NAME)
     storage = ExternalStorage(drivers=[driver], payload_size_threshold=settings.storage.payload_size_threshold)
-    return dataclasses.replace(pydantic_data_converter, external_storage=storage,
-                               failure_converter_class=UserErrorsWithoutTraces)
+    return dataclasses.replace(
+        pydantic_data_converter, external_storage=storage, failure_converter_class=UserErrorsWithoutTraces
+    )

@@ -18,7 +18,6 @@ from temporal_rollouts.storage.content import ContentStore
 PREFIX = "token-traces"
 
 
-
 class _Segment(BaseModel):
     parent: str | None
     tokens: list[int]
@@ -29,7 +28,9 @@ class TokenTraceStore:
     def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_entries: int = 4_096) -> None:
         self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
 
-    async def append(self, parent: TokenTraceRef | None, added: TokenTrace, *, messages: int, restarts: int) -> TokenTraceRef:
+    async def append(
+        self, parent: TokenTraceRef | None, added: TokenTrace, *, messages: int, restarts: int
+    ) -> TokenTraceRef:
         """`parent` extended by `added`; None as parent starts a new sequence."""
         segment = _Segment(parent=parent.head if parent else None, tokens=added.tokens, logprobs=added.logprobs)
         head = await self._store.put("segments", segment.model_dump_json().encode(), segment)
@@ -60,7 +61,9 @@ class TokenTraceStore:
         head = segments[len(kept)].parent if len(kept) < len(segments) else ref.head
         assert head is not None
         return TokenTraceRef(
-            head=head, tokens=sum(len(s.tokens) for s in kept),
+            head=head,
+            tokens=sum(len(s.tokens) for s in kept),
             generated=sum(1 for s in kept for logprob in s.logprobs if logprob is not None),
-            messages=messages, restarts=ref.restarts,
+            messages=messages,
+            restarts=ref.restarts,
         )

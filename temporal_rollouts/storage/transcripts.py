@@ -23,7 +23,6 @@ from temporal_rollouts.storage.content import ContentStore
 PREFIX = "transcripts"
 
 
-
 class _Node(BaseModel):
     parent: str | None
     messages: list[str]
@@ -43,7 +42,9 @@ class TranscriptStore:
         self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
 
     async def put_tools(self, tools: list[ToolSpec]) -> str:
-        return await self._store.put("tools", json.dumps([t.model_dump() for t in tools], sort_keys=True).encode(), tools)
+        return await self._store.put(
+            "tools", json.dumps([t.model_dump() for t in tools], sort_keys=True).encode(), tools
+        )
 
     async def tools(self, key: str) -> list[ToolSpec]:
         return await self._store.get("tools", key, lambda data: [ToolSpec.model_validate(t) for t in json.loads(data)])
@@ -61,10 +62,13 @@ class TranscriptStore:
 
     async def append(self, transcript: TranscriptRef, messages: list[Message]) -> TranscriptRef:
         head = await self._append_node(transcript.head, messages)
-        return transcript.model_copy(update={
-            "head": head, "messages": transcript.messages + len(messages),
-            "tokens": transcript.tokens + estimate_tokens(messages),
-        })
+        return transcript.model_copy(
+            update={
+                "head": head,
+                "messages": transcript.messages + len(messages),
+                "tokens": transcript.tokens + estimate_tokens(messages),
+            }
+        )
 
     async def _append_node(self, parent: str | None, messages: list[Message], tools: str | None = None) -> str:
         keys = [await self.put_message(m) for m in messages]

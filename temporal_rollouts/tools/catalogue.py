@@ -39,8 +39,12 @@ WORKSPACE = "/workspace"
 MAX_DECODE_DEPTH = 3
 DEFAULT_KEYS_WAIT_S = 1.0
 TMUX_ACTIONS: dict[str, SessionAction] = {
-    "start": "start", "send_keys": "send_keys", "capture": "screen", "read": "read", "stop": "stop",
-}  # fmt: skip
+    "start": "start",
+    "send_keys": "send_keys",
+    "capture": "screen",
+    "read": "read",
+    "stop": "stop",
+}
 
 
 class ToolCallProblem(BaseModel):
@@ -207,7 +211,7 @@ def parse_tool_call(
     if tool.name == "tmux":
         action = TMUX_ACTIONS[arguments["action"]]
         if action == "send_keys" and not arguments.get("keys"):
-            message = f"Error: invalid arguments for tmux: send_keys needs \"keys\". Expected {tool.usage()}."
+            message = f'Error: invalid arguments for tmux: send_keys needs "keys". Expected {tool.usage()}.'
             return ToolCallProblem(kind="bad_arguments", message=message)
         wait = arguments.get("wait")
         wait_s = DEFAULT_KEYS_WAIT_S if wait is None else min(max(float(wait), 0.1), max_timeout_s)

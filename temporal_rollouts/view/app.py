@@ -61,12 +61,18 @@ def rollout_filter(request: Request) -> RolloutFilter:
         except ValueError:
             raise ConfigError(f"{name}: {text!r} is not a number") from None
 
-    return RolloutFilter(status=params.get("status") or None, stop_reason=params.get("stop_reason") or None,
-                         min_score=number("min_score"), max_score=number("max_score"))
+    return RolloutFilter(
+        status=params.get("status") or None,
+        stop_reason=params.get("stop_reason") or None,
+        min_score=number("min_score"),
+        max_score=number("max_score"),
+    )
 
 
 def create_app(
-    client: Client, transcripts: TranscriptStore, ui_origins: list[str] | None = None,
+    client: Client,
+    transcripts: TranscriptStore,
+    ui_origins: list[str] | None = None,
     allowed_hosts: AllowedHosts | None = None,
 ) -> Starlette:
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
@@ -103,8 +109,10 @@ def create_app(
         counts = counts_of_rows(rows)
         if kind == "batch" and (progress := await batch_counts(client, batch_id, described.status)).get("total"):
             done = progress["completed"] + progress["failed"] + progress["running"]
-            counts = Counts(**{k: progress[k] for k in ("total", "completed", "failed", "running")},
-                            queued=max(progress["total"] - done, 0))
+            counts = Counts(
+                **{k: progress[k] for k in ("total", "completed", "failed", "running")},
+                queued=max(progress["total"] - done, 0),
+            )
         shown = batch_figures(batch_id, kind, status_name(described.status), counts, rows, known, pending)
         if kind == "training_run":
             try:
@@ -137,7 +145,18 @@ def create_app(
         exception_handlers={ConfigError: bad_request, ValueError: bad_request},
         middleware=[
             Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
-            *([Middleware(CORSMiddleware, allow_origins=ui_origins, allow_methods=["POST", "GET"],
-                          allow_headers=["*"], allow_credentials=True)] if ui_origins else []),
+            *(
+                [
+                    Middleware(
+                        CORSMiddleware,
+                        allow_origins=ui_origins,
+                        allow_methods=["POST", "GET"],
+                        allow_headers=["*"],
+                        allow_credentials=True,
+                    )
+                ]
+                if ui_origins
+                else []
+            ),
         ],
     )

@@ -30,7 +30,9 @@ def codec_routes(converter: DataConverter):
         body = await request.json()
         raw = body.get("payloads") if isinstance(body, dict) else None
         if not isinstance(raw, list) or len(raw) > MAX_PAYLOADS:
-            return JSONResponse({"error": f"expected {{'payloads': [...]}} with at most {MAX_PAYLOADS}"}, status_code=400)
+            return JSONResponse(
+                {"error": f"expected {{'payloads': [...]}} with at most {MAX_PAYLOADS}"}, status_code=400
+            )
         payloads = [json_format.ParseDict(item, Payload()) for item in raw]
         if storage is not None:
             payloads = list(await storage._retrieve_payload_sequence(payloads))

@@ -18,8 +18,14 @@ from temporal_rollouts.core.records import StopReason
 MAX_BARS = 12
 """A histogram shows each distinct value while there are at most this many; else equal-width bins."""
 BINS = 10
-PHASES = {"acquire": "acquire", "setup": "setup", "llm": "model", "tools": "tools", "verify": "verify",
-          "resume": "resume"}
+PHASES = {
+    "acquire": "acquire",
+    "setup": "setup",
+    "llm": "model",
+    "tools": "tools",
+    "verify": "verify",
+    "resume": "resume",
+}
 """Timing keys of a TrajectoryResult and the names the page gives them; the rest of `total` is `other`."""
 
 
@@ -77,8 +83,10 @@ def histogram(values: list[float]) -> list[Bar]:
     for value in values:
         bins[min(int((value - low) / width), BINS - 1)] += 1
     edges = [low + i * width for i in range(BINS + 1)]
-    return [Bar(label=f"{_label(edges[i])}–{_label(edges[i + 1])}", count=bins[i], low=edges[i], high=edges[i + 1])
-            for i in range(BINS)]
+    return [
+        Bar(label=f"{_label(edges[i])}–{_label(edges[i + 1])}", count=bins[i], low=edges[i], high=edges[i + 1])
+        for i in range(BINS)
+    ]
 
 
 def stop_reason_bars(rows: list[RolloutRow]) -> list[Bar]:
@@ -97,20 +105,38 @@ def time_shares(outcomes: list[RolloutOutcome]) -> list[PhaseTime]:
         spent["other"] += max(outcome.timings.get("total", 0.0) - sum(phases.values()), 0.0)
     total = sum(spent.values()) or 1.0
     order = [*PHASES.values(), "other"]
-    return [PhaseTime(phase=phase, seconds=round(spent[phase], 3), mean_s=round(spent[phase] / len(outcomes), 3),
-                      share=round(spent[phase] / total, 4))
-            for phase in order if spent.get(phase)]
+    return [
+        PhaseTime(
+            phase=phase,
+            seconds=round(spent[phase], 3),
+            mean_s=round(spent[phase] / len(outcomes), 3),
+            share=round(spent[phase] / total, 4),
+        )
+        for phase in order
+        if spent.get(phase)
+    ]
 
 
-def batch_figures(batch_id: str, kind: str, status: str, counts: Counts, rows: list[RolloutRow],
-                  outcomes: dict[str, RolloutOutcome], pending: int) -> Figures:
+def batch_figures(
+    batch_id: str,
+    kind: str,
+    status: str,
+    counts: Counts,
+    rows: list[RolloutRow],
+    outcomes: dict[str, RolloutOutcome],
+    pending: int,
+) -> Figures:
     return Figures(
-        batch_id=batch_id, kind=kind, status=status, counts=counts,
+        batch_id=batch_id,
+        kind=kind,
+        status=status,
+        counts=counts,
         scores=histogram([row.score for row in rows if row.score is not None]),
         stop_reasons=stop_reason_bars(rows),
         turns=histogram([float(outcome.turns) for outcome in outcomes.values()]),
         time=time_shares(list(outcomes.values())),
-        outcomes_read=len(outcomes), outcomes_pending=pending,
+        outcomes_read=len(outcomes),
+        outcomes_pending=pending,
     )
 
 
@@ -121,5 +147,10 @@ def counts_of_rows(rows: list[RolloutRow], total: int | None = None) -> Counts:
     completed = by_status["completed"]
     failed = len(rows) - running - completed
     queued = max((total or 0) - len(rows), 0)
-    return Counts(total=total if total is not None else len(rows), completed=completed, failed=failed,
-                  running=running, queued=queued)
+    return Counts(
+        total=total if total is not None else len(rows),
+        completed=completed,
+        failed=failed,
+        running=running,
+        queued=queued,
+    )

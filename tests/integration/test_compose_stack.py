@@ -104,8 +104,21 @@ def start_temporal(stack: Stack) -> None:
     port = free_port()
     config = yaml.safe_load((REPO / SERVICES["temporal"]["volumes"][0].split(":")[0]).read_text())
     flags = dynamic_config_flags({key: values[0]["value"] for key, values in config.items()})
-    argv = [temporal_binary(), "server", "start-dev", "--ip", HOST, "--port", str(port), "--headless",
-            "--db-filename", str(stack.tmp / "temporal.db"), "--log-level", "warn", *flags]  # fmt: skip
+    argv = [
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        HOST,
+        "--port",
+        str(port),
+        "--headless",
+        "--db-filename",
+        str(stack.tmp / "temporal.db"),
+        "--log-level",
+        "warn",
+        *flags,
+    ]
     proc, log = stack.launch("temporal", argv, base_env())
     wait_for_port(HOST, port, proc, "temporal dev server", log, wait_s=60)
     stack.addresses["temporal:7233"] = f"{HOST}:{port}"
@@ -135,9 +148,14 @@ def create_bucket(stack: Stack) -> None:
     from botocore.config import Config
 
     env = compose_env("bucket", stack.addresses)
-    s3 = boto3.client("s3", endpoint_url=env["S3_ENDPOINT"], region_name="us-east-1",
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                      config=Config(s3={"addressing_style": "path"}))  # fmt: skip
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["S3_ENDPOINT"],
+        region_name="us-east-1",
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        config=Config(s3={"addressing_style": "path"}),
+    )
     s3.create_bucket(Bucket=env["S3_BUCKET"])
 
 
@@ -171,8 +189,12 @@ def worker_env(stack: Stack, index: int) -> dict[str, str]:
     assert mounted == env["ROLLOUTS_DATA_DIR"] and volume in COMPOSE["volumes"]
     env["ROLLOUTS_DATA_DIR"] = str(stack.tmp / volume)
     env["ROLLOUTS_WORKER__HOST_NAME"] = f"worker-{index}"  # compose gives each replica its own hostname
-    unresolved = [(name, value) for name, value in env.items() for service in SERVICES
-                  if re.search(rf"(^|//|\"){re.escape(service)}:\d", value)]  # fmt: skip
+    unresolved = [
+        (name, value)
+        for name, value in env.items()
+        for service in SERVICES
+        if re.search(rf"(^|//|\"){re.escape(service)}:\d", value)
+    ]
     assert not unresolved, f"the worker names a compose service this test does not run: {unresolved}"
     return env
 
@@ -223,8 +245,9 @@ async def test_a_batch_runs_through_the_compose_services(stack, monkeypatch) -> 
     settings = Settings()
     client = await connect(settings, start_embedded=False)
     batch = BatchInput(env="echo_chain", num_items=4, group_size=2, max_concurrency=8, env_config={"steps": 2})
-    handle = await client.start_workflow(BatchWorkflow.run, batch, id=f"compose-{uuid.uuid4().hex[:6]}",
-                                         task_queue=settings.temporal.task_queue)  # fmt: skip
+    handle = await client.start_workflow(
+        BatchWorkflow.run, batch, id=f"compose-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue
+    )
     try:
         result = BatchResult.model_validate(await asyncio.wait_for(handle.result(), 240))
     except WorkflowFailureError as err:

@@ -18,9 +18,14 @@ async def test_a_rollout_over_its_context_budget_goes_on_with_a_fitted_copy(clie
     transcript keeps every output whole."""
     result = await client.execute_workflow(
         TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id="echo-0"), env_config={"steps": 6, "output_chars": 3_000},
-                        limits=RolloutLimits(context_tokens=4_000)),
-        id=f"context-fit-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue,
+        TrajectoryInput(
+            env="echo_chain",
+            item=Item(id="echo-0"),
+            env_config={"steps": 6, "output_chars": 3_000},
+            limits=RolloutLimits(context_tokens=4_000),
+        ),
+        id=f"context-fit-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue,
     )
     assert result.stop_reason.value == "completed" and result.score == 1.0
     saved = await transcripts.load(result.transcript)
@@ -32,7 +37,8 @@ async def test_a_budget_nothing_fits_in_stops_the_rollout_as_context_budget(clie
     result = await client.execute_workflow(
         TrajectoryWorkflow.run,
         TrajectoryInput(env="echo_chain", item=Item(id="echo-0"), limits=RolloutLimits(context_tokens=20)),
-        id=f"context-stop-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue,
+        id=f"context-stop-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue,
     )
     assert result.stop_reason.value == "context_budget" and result.turns == 0
     assert "budget is 20" in result.stop_detail

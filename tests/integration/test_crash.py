@@ -38,10 +38,12 @@ STEP_S = 4.0  # how long the step under test takes, so the kill lands inside it
 
 @pytest.fixture
 def crash_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={
-        "temporal": settings.temporal.model_copy(update={"task_queue": f"crash-{uuid.uuid4().hex[:6]}"}),
-        "sandbox": settings.sandbox.model_copy(update={"reap_interval_s": 2.0}),
-    })
+    return settings.model_copy(
+        update={
+            "temporal": settings.temporal.model_copy(update={"task_queue": f"crash-{uuid.uuid4().hex[:6]}"}),
+            "sandbox": settings.sandbox.model_copy(update={"reap_interval_s": 2.0}),
+        }
+    )
 
 
 @pytest.fixture
@@ -75,16 +77,22 @@ PHASES = {
 
 @pytest.mark.parametrize("phase", list(PHASES))
 async def test_worker_killed_mid_step_the_rollout_finishes(
-    phase: str, client: Client, crash_settings: Settings, worker_process: WorkerProcess,
-    demo_policy: DemoPolicyProcess, pool: SandboxPool,
+    phase: str,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
+    demo_policy: DemoPolicyProcess,
+    pool: SandboxPool,
 ) -> None:
     env_config, faults, marker = PHASES[phase]
     demo_policy.control(**faults)
     handle = await client.start_workflow(
         TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id=f"echo-{uuid.uuid4().int % 10**6}"),
-                        env_config={"steps": 2, **env_config}),
-        id=f"crash-{phase.replace(' ', '-')}-{uuid.uuid4().hex[:6]}", task_queue=crash_settings.temporal.task_queue,
+        TrajectoryInput(
+            env="echo_chain", item=Item(id=f"echo-{uuid.uuid4().int % 10**6}"), env_config={"steps": 2, **env_config}
+        ),
+        id=f"crash-{phase.replace(' ', '-')}-{uuid.uuid4().hex[:6]}",
+        task_queue=crash_settings.temporal.task_queue,
     )
     if phase == "tool call":
         # A tool call is a local activity: it holds the workflow task, so a query waits until
@@ -126,7 +134,10 @@ async def _no_leases(pool: SandboxPool) -> bool:
 
 
 async def test_chaos_batch_survives_repeated_sigkills(
-    client: Client, crash_settings: Settings, worker_process: WorkerProcess, demo_policy: DemoPolicyProcess,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
+    demo_policy: DemoPolicyProcess,
     pool: SandboxPool,
 ) -> None:
     """24 rollouts with distinct prompts; the worker is SIGKILLed at random moments 4 times."""
@@ -134,10 +145,14 @@ async def test_chaos_batch_survives_repeated_sigkills(
     queue = crash_settings.temporal.task_queue
     batches = [
         BatchInput(env="terminal_tasks", num_items=16, group_size=1, max_concurrency=24),
-        BatchInput(env="echo_chain", num_items=8, group_size=1, item_offset=1000, env_config={"steps": 3, "sleep_s": 0.2}),
+        BatchInput(
+            env="echo_chain", num_items=8, group_size=1, item_offset=1000, env_config={"steps": 3, "sleep_s": 0.2}
+        ),
     ]
-    handles = [await client.start_workflow(BatchWorkflow.run, b, id=f"chaos-{uuid.uuid4().hex[:6]}", task_queue=queue)
-               for b in batches]
+    handles = [
+        await client.start_workflow(BatchWorkflow.run, b, id=f"chaos-{uuid.uuid4().hex[:6]}", task_queue=queue)
+        for b in batches
+    ]
     results_task = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
     rng = random.Random(7)
     for _ in range(4):
@@ -177,14 +192,19 @@ async def _turns_per_rollout(client: Client, handles: list[WorkflowHandle], resu
 
 
 async def test_terminated_rollouts_get_their_slots_back_after_one_reaper_period(
-    client: Client, crash_settings: Settings, worker_process: WorkerProcess, demo_policy: DemoPolicyProcess,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
+    demo_policy: DemoPolicyProcess,
     pool: SandboxPool,
 ) -> None:
     demo_policy.control(delay_s=60)
     handles = [
         await client.start_workflow(
-            TrajectoryWorkflow.run, TrajectoryInput(env="echo_chain", item=Item(id=f"echo-{n}")),
-            id=f"terminate-{uuid.uuid4().hex[:6]}", task_queue=crash_settings.temporal.task_queue,
+            TrajectoryWorkflow.run,
+            TrajectoryInput(env="echo_chain", item=Item(id=f"echo-{n}")),
+            id=f"terminate-{uuid.uuid4().hex[:6]}",
+            task_queue=crash_settings.temporal.task_queue,
         )
         for n in range(2)
     ]
@@ -196,9 +216,20 @@ async def test_terminated_rollouts_get_their_slots_back_after_one_reaper_period(
     await wait_until(both_leased, timeout_s=30)
     for handle in handles:
         subprocess.run(
-            [temporal_binary(), "workflow", "terminate", "--address", crash_settings.temporal_address,
-             "--workflow-id", handle.id, "--reason", "test"],
-            check=True, capture_output=True, timeout=30,
+            [
+                temporal_binary(),
+                "workflow",
+                "terminate",
+                "--address",
+                crash_settings.temporal_address,
+                "--workflow-id",
+                handle.id,
+                "--reason",
+                "test",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
         )
     terminated_at = time.monotonic()
 

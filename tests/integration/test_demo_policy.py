@@ -20,7 +20,11 @@ from temporal_rollouts.policy_servers.demo import MODEL_ID, BackgroundServer, co
 from tests.support import REPO
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{8}$")
-EXTRAS = {"tools": [{"type": "function", "function": {"name": "terminal", "parameters": {}}}], "temperature": 0.7, "max_tokens": 512}
+EXTRAS = {
+    "tools": [{"type": "function", "function": {"name": "terminal", "parameters": {}}}],
+    "temperature": 0.7,
+    "max_tokens": 512,
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,21 @@ def test_the_control_endpoint_is_off_unless_asked_for_and_loopback_only() -> Non
         assert http.post("/stats/reset").status_code in (404, 405)
         assert http.get("/health").status_code == 200
     refused = subprocess.run(
-        [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--host", "0.0.0.0", "--port", "0", "--enable-control"],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+        [
+            sys.executable,
+            "-m",
+            "temporal_rollouts.policy_servers.demo",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--enable-control",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert refused.returncode != 0 and "loopback" in refused.stderr
 
@@ -94,7 +111,9 @@ def test_plays_a_terminal_task_turn_by_turn_then_stops(client):
         assert as_scripted(choice["message"]) == turn
         assert all(CALL_ID.match(c["id"]) and c["type"] == "function" for c in choice["message"]["tool_calls"])
         usage = body["usage"]
-        assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert (
+            usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        )
         answer_tools(messages, choice["message"])
     final = chat(client, messages).json()["choices"][0]
     assert final["finish_reason"] == "stop"
@@ -108,7 +127,10 @@ def test_plays_a_terminal_task_turn_by_turn_then_stops(client):
 
 def test_recognises_the_first_turn_of_every_task(client):
     cases = [("terminal_tasks", item, None) for item in envs.get_env("terminal_tasks").load_items(50)[:16]]
-    cases += [("echo_chain", Item(id="echo-98765", data={"steps": 9}), None), ("echo_chain", Item(id="echo-2"), {"steps": 2})]
+    cases += [
+        ("echo_chain", Item(id="echo-98765", data={"steps": 9}), None),
+        ("echo_chain", Item(id="echo-2"), {"steps": 2}),
+    ]
     for env_name, item, config in cases:
         env = envs.get_env(env_name, config)
         first = [(c.name, c.arguments) for c in env.reference_solution(item)[0]]
@@ -256,7 +278,17 @@ def test_command_line_entry_point_with_fault_flags():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--port", str(port), "--fail-next", "1", "--retry-after", "2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "temporal_rollouts.policy_servers.demo",
+        "--port",
+        str(port),
+        "--fail-next",
+        "1",
+        "--retry-after",
+        "2",
+    ]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -65,11 +65,39 @@ class BwrapSlot:
 
     async def _run(self, key: str, command: str, timeout_s: float) -> ToolOutput:
         argv = [
-            "bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--bind", str(self.root), WORKSPACE, "--chdir", WORKSPACE,
-            "--unshare-all", "--die-with-parent", "bash", "-c", command,
-        ]  # fmt: skip
+            "bwrap",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(self.root),
+            WORKSPACE,
+            "--chdir",
+            WORKSPACE,
+            "--unshare-all",
+            "--die-with-parent",
+            "bash",
+            "-c",
+            command,
+        ]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )

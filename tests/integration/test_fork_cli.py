@@ -24,20 +24,31 @@ from workflows.trajectory import TrajectoryWorkflow
 async def rollouts(settings: Settings, *args: str) -> subprocess.CompletedProcess:
     """The `rollouts` command in a subprocess (in a thread: this test process runs the worker)."""
     return await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "temporal_rollouts.cli", *args], cwd=REPO, capture_output=True, text=True,
-        timeout=300, env={**os.environ, **settings_environment(settings)},
+        subprocess.run,
+        [sys.executable, "-m", "temporal_rollouts.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **settings_environment(settings)},
     )
 
 
 async def rollout(client: Client, settings: Settings, input: TrajectoryInput) -> TrajectoryResult:
-    return TrajectoryResult.model_validate(await client.execute_workflow(
-        TrajectoryWorkflow.run, input, id=f"cli-source-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
-    ))
+    return TrajectoryResult.model_validate(
+        await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            input,
+            id=f"cli-source-{uuid.uuid4().hex[:6]}",
+            task_queue=settings.temporal.task_queue,
+        )
+    )
 
 
 async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client: Client, settings: Settings) -> None:
-    source = await rollout(client, settings, TrajectoryInput(env="echo_chain", item=Item(id="echo-31"),
-                                                             env_config={"steps": 4}))
+    source = await rollout(
+        client, settings, TrajectoryInput(env="echo_chain", item=Item(id="echo-31"), env_config={"steps": 4})
+    )
     done = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "2", "-n", "2", "--wait", "--json")
     assert done.returncode == 0, done.stderr
     forked = json.loads(done.stdout)
@@ -58,12 +69,14 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
 @pytest.mark.slow
 @needs_bubblewrap
 async def test_a_fork_says_it_cannot_carry_the_stateful_terminal_and_a_replay_starts_it_again(
-    client: Client, settings: Settings,
+    client: Client,
+    settings: Settings,
 ) -> None:
     """serve-status-page starts an HTTP server in the stateful terminal at turn 2: a fork from the
     snapshot of turn 2 has the files but no server (and fails its check), a replay starts it again."""
-    source = await rollout(client, settings, TrajectoryInput(env="terminal_tasks", item=Item(id="serve-status-page"),
-                                                             snapshot_turns=True))
+    source = await rollout(
+        client, settings, TrajectoryInput(env="terminal_tasks", item=Item(id="serve-status-page"), snapshot_turns=True)
+    )
     assert source.score == 1.0
 
     restored = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "2", "--wait")

@@ -35,9 +35,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def crash_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={
-        "temporal": settings.temporal.model_copy(update={"task_queue": f"fork-crash-{uuid.uuid4().hex[:6]}"}),
-    })
+    return settings.model_copy(
+        update={
+            "temporal": settings.temporal.model_copy(update={"task_queue": f"fork-crash-{uuid.uuid4().hex[:6]}"}),
+        }
+    )
 
 
 @pytest.fixture
@@ -66,14 +68,22 @@ async def no_leases(pool: SandboxPool) -> bool:
 
 
 async def test_a_worker_killed_while_a_batch_branches_loses_no_branch_and_no_slot(
-    client: Client, crash_settings: Settings, worker_process: WorkerProcess, demo_policy: DemoPolicyProcess,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
+    demo_policy: DemoPolicyProcess,
     pool: SandboxPool,
 ) -> None:
     demo_policy.control(delay_s=0.3)
-    batch = BatchInput(env="echo_chain", env_config={"steps": 3}, num_items=1, group_size=2,
-                       branch={"at_turns": [1, 2], "factor": 2})
-    handle = await client.start_workflow(BatchWorkflow.run, batch, id=f"branch-crash-{uuid.uuid4().hex[:6]}",
-                                         task_queue=crash_settings.temporal.task_queue)
+    batch = BatchInput(
+        env="echo_chain", env_config={"steps": 3}, num_items=1, group_size=2, branch={"at_turns": [1, 2], "factor": 2}
+    )
+    handle = await client.start_workflow(
+        BatchWorkflow.run,
+        batch,
+        id=f"branch-crash-{uuid.uuid4().hex[:6]}",
+        task_queue=crash_settings.temporal.task_queue,
+    )
     tree = client.get_workflow_handle(f"{handle.id}/item-0/tree")
     await wait_until(lambda: _more_than(tree, 2), timeout_s=60, interval_s=0.05)  # the first branch was asked for
     worker_process.restart()
@@ -90,13 +100,19 @@ async def _more_than(tree: WorkflowHandle, count: int) -> bool:
 
 
 async def test_a_worker_killed_during_a_replay_finishes_the_fork_and_runs_each_call_once(
-    client: Client, crash_settings: Settings, worker_process: WorkerProcess, pool: SandboxPool,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
+    pool: SandboxPool,
 ) -> None:
-    source = TrajectoryResult.model_validate(await client.execute_workflow(
-        TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id="echo-4242"), env_config={"steps": 3, "sleep_s": 1.5}),
-        id=f"replayed-{uuid.uuid4().hex[:6]}", task_queue=crash_settings.temporal.task_queue,
-    ))
+    source = TrajectoryResult.model_validate(
+        await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(env="echo_chain", item=Item(id="echo-4242"), env_config={"steps": 3, "sleep_s": 1.5}),
+            id=f"replayed-{uuid.uuid4().hex[:6]}",
+            task_queue=crash_settings.temporal.task_queue,
+        )
+    )
     handle, _, (root,) = await start_fork(client, crash_settings, source.rollout_id, 3, 2)
 
     async def replaying() -> bool:
@@ -118,12 +134,16 @@ async def test_a_worker_killed_during_a_replay_finishes_the_fork_and_runs_each_c
 
 
 async def test_branches_failed_by_a_model_outage_resume_alone_or_with_their_batch(
-    client: Client, settings: Settings, demo_policy: DemoPolicyProcess, pool: SandboxPool,
+    client: Client,
+    settings: Settings,
+    demo_policy: DemoPolicyProcess,
+    pool: SandboxPool,
 ) -> None:
     demo_policy.control(delay_s=0.5)
     batch_id = f"branch-outage-{uuid.uuid4().hex[:6]}"
-    batch = BatchInput(env="echo_chain", env_config={"steps": 3}, num_items=1, group_size=2,
-                       branch={"at_turns": [1], "factor": 2})
+    batch = BatchInput(
+        env="echo_chain", env_config={"steps": 3}, num_items=1, group_size=2, branch={"at_turns": [1], "factor": 2}
+    )
     handle = await client.start_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=settings.temporal.task_queue)
     tree = client.get_workflow_handle(f"{batch_id}/item-0/tree")
     await wait_until(lambda: _more_than(tree, 3), timeout_s=60, interval_s=0.05)

@@ -42,14 +42,26 @@ def served(server: GenerateServerProcess) -> int:
 
 @pytest.mark.timeout(600)
 async def test_a_branch_and_a_fork_carry_their_parents_tokens_and_logprobs_exactly(
-    client: Client, settings: Settings, parts: Parts, smol: str, smollm2_server: GenerateServerProcess,
+    client: Client,
+    settings: Settings,
+    parts: Parts,
+    smol: str,
+    smollm2_server: GenerateServerProcess,
 ) -> None:
     httpx.post(f"{smollm2_server.url}/requests/reset", timeout=10).raise_for_status()
-    batch = BatchInput(env="echo_chain", env_config={"steps": 2}, num_items=1, group_size=1, policy=smol,
-                       sampling=Sampling(temperature=1.0, max_tokens=8), limits=RolloutLimits(max_turns=4),
-                       branch={"at_turns": [1], "factor": 2})
-    result = await client.execute_workflow(BatchWorkflow.run, batch, id=batch_id("tokens-branch"),
-                                           task_queue=settings.temporal.task_queue)
+    batch = BatchInput(
+        env="echo_chain",
+        env_config={"steps": 2},
+        num_items=1,
+        group_size=1,
+        policy=smol,
+        sampling=Sampling(temperature=1.0, max_tokens=8),
+        limits=RolloutLimits(max_turns=4),
+        branch={"at_turns": [1], "factor": 2},
+    )
+    result = await client.execute_workflow(
+        BatchWorkflow.run, batch, id=batch_id("tokens-branch"), task_queue=settings.temporal.task_queue
+    )
     assert result.completed == 2, result
     (group,) = read_groups(Path(result.output))
     parent_id, branch_id = group["metadata"]["rollout_ids"]
@@ -69,4 +81,7 @@ async def test_a_branch_and_a_fork_carry_their_parents_tokens_and_logprobs_exact
     assert point.prefix.tokens is not None and fork.tokens is not None
     parent_trace, fork_trace = await parts.traces.load(parent.tokens), await parts.traces.load(fork.tokens)
     cut = point.prefix.tokens.tokens
-    assert fork_trace.tokens[:cut] == parent_trace.tokens[:cut] and fork_trace.logprobs[:cut] == parent_trace.logprobs[:cut]
+    assert (
+        fork_trace.tokens[:cut] == parent_trace.tokens[:cut]
+        and fork_trace.logprobs[:cut] == parent_trace.logprobs[:cut]
+    )

@@ -35,7 +35,7 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 
 
 def assert_forward_logprobs(model, prompt_ids: list[int], output_ids: list[int], logprobs: list[float]) -> None:
-    expected = forward_logprobs(model, prompt_ids + output_ids)[len(prompt_ids) - 1:]
+    expected = forward_logprobs(model, prompt_ids + output_ids)[len(prompt_ids) - 1 :]
     assert len(logprobs) == len(expected) == len(output_ids)
     worst = max(abs(got - want) for got, want in zip(logprobs, expected))
     assert worst < LOGPROB_TOLERANCE, (logprobs, expected)
@@ -85,8 +85,14 @@ def test_sglang_shape_returns_forward_pass_logprobs(
 def test_vllm_shape_samples_the_same_tokens_for_the_same_seed(
     smollm2_server, sglang_sample, story_ids, smollm2_model, smollm2_tokenizer
 ) -> None:
-    body = {"prompt": {"prompt_token_ids": story_ids}, "logprobs": 0, "max_tokens": NEW_TOKENS,
-            "temperature": 1.0, "n": 1, "seed": SEED}
+    body = {
+        "prompt": {"prompt_token_ids": story_ids},
+        "logprobs": 0,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 1.0,
+        "n": 1,
+        "seed": SEED,
+    }
     response = post(smollm2_server, body)
     assert response.status_code == 200, response.text
     data = response.json()

@@ -34,13 +34,20 @@ def server(own_smollm2_server: GenerateServerProcess) -> GenerateServerProcess:
 
 def sampled_group(server: GenerateServerProcess, tokenizer, size: int = 2) -> dict:
     """`size` replies of the served model to one prompt, as an Atropos group scored 1, 0, ..."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hello."}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     group = {"tokens": [], "masks": [], "inference_logprobs": [], "scores": [float(i == 0) for i in range(size)]}
     for seed in range(size):
-        answer = httpx.post(f"{server.url}/generate", timeout=600, json={
-            "input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "seed": seed}}).json()
+        answer = httpx.post(
+            f"{server.url}/generate",
+            timeout=600,
+            json={
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "seed": seed},
+            },
+        ).json()
         output, logprobs = answer["output_ids"], [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
         group["tokens"].append(prompt + output)
         group["masks"].append([-100] * len(prompt) + output)
@@ -57,10 +64,29 @@ def test_the_trainer_pulls_from_run_api_and_the_server_serves_its_step(
     log = tmp_path / "trainer.log"
     with open(log, "wb") as out:
         trainer = subprocess.Popen(
-            [sys.executable, "-m", "examples.grpo.trainer", "--run-api", run_api.url, "--policy-server", server.url,
-             "--batch-size", "2", "--steps", "1", "--checkpoints", str(tmp_path / "checkpoints"), "--stats", str(stats),
-             "--lr", "1e-5"],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            [
+                sys.executable,
+                "-m",
+                "examples.grpo.trainer",
+                "--run-api",
+                run_api.url,
+                "--policy-server",
+                server.url,
+                "--batch-size",
+                "2",
+                "--steps",
+                "1",
+                "--checkpoints",
+                str(tmp_path / "checkpoints"),
+                "--stats",
+                str(stats),
+                "--lr",
+                "1e-5",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     try:
         deadline = time.monotonic() + 600

@@ -43,10 +43,14 @@ def _json_payloads(event) -> list[dict]:
 async def test_each_step_carries_a_short_human_preview(client: Client, settings: Settings) -> None:
     item = get_env("terminal_tasks").load_items(1)[0]
     rollout = batch_id("preview")
-    result = TrajectoryResult.model_validate(await client.execute_workflow(
-        TrajectoryWorkflow.run, TrajectoryInput(env="terminal_tasks", item=item),
-        id=rollout, task_queue=settings.temporal.task_queue,
-    ))
+    result = TrajectoryResult.model_validate(
+        await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(env="terminal_tasks", item=item),
+            id=rollout,
+            task_queue=settings.temporal.task_queue,
+        )
+    )
     assert result.score == 1.0 and result.tool_calls >= 1
     history = await client.get_workflow_handle(rollout).fetch_history()
     results = [value for event in history.events for value in _json_payloads(event)]

@@ -32,8 +32,15 @@ SECRET_ENV = "ROLLOUTS_LIVE_POOL_SECRET"
 
 
 def live_settings(backend: dict) -> Settings:
-    return Settings(sandbox={"backend": {**backend, "secret_env": SECRET_ENV}, "slots_per_container": 2,
-                             "min_containers": 1, "max_containers": 2, "lease_ttl_s": 600})  # fmt: skip
+    return Settings(
+        sandbox={
+            "backend": {**backend, "secret_env": SECRET_ENV},
+            "slots_per_container": 2,
+            "min_containers": 1,
+            "max_containers": 2,
+            "lease_ttl_s": 600,
+        }
+    )
 
 
 @pytest.fixture
@@ -45,12 +52,17 @@ def pool_secret(monkeypatch) -> None:
 async def nomad_settings(pool_secret) -> AsyncIterator[Settings]:
     if not os.environ.get("NOMAD_ADDR"):
         pytest.skip("NOMAD_ADDR is not set: no Nomad cluster to test against")
-    settings = live_settings({
-        "type": "nomad", "address": os.environ["NOMAD_ADDR"], "token_env": "NOMAD_TOKEN",
-        "job_prefix": f"rollouts-live-{uuid.uuid4().hex[:6]}", "start_timeout_s": 300,
-        "python": os.environ.get("ROLLOUTS_LIVE_NOMAD_PYTHON", "python3"),
-        "pythonpath": os.environ.get("ROLLOUTS_LIVE_NOMAD_PYTHONPATH"),
-    })  # fmt: skip
+    settings = live_settings(
+        {
+            "type": "nomad",
+            "address": os.environ["NOMAD_ADDR"],
+            "token_env": "NOMAD_TOKEN",
+            "job_prefix": f"rollouts-live-{uuid.uuid4().hex[:6]}",
+            "start_timeout_s": 300,
+            "python": os.environ.get("ROLLOUTS_LIVE_NOMAD_PYTHON", "python3"),
+            "pythonpath": os.environ.get("ROLLOUTS_LIVE_NOMAD_PYTHONPATH"),
+        }
+    )
     yield settings
     async with SandboxPool.from_settings(settings) as pool:
         await pool.fleet.backend.shutdown(purge=True)
@@ -60,8 +72,15 @@ async def nomad_settings(pool_secret) -> AsyncIterator[Settings]:
 async def modal_settings(pool_secret) -> AsyncIterator[Settings]:
     if not (os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")):
         pytest.skip("MODAL_TOKEN_ID/MODAL_TOKEN_SECRET are not set: no Modal account to test against")
-    settings = live_settings({"type": "modal", "app_name": f"rollouts-live-test-{uuid.uuid4().hex[:6]}",
-                              "start_timeout_s": 600, "max_lifetime_s": 1800, "idle_timeout_s": 900})  # fmt: skip
+    settings = live_settings(
+        {
+            "type": "modal",
+            "app_name": f"rollouts-live-test-{uuid.uuid4().hex[:6]}",
+            "start_timeout_s": 600,
+            "max_lifetime_s": 1800,
+            "idle_timeout_s": 900,
+        }
+    )
     yield settings
     async with SandboxPool.from_settings(settings) as pool:
         await pool.fleet.backend.shutdown()

@@ -31,11 +31,13 @@ SLOTS = 2
 @pytest.fixture
 async def small_pool(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[Settings, SandboxPool, WorkerProcess]]:
     """One container of two slots that may not scale, behind its own worker process."""
-    own = settings.model_copy(update={
-        "data_dir": tmp_path / "data",
-        "temporal": settings.temporal.model_copy(update={"task_queue": f"load-{uuid.uuid4().hex[:6]}"}),
-        "sandbox": settings.sandbox.model_copy(update={"slots_per_container": SLOTS, "max_containers": 1}),
-    })
+    own = settings.model_copy(
+        update={
+            "data_dir": tmp_path / "data",
+            "temporal": settings.temporal.model_copy(update={"task_queue": f"load-{uuid.uuid4().hex[:6]}"}),
+            "sandbox": settings.sandbox.model_copy(update={"slots_per_container": SLOTS, "max_containers": 1}),
+        }
+    )
     worker = WorkerProcess(own, tmp_path / "worker.log")
     worker.start()
     worker.wait_ready()
@@ -54,11 +56,14 @@ async def test_more_rollouts_than_slots_all_finish_and_no_slot_idles_while_one_w
 ) -> None:
     settings, pool, _ = small_pool
     started = time.time()
-    result = BatchResult.model_validate(await client.execute_workflow(
-        BatchWorkflow.run,
-        BatchInput(env="echo_chain", num_items=8, group_size=1, env_config={"steps": 2, "sleep_s": 0.3}),
-        id=f"saturate-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
-    ))
+    result = BatchResult.model_validate(
+        await client.execute_workflow(
+            BatchWorkflow.run,
+            BatchInput(env="echo_chain", num_items=8, group_size=1, env_config={"steps": 2, "sleep_s": 0.3}),
+            id=f"saturate-{uuid.uuid4().hex[:6]}",
+            task_queue=settings.temporal.task_queue,
+        )
+    )
     finished = time.time()
 
     assert (result.completed, result.failed, result.mean_score) == (8, 0, 1.0)
@@ -84,7 +89,8 @@ async def test_a_killed_sandbox_server_is_restarted_and_its_rollouts_finish(
     handle = await client.start_workflow(
         BatchWorkflow.run,
         BatchInput(env="echo_chain", num_items=2, group_size=1, env_config={"steps": 3, "sleep_s": 1.0}),
-        id=f"container-death-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
+        id=f"container-death-{uuid.uuid4().hex[:6]}",
+        task_queue=settings.temporal.task_queue,
     )
 
     async def both_leased() -> bool:

@@ -42,15 +42,17 @@ async def maintenance_settings(settings: Settings, client: Client, monkeypatch) 
     await client.get_workflow_handle(f"{settings.temporal.task_queue}-slot-maintenance").terminate("test over")
 
 
-async def test_one_long_lived_workflow_replaces_the_schedule(
-    client: Client, maintenance_settings: Settings
-) -> None:
+async def test_one_long_lived_workflow_replaces_the_schedule(client: Client, maintenance_settings: Settings) -> None:
     settings = maintenance_settings
-    await client.create_schedule(reaper_schedule_id(settings), Schedule(
-        action=ScheduleActionStartWorkflow("SlotPoolMaintenanceWorkflow", id="old-reaper-run",
-                                           task_queue=settings.temporal.task_queue),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
-    ))
+    await client.create_schedule(
+        reaper_schedule_id(settings),
+        Schedule(
+            action=ScheduleActionStartWorkflow(
+                "SlotPoolMaintenanceWorkflow", id="old-reaper-run", task_queue=settings.temporal.task_queue
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
+        ),
+    )
     first = await ensure_maintenance_workflow(client, settings)
     again = await ensure_maintenance_workflow(client, settings)
     assert again.result_run_id == first.result_run_id  # idempotent: the running execution is kept
@@ -64,20 +66,24 @@ async def test_one_long_lived_workflow_replaces_the_schedule(
     assert described.run_id != first.result_run_id and described.status == WorkflowExecutionStatus.RUNNING
     runs = [e async for e in client.list_workflows(f"WorkflowId = '{first.id}'")]
     running = [e for e in runs if e.status == WorkflowExecutionStatus.RUNNING]
-    assert len(running) == 1 and all(e.status in (WorkflowExecutionStatus.RUNNING,
-                                                  WorkflowExecutionStatus.CONTINUED_AS_NEW) for e in runs)
+    assert len(running) == 1 and all(
+        e.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW) for e in runs
+    )
 
 
 async def test_reap_now_frees_the_lease_of_a_holder_that_is_gone(
     client: Client, maintenance_settings: Settings, pool: SandboxPool
 ) -> None:
-    hourly = maintenance_settings.model_copy(update={
-        "sandbox": maintenance_settings.sandbox.model_copy(update={"reap_interval_s": 3600})})
+    hourly = maintenance_settings.model_copy(
+        update={"sandbox": maintenance_settings.sandbox.model_copy(update={"reap_interval_s": 3600})}
+    )
     handle = await ensure_maintenance_workflow(client, hourly)
     await wait_until(lambda: _passes_at_least(handle, 1), timeout_s=30)  # the first pass runs at start
     holder = Holder(workflow_id=f"gone-rollout-{uuid.uuid4().hex[:8]}/item-0/g0", run_id=str(uuid.uuid4()))
     leaked = await pool.acquire(holder, ttl_s=600, wait_s=10)
-    report = MaintenanceReport.model_validate(await handle.execute_update(pool_workflow.SlotPoolMaintenanceWorkflow.pass_now))
+    report = MaintenanceReport.model_validate(
+        await handle.execute_update(pool_workflow.SlotPoolMaintenanceWorkflow.pass_now)
+    )
     assert leaked.lease_id in {lease.lease_id for lease in report.reaped}
     assert all(s.lease.holder != holder for s in await leased_slots(pool))
     assert (await handle.query("status"))["passes"] == 2  # the update's pass, not a periodic one
@@ -88,7 +94,9 @@ async def test_a_lease_given_back_while_it_was_reaped_is_no_warning(
 ) -> None:
     """The reaper lists a lease, then finds its holder closed: in between the rollout released the
     slot itself (its `finally`), as ordinary batches do all the time. Nothing is left to save."""
-    activities = PoolActivities(pool, client, SnapshotActivities(pool, parts.objects, settings.storage), settings.sandbox)
+    activities = PoolActivities(
+        pool, client, SnapshotActivities(pool, parts.objects, settings.storage), settings.sandbox
+    )
     holder = Holder(workflow_id=f"closing-rollout-{uuid.uuid4().hex[:8]}/item-0/g0", run_id=str(uuid.uuid4()))
     lease = await pool.acquire(holder, ttl_s=600, wait_s=10)
 

@@ -53,7 +53,11 @@ async def rollouts_cli(settings: Settings, *args: str) -> dict:
 
 def _run_cli(settings: Settings, *args: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "temporal_rollouts.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "temporal_rollouts.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, **settings_environment(settings)},
     )
     assert done.returncode in (0, 2), done.stderr
@@ -74,7 +78,8 @@ async def test_resume_after_a_model_outage_keeps_turns_and_files(
     handle = await client.start_workflow(
         TrajectoryWorkflow.run,
         TrajectoryInput(env="echo_chain", item=Item(id="echo-77"), env_config={"steps": 8}),
-        id=rollout, task_queue=settings.temporal.task_queue,
+        id=rollout,
+        task_queue=settings.temporal.task_queue,
     )
 
     async def two_turns_done() -> bool:
@@ -111,8 +116,12 @@ async def test_resume_after_a_verifier_fix_runs_the_fixed_verifier(
 
     monkeypatch.setattr(TerminalTasksEnv, "verify", buggy_verify)
     rollout = f"verifier-{uuid.uuid4().hex[:6]}"
-    await client.start_workflow(TrajectoryWorkflow.run, TrajectoryInput(env="terminal_tasks", item=Item(id="csv-to-json")),
-                                id=rollout, task_queue=settings.temporal.task_queue)
+    await client.start_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="terminal_tasks", item=Item(id="csv-to-json")),
+        id=rollout,
+        task_queue=settings.temporal.task_queue,
+    )
     failed = await failed_result(client, rollout)
     assert failed.stop_reason is StopReason.ENV_ERROR and "verifier bug" in failed.stop_detail
     requests_before = demo_policy.stats()["total"]
@@ -131,10 +140,14 @@ async def test_resume_a_batch_completes_its_pending_groups(
 ) -> None:
     demo_policy.control(fail_next=10_000, fail_status=503, retry_after=0.01)
     batch_id = f"resume-batch-{uuid.uuid4().hex[:6]}"
-    first = BatchResult.model_validate(await client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=2, group_size=2, env_config={"steps": 2}),
-        id=batch_id, task_queue=settings.temporal.task_queue,
-    ))
+    first = BatchResult.model_validate(
+        await client.execute_workflow(
+            BatchWorkflow.run,
+            BatchInput(env="echo_chain", num_items=2, group_size=2, env_config={"steps": 2}),
+            id=batch_id,
+            task_queue=settings.temporal.task_queue,
+        )
+    )
     assert (first.failed, first.groups_written, first.groups_pending) == (4, 0, 2)
 
     demo_policy.reset()
@@ -145,12 +158,18 @@ async def test_resume_a_batch_completes_its_pending_groups(
     assert summary["mean_score"] == 1.0
 
 
-async def test_a_resumed_batch_keeps_its_labels(client: Client, settings: Settings, demo_policy: DemoPolicyProcess) -> None:
+async def test_a_resumed_batch_keeps_its_labels(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess
+) -> None:
     """After `rollouts resume`, `list`, `status` and the summary still name the batch's policy, and
     `list` says when the batch first started, not when it was resumed."""
     demo_policy.control(fail_next=10_000, fail_status=503, retry_after=0.01)
-    handle = await start_batch(client, settings, BatchInput(env="echo_chain", num_items=1, group_size=1, policy="demo"),
-                               f"resume-labels-{uuid.uuid4().hex[:6]}")
+    handle = await start_batch(
+        client,
+        settings,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy="demo"),
+        f"resume-labels-{uuid.uuid4().hex[:6]}",
+    )
     assert BatchResult.model_validate(await handle.result()).failed == 1
     first_started = (await handle.describe()).start_time
 
@@ -177,9 +196,14 @@ async def test_a_hundred_turn_rollout_keeps_its_history_small(client: Client, se
     ~800 KB, the history must not."""
     result = await client.execute_workflow(
         TrajectoryWorkflow.run,
-        TrajectoryInput(env="echo_chain", item=Item(id="echo-100"), env_config={"steps": 100, "output_chars": 8000},
-                        limits=RolloutLimits(max_turns=101, max_tool_calls=200, context_tokens=10**7)),
-        id=f"long-{uuid.uuid4().hex[:6]}", task_queue=settings.temporal.task_queue,
+        TrajectoryInput(
+            env="echo_chain",
+            item=Item(id="echo-100"),
+            env_config={"steps": 100, "output_chars": 8000},
+            limits=RolloutLimits(max_turns=101, max_tool_calls=200, context_tokens=10**7),
+        ),
+        id=f"long-{uuid.uuid4().hex[:6]}",
+        task_queue=settings.temporal.task_queue,
     )
     history = await client.get_workflow_handle(result.rollout_id).fetch_history()
     size = sum(event.ByteSize() for event in history.events)
@@ -196,20 +220,31 @@ async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Setting
     from worker import build_worker
 
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(), search_attributes=sa.ALL,
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=sa.ALL,
         dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 60}),
     )
     try:
-        own = settings.model_copy(update={"temporal": settings.temporal.model_copy(
-            update={"address": env.client.service_client.config.target_host})})
+        own = settings.model_copy(
+            update={
+                "temporal": settings.temporal.model_copy(
+                    update={"address": env.client.service_client.config.target_host}
+                )
+            }
+        )
         client = await connect(own, objects=parts.objects, start_embedded=False)
         batch_id = f"long-batch-{uuid.uuid4().hex[:6]}"
         async with build_worker(client, parts):
-            result = BatchResult.model_validate(await client.execute_workflow(
-                BatchWorkflow.run, BatchInput(env="echo_chain", num_items=12, group_size=1, max_concurrency=2,
-                                              env_config={"steps": 1}),
-                id=batch_id, task_queue=own.temporal.task_queue,
-            ))
+            result = BatchResult.model_validate(
+                await client.execute_workflow(
+                    BatchWorkflow.run,
+                    BatchInput(
+                        env="echo_chain", num_items=12, group_size=1, max_concurrency=2, env_config={"steps": 1}
+                    ),
+                    id=batch_id,
+                    task_queue=own.temporal.task_queue,
+                )
+            )
             runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
             [listed] = [b for b in await list_batches(client, 10) if b.batch_id == batch_id]
     finally:

@@ -31,14 +31,21 @@ async def run(pool: SandboxPool, slot: SlotRef, call_id: str, command: str) -> s
 
 async def test_a_slot_takes_a_copy_of_another_slots_workspace(two_slots) -> None:
     pool, parent, branch = two_slots
-    await run(pool, parent, "p-build", "mkdir -p src/pkg && echo one > src/pkg/a.txt && printf '#!/bin/sh\\necho hi\\n' > "
-                                       "run.sh && chmod 755 run.sh && ln -s src/pkg/a.txt link && echo x > .hidden")
+    await run(
+        pool,
+        parent,
+        "p-build",
+        "mkdir -p src/pkg && echo one > src/pkg/a.txt && printf '#!/bin/sh\\necho hi\\n' > "
+        "run.sh && chmod 755 run.sh && ln -s src/pkg/a.txt link && echo x > .hidden",
+    )
     await run(pool, branch, "b-leftover", "echo stale > leftover.txt")
 
     copied = await pool.lease(branch).copy_from(parent)
 
     assert copied.entries >= 5 and copied.bytes > 0
-    listing = await run(pool, branch, "b-list", "find . -mindepth 1 | sort; readlink link; ./run.sh; cat src/pkg/a.txt .hidden")
+    listing = await run(
+        pool, branch, "b-list", "find . -mindepth 1 | sort; readlink link; ./run.sh; cat src/pkg/a.txt .hidden"
+    )
     assert "leftover.txt" not in listing, "the copy replaces the workspace, it does not merge into it"
     assert "./src/pkg/a.txt" in listing and "src/pkg/a.txt\nhi\none\nx" in listing
     await run(pool, branch, "b-change", "echo two >> src/pkg/a.txt")

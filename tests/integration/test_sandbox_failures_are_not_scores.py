@@ -27,22 +27,34 @@ from temporal_rollouts.sandbox_server.config import SlotLimits
 from tests.support.sandbox import needs_bubblewrap
 from workflows.batch import BatchWorkflow
 
-pytestmark = [needs_bubblewrap, pytest.mark.skipif(os.geteuid() != 0, reason="slots have uids of their own only as root")]
+pytestmark = [
+    needs_bubblewrap,
+    pytest.mark.skipif(os.geteuid() != 0, reason="slots have uids of their own only as root"),
+]
 
 MAX_PROCESSES = 12
 
 
-async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(settings: Settings, parts, demo_policy,
-                                                                                tmp_path: Path) -> None:
+async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
+    settings: Settings, parts, demo_policy, tmp_path: Path
+) -> None:
     from worker import Parts, build_worker
 
-    own = settings.model_copy(update={
-        "data_dir": tmp_path / "data",
-        "temporal": settings.temporal.model_copy(update={"task_queue": f"no-fork-{uuid.uuid4().hex[:6]}"}),
-        "sandbox": settings.sandbox.model_copy(update={
-            "use_cgroups": False, "limits": SlotLimits(max_processes=MAX_PROCESSES), "slots_per_container": 1,
-            "min_containers": 1, "max_containers": 1}),
-    })  # fmt: skip
+    own = settings.model_copy(
+        update={
+            "data_dir": tmp_path / "data",
+            "temporal": settings.temporal.model_copy(update={"task_queue": f"no-fork-{uuid.uuid4().hex[:6]}"}),
+            "sandbox": settings.sandbox.model_copy(
+                update={
+                    "use_cgroups": False,
+                    "limits": SlotLimits(max_processes=MAX_PROCESSES),
+                    "slots_per_container": 1,
+                    "min_containers": 1,
+                    "max_containers": 1,
+                }
+            ),
+        }
+    )
     own_parts = Parts(own)
     hogs: list[subprocess.Popen[bytes]] = []
     try:
@@ -51,14 +63,20 @@ async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
         uid = health.slot_uids[0]
         setpriv = shutil.which("setpriv")
         assert setpriv
-        hogs = [subprocess.Popen([setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "sleep", "300"])
-                for _ in range(MAX_PROCESSES + 2)]
+        hogs = [
+            subprocess.Popen([setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "sleep", "300"])
+            for _ in range(MAX_PROCESSES + 2)
+        ]
         client: Client = await connect(own, objects=parts.objects, start_embedded=False)
         async with build_worker(client, own_parts):
-            result = BatchResult.model_validate(await client.execute_workflow(
-                BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, env_config={"steps": 1}),
-                id=f"no-fork-{uuid.uuid4().hex[:6]}", task_queue=own.temporal.task_queue,
-            ))
+            result = BatchResult.model_validate(
+                await client.execute_workflow(
+                    BatchWorkflow.run,
+                    BatchInput(env="echo_chain", num_items=1, group_size=1, env_config={"steps": 1}),
+                    id=f"no-fork-{uuid.uuid4().hex[:6]}",
+                    task_queue=own.temporal.task_queue,
+                )
+            )
     finally:
         for hog in hogs:
             hog.kill()

@@ -60,9 +60,16 @@ pytestmark = needs_bubblewrap
 SLOTS = 3
 UID_BASE, UID_COUNT = 61000, 64
 SERVER = ServerOptions(
-    slot_uid_base=UID_BASE, slot_uid_count=UID_COUNT,
-    limits=SlotLimits(memory_limit_mb=256, max_processes=64, file_size_limit_mb=64, tmp_limit_mb=16,
-                      disk_limit_mb=100, cpu_time_limit_s=60),
+    slot_uid_base=UID_BASE,
+    slot_uid_count=UID_COUNT,
+    limits=SlotLimits(
+        memory_limit_mb=256,
+        max_processes=64,
+        file_size_limit_mb=64,
+        tmp_limit_mb=16,
+        disk_limit_mb=100,
+        cpu_time_limit_s=60,
+    ),
 )
 NO_CGROUPS = SERVER.model_copy(update={"use_cgroups": False})
 AS_ROOT = os.geteuid() == 0
@@ -222,7 +229,7 @@ async def test_health_says_which_limits_are_in_force(slots):
 async def test_memory_is_capped_and_the_other_slots_keep_running(slots):
     hog, other = await slots.take(), await slots.take()
     hogging = asyncio.create_task(
-        slots.run(hog, "python3 -c 'x = bytearray(1 << 30); x[::4096] = b\"y\" * len(x[::4096]); print(\"GOT\", 6 * 7)'")
+        slots.run(hog, 'python3 -c \'x = bytearray(1 << 30); x[::4096] = b"y" * len(x[::4096]); print("GOT", 6 * 7)\'')
     )
     alive = await slots.run(other, "echo alive")
     result = await hogging
@@ -261,7 +268,9 @@ async def test_a_fork_bomb_is_capped_and_leaves_nothing(slots):
 async def rlimit_server(tmp_path_factory):
     """A server told not to use cgroups: what a container without cgroup delegation gets."""
     backend = LocalBackend(
-        tmp_path_factory.mktemp("rlimits"), slots_per_container=SLOTS, sweep_interval_s=0.3,
+        tmp_path_factory.mktemp("rlimits"),
+        slots_per_container=SLOTS,
+        sweep_interval_s=0.3,
         server=NO_CGROUPS,
     )
     async with running_container(backend) as (info, client):
@@ -312,11 +321,15 @@ async def test_one_shot_commands_never_end_the_slots_session_without_cgroups(rli
 
 async def test_no_setuid_or_setgid_bit_a_slot_sets_stays_on_the_host_disk(slots):
     lease = await slots.take()
-    made = await slots.run(lease, "cp /bin/true suid && chmod 4755 suid && mkdir sgid && chmod 2775 sgid "
-                                  "&& cp /bin/true sgid/both && chmod 6755 sgid/both && stat -c %a suid")
+    made = await slots.run(
+        lease,
+        "cp /bin/true suid && chmod 4755 suid && mkdir sgid && chmod 2775 sgid "
+        "&& cp /bin/true sgid/both && chmod 6755 sgid/both && stat -c %a suid",
+    )
     assert made.ok, made.output
-    session = await slots.client.send(execute_in(lease, "s", SessionOp(
-        action="run", text="cp /bin/true later && chmod u+s later")))
+    session = await slots.client.send(
+        execute_in(lease, "s", SessionOp(action="run", text="cp /bin/true later && chmod u+s later"))
+    )
     assert session.ok, session.output
     workspace = slots.workspace(lease)
     for name in ("suid", "sgid", "sgid/both", "later"):
@@ -442,8 +455,7 @@ def test_every_bundled_check_runs_python_isolated():
 def deep_tree(depth: int) -> str:
     """The issue's `for i in $(seq N); do mkdir d; cd d; done`, in Python: bash's `cd` re-reads the whole
     path each time and takes tens of seconds at this depth; the tree is the same."""
-    return f"python3 -c 'import os\nfor _ in range({depth}):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"bottom\", \"w\")'"
-
+    return f'python3 -c \'import os\nfor _ in range({depth}):\n    os.mkdir("d"); os.chdir("d")\nopen("bottom", "w")\''
 
 
 async def test_a_deep_tree_is_reset_and_the_slot_handed_on_empty(slots):
@@ -695,8 +707,12 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
         prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
         result = await isolation.run_command(
             "id -u; cp /bin/bash sh4 && chmod 4755 sh4 && ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
-            workspace, timeout_s=30, max_output_chars=10_000, confinement=confinement, slot=2,
-        )  # fmt: skip
+            workspace,
+            timeout_s=30,
+            max_output_chars=10_000,
+            confinement=confinement,
+            slot=2,
+        )
         assert result.output.splitlines()[0] == str(UID_BASE + 2), result.output
         assert f"euid={UID_BASE + 2}" in result.output
         assert (workspace / "sh4").stat().st_uid == UID_BASE + 2
@@ -705,9 +721,7 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
 
 async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
     """Without cgroups to sweep, the command still dies with its server (bwrap's --die-with-parent)."""
-    backend = LocalBackend(
-        tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=NO_CGROUPS
-    )
+    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=NO_CGROUPS)
     info = await backend.start_container()
     marker = unique_sleep()
     try:
@@ -733,7 +747,7 @@ def narrowing(lease: SlotLease, limits: SlotLimitsRequest) -> NarrowRequest:
 async def test_an_env_can_narrow_a_leases_limits_but_never_widen_them(slots):
     """An env's `sandbox_limits` lower the server's for its lease only; the next holder gets the server's."""
     lease = await slots.take()
-    allocate = "python3 -c 'x = bytearray(160 << 20); x[::4096] = b\"y\" * len(x[::4096]); print(\"GOT\", 6 * 7)'"
+    allocate = 'python3 -c \'x = bytearray(160 << 20); x[::4096] = b"y" * len(x[::4096]); print("GOT", 6 * 7)\''
     assert "GOT 42" in (await slots.run(lease, allocate)).output  # 160 MiB fits the server's 256
     narrowed = await slots.client.send(narrowing(lease, SlotLimitsRequest(memory_limit_mb=64)))
     assert narrowed.memory_limit_mb == 64 and narrowed.max_processes == 64

@@ -25,10 +25,21 @@ SECRET = "modal-pool-secret-for-tests-0123456789"
 def modal_settings(tmp_path, **backend: object) -> Settings:
     return Settings(
         data_dir=tmp_path / "data",
-        sandbox={"backend": {"type": "modal", "app_name": "rl-test", "secret_env": "TEST_POOL_SECRET",
-                             "start_timeout_s": 30, "env_vars": {"FOO": "bar"}, **backend},
-                 "slots_per_container": 2, "min_containers": 1, "max_containers": 2, "lease_ttl_s": 60},
-    )  # fmt: skip
+        sandbox={
+            "backend": {
+                "type": "modal",
+                "app_name": "rl-test",
+                "secret_env": "TEST_POOL_SECRET",
+                "start_timeout_s": 30,
+                "env_vars": {"FOO": "bar"},
+                **backend,
+            },
+            "slots_per_container": 2,
+            "min_containers": 1,
+            "max_containers": 2,
+            "lease_ttl_s": 60,
+        },
+    )
 
 
 @pytest.fixture

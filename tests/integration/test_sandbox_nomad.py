@@ -37,12 +37,22 @@ def nomad_settings(tmp_path, fake: FakeNomad, **backend: object) -> Settings:
     return Settings(
         data_dir=tmp_path / "data",
         sandbox={
-            "backend": {"type": "nomad", "address": fake.address, "token_env": "TEST_NOMAD_TOKEN",
-                        "secret_env": "TEST_POOL_SECRET", "python": sys.executable, "pythonpath": str(REPO),
-                        "job_prefix": "sbx", "start_timeout_s": 30, **backend},
-            "slots_per_container": 2, "min_containers": 1, "max_containers": 2,
+            "backend": {
+                "type": "nomad",
+                "address": fake.address,
+                "token_env": "TEST_NOMAD_TOKEN",
+                "secret_env": "TEST_POOL_SECRET",
+                "python": sys.executable,
+                "pythonpath": str(REPO),
+                "job_prefix": "sbx",
+                "start_timeout_s": 30,
+                **backend,
+            },
+            "slots_per_container": 2,
+            "min_containers": 1,
+            "max_containers": 2,
         },
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

@@ -88,7 +88,9 @@ async def test_read_file_never_returns_a_host_file(raced):
     answers = []
     for i in range(TRIES):
         try:
-            answers.append((await manager.execute(_request(lease, f"r{i}", ReadFileOp(path="inner/secret.txt")))).output)
+            answers.append(
+                (await manager.execute(_request(lease, f"r{i}", ReadFileOp(path="inner/secret.txt")))).output
+            )
         except BadToolRequest as refused:
             answers.append(str(refused))
     assert not [a for a in answers if HOST_SECRET in a]
@@ -100,7 +102,9 @@ async def test_write_file_never_creates_a_host_file(raced, host_folder):
     wrote = 0
     for i in range(TRIES):
         try:
-            output = await manager.execute(_request(lease, f"w{i}", WriteFileOp(path=f"inner/new-{i}.txt", content="x")))
+            output = await manager.execute(
+                _request(lease, f"w{i}", WriteFileOp(path=f"inner/new-{i}.txt", content="x"))
+            )
             wrote += output.ok
         except BadToolRequest:
             pass
@@ -114,8 +118,9 @@ async def test_downloads_and_listings_never_read_the_host_folder(raced):
     for i in range(TRIES // 4):
         for path, format in (("inner/secret.txt", "file"), ("inner", "tar")):
             try:
-                chunks, _, _ = await transfer.send(slot, TransferQuery(slot=0, lease_id=lease.lease_id, path=path,
-                                                                       format=format), 1 << 20)
+                chunks, _, _ = await transfer.send(
+                    slot, TransferQuery(slot=0, lease_id=lease.lease_id, path=path, format=format), 1 << 20
+                )
                 seen.append(b"".join([chunk async for chunk in chunks]))
             except BadToolRequest:
                 pass
@@ -137,8 +142,9 @@ async def test_uploads_never_land_in_the_host_folder(raced, host_folder):
     for i in range(TRIES // 4):
         for path, format, body in (("inner/up.txt", "file", b"x"), ("inner", "tar", archive.getvalue())):
             try:
-                await transfer.receive(slot, TransferQuery(slot=0, lease_id=lease.lease_id, path=path, format=format),
-                                       _body(body), 1 << 20)
+                await transfer.receive(
+                    slot, TransferQuery(slot=0, lease_id=lease.lease_id, path=path, format=format), _body(body), 1 << 20
+                )
             except BadToolRequest:
                 pass
     assert sorted(p.name for p in host_folder.iterdir()) == ["secret.txt"]

@@ -109,8 +109,14 @@ async def test_a_container_restarted_while_judged_dead_is_not_marked_dead(tmp_pa
     from temporal_rollouts.sandbox.backends.base import ContainerInfo
 
     registry = ContainerRegistry(tmp_path / "containers.json")
-    old = ContainerInfo(container_id="local-x", url="http://127.0.0.1:1", pid=11, backend="local",
-                        token_file=tmp_path / "token", started_at=1.0)
+    old = ContainerInfo(
+        container_id="local-x",
+        url="http://127.0.0.1:1",
+        pid=11,
+        backend="local",
+        token_file=tmp_path / "token",
+        started_at=1.0,
+    )
     await registry.upsert(old)
     judged_dead = registry.load()
     restarted = old.model_copy(update={"pid": 12, "url": "http://127.0.0.1:2", "started_at": 2.0})

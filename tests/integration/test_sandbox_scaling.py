@@ -51,8 +51,10 @@ async def test_two_pools_scaling_at_once_start_one_container_between_them(backen
     async with SandboxPool(backend, max_containers=2) as pool, SandboxPool(other, max_containers=2) as rival:
         await pool.fleet.ensure_running()
         held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
-        racing = [asyncio.create_task(p.acquire(holder(f"racer{n}"), ttl_s=60, wait_s=10)) for n, p in
-                  enumerate([pool, rival])]
+        racing = [
+            asyncio.create_task(p.acquire(holder(f"racer{n}"), ttl_s=60, wait_s=10))
+            for n, p in enumerate([pool, rival])
+        ]
         done, pending = await asyncio.wait(racing, timeout=5, return_when=asyncio.FIRST_COMPLETED)
         assert len(done) == 1 and len(pending) == 1
         assert len(backend.registry.load()) == 2

@@ -36,7 +36,9 @@ async def backend(tmp_path_factory) -> LocalBackend:
     # Network-on slots reach the host network (control plane included), so a server refuses them unless
     # told otherwise; this container says so, for the test of what network on and off mean.
     return LocalBackend(
-        tmp_path_factory.mktemp("data"), slots_per_container=3, sweep_interval_s=0.3,
+        tmp_path_factory.mktemp("data"),
+        slots_per_container=3,
+        sweep_interval_s=0.3,
         server=ServerOptions(max_output_chars=OUTPUT_CAP, allow_network_unprotected=True),
     )
 
@@ -171,9 +173,7 @@ async def test_a_repeated_call_id_is_answered_without_running_again(multi, backe
     command = ExecOp(command="echo ran >> count.txt; wc -l < count.txt")
     first = await client.send(execute_in(lease, "count-1", command))
     again = await client.send(execute_in(lease, "count-1", command))
-    concurrent = await asyncio.gather(
-        *(client.send(execute_in(lease, "count-2", command)) for _ in range(3))
-    )
+    concurrent = await asyncio.gather(*(client.send(execute_in(lease, "count-2", command)) for _ in range(3)))
     content = await client.send(execute_in(lease, "read", ReadFileOp(path="count.txt")))
     assert not first.replayed and again.replayed and again.output == first.output == "1\n"
     assert sorted(output.replayed for output in concurrent) == [False, True, True]

@@ -25,7 +25,7 @@ from tests.support.sandbox import (
 pytestmark = needs_bubblewrap
 
 PROBE = (
-    "python3 -c \"import urllib.request; "
+    'python3 -c "import urllib.request; '
     "print(urllib.request.urlopen('http://127.0.0.1:{port}/hello.txt').read().decode().strip())\""
 )
 
@@ -127,7 +127,7 @@ async def test_a_crashed_containers_session_is_reported_not_replayed(backend):
         assert "terminal session was lost" in lost.output and "restarted" in lost.output
         replay = await slot.terminal_stateful("cd /tmp && export X=1", key="setup")
         assert replay.replayed and replay.ok
-        fresh = await slot.terminal_stateful("pwd; echo \"[$X]\"", key="new-session")
+        fresh = await slot.terminal_stateful('pwd; echo "[$X]"', key="new-session")
         assert fresh.ok and fresh.output == "/workspace\n[]\n"
         retried = await slot.terminal_stateful("pwd; echo $X", key="after-crash")
         assert retried.replayed and "terminal session was lost" in retried.output

@@ -33,9 +33,13 @@ def static_settings(tmp_path, servers: list[SandboxProcess]) -> Settings:
     listed = [{"container_id": s.container_id, "url": s.url} for s in servers]
     return Settings(
         data_dir=tmp_path / "data",
-        sandbox={"backend": {"type": "static", "servers": listed, "secret_env": "TEST_POOL_SECRET"},
-                 "slots_per_container": 2, "min_containers": 0, "max_containers": 2},
-    )  # fmt: skip
+        sandbox={
+            "backend": {"type": "static", "servers": listed, "secret_env": "TEST_POOL_SECRET"},
+            "slots_per_container": 2,
+            "min_containers": 0,
+            "max_containers": 2,
+        },
+    )
 
 
 async def test_two_pools_share_the_configured_servers(tmp_path, servers, monkeypatch) -> None:
@@ -44,10 +48,15 @@ async def test_two_pools_share_the_configured_servers(tmp_path, servers, monkeyp
     async with SandboxPool.from_settings(settings) as host_a, SandboxPool.from_settings(settings) as host_b:
         assert isinstance(host_a.fleet.backend, StaticBackend) and not host_a.fleet.start_containers
         assert {info.container_id for info in await host_a.fleet.ensure_running()} == {"static-a", "static-b"}
-        leases = [await pool.acquire(Holder(workflow_id=f"wf-{i}", run_id="r"), wait_s=5)
-                  for i, pool in enumerate([host_a, host_b, host_a, host_b])]  # fmt: skip
+        leases = [
+            await pool.acquire(Holder(workflow_id=f"wf-{i}", run_id="r"), wait_s=5)
+            for i, pool in enumerate([host_a, host_b, host_a, host_b])
+        ]
         assert sorted((lease.container_id, lease.slot) for lease in leases) == [
-            ("static-a", 0), ("static-a", 1), ("static-b", 0), ("static-b", 1)
+            ("static-a", 0),
+            ("static-a", 1),
+            ("static-b", 0),
+            ("static-b", 1),
         ]
         # A lease taken through one host's pool is served from the other's.
         out = await host_b.lease(leases[0]).execute("call-1", ExecOp(command="echo hello from $PWD"))
@@ -59,7 +68,9 @@ async def test_two_pools_share_the_configured_servers(tmp_path, servers, monkeyp
         assert not await host_b.leases()
 
 
-async def test_a_restarted_server_keeps_its_leases_and_the_pool_never_starts_one(tmp_path, servers, monkeypatch) -> None:
+async def test_a_restarted_server_keeps_its_leases_and_the_pool_never_starts_one(
+    tmp_path, servers, monkeypatch
+) -> None:
     monkeypatch.setenv("TEST_POOL_SECRET", SECRET)
     async with SandboxPool.from_settings(static_settings(tmp_path, servers)) as pool:
         lease = await pool.acquire(Holder(workflow_id="wf-keep", run_id="r"), wait_s=5)

@@ -85,8 +85,14 @@ async def test_folders_go_up_and_back_with_binary_files_links_and_empty_folders(
 
     assert sent.entries == received.entries == 6
     kinds = {entry.path: entry.kind for entry in listing.entries}
-    assert kinds == {"empty": "dir", "src": "dir", "src/pkg": "dir", "src/pkg/blob.bin": "file",
-                     "README": "file", "link": "link"}  # fmt: skip
+    assert kinds == {
+        "empty": "dir",
+        "src": "dir",
+        "src/pkg": "dir",
+        "src/pkg/blob.bin": "file",
+        "README": "file",
+        "link": "link",
+    }
     assert (back / "src" / "pkg" / "blob.bin").read_bytes() == bytes(range(256)) * 10
     assert (back / "link").is_symlink() and os.readlink(back / "link") == "README"
     assert (back / "empty").is_dir()

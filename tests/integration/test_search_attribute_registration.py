@@ -18,11 +18,14 @@ pytestmark = pytest.mark.slow
 
 async def test_a_batch_on_an_older_server_registers_the_policy_attribute(tmp_path) -> None:
     older = [key for key in sa.ALL if key is not sa.POLICY]
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), search_attributes=older,
-                                                data_converter=pydantic_data_converter)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(), search_attributes=older, data_converter=pydantic_data_converter
+    )
     try:
         settings = Settings(data_dir=tmp_path, temporal={"address": env.client.service_client.config.target_host})
-        handle = await start_batch(env.client, settings, BatchInput(env="echo_chain", policy="demo"), "old-server-batch")
+        handle = await start_batch(
+            env.client, settings, BatchInput(env="echo_chain", policy="demo"), "old-server-batch"
+        )
         described = await handle.describe()
         assert described.typed_search_attributes.get(sa.POLICY) == "demo"
         assert described.typed_search_attributes.get(sa.ENV) == "echo_chain"

@@ -30,8 +30,15 @@ from tests.support.sandbox import needs_bubblewrap
 pytestmark = needs_bubblewrap
 
 SECRET = "server-config-pool-secret-0123456789"
-LIMITS = SlotLimits(memory_limit_mb=300, max_processes=77, cpus=0.5, cpu_time_limit_s=123, file_size_limit_mb=45,
-                    tmp_limit_mb=33, disk_limit_mb=222)
+LIMITS = SlotLimits(
+    memory_limit_mb=300,
+    max_processes=77,
+    cpus=0.5,
+    cpu_time_limit_s=123,
+    file_size_limit_mb=45,
+    tmp_limit_mb=33,
+    disk_limit_mb=222,
+)
 UID_BASE, UID_COUNT = 63000, 100
 AS_ROOT = os.geteuid() == 0
 
@@ -39,15 +46,31 @@ AS_ROOT = os.geteuid() == 0
 def settings_for(kind: str, tmp_path, address: str = "") -> Settings:
     backend: dict = {"type": kind}
     if kind == "nomad":
-        backend |= {"address": address, "secret_env": "TEST_POOL_SECRET", "python": sys.executable,
-                    "pythonpath": str(REPO), "job_prefix": "cfg", "start_timeout_s": 30}
+        backend |= {
+            "address": address,
+            "secret_env": "TEST_POOL_SECRET",
+            "python": sys.executable,
+            "pythonpath": str(REPO),
+            "job_prefix": "cfg",
+            "start_timeout_s": 30,
+        }
     elif kind == "modal":
         backend |= {"app_name": "cfg", "secret_env": "TEST_POOL_SECRET", "start_timeout_s": 30}
-    return Settings(data_dir=tmp_path / "data", sandbox={
-        "backend": backend, "slots_per_container": 2, "min_containers": 2, "max_containers": 2, "lease_ttl_s": 60,
-        "limits": LIMITS.model_dump(), "slot_uid_base": UID_BASE, "slot_uid_count": UID_COUNT,
-        "max_output_chars": 777, "use_cgroups": False,
-    })  # fmt: skip
+    return Settings(
+        data_dir=tmp_path / "data",
+        sandbox={
+            "backend": backend,
+            "slots_per_container": 2,
+            "min_containers": 2,
+            "max_containers": 2,
+            "lease_ttl_s": 60,
+            "limits": LIMITS.model_dump(),
+            "slot_uid_base": UID_BASE,
+            "slot_uid_count": UID_COUNT,
+            "max_output_chars": 777,
+            "use_cgroups": False,
+        },
+    )
 
 
 @pytest.fixture(params=["local", "nomad", "modal"])
@@ -70,7 +93,9 @@ async def pool(request, tmp_path, monkeypatch) -> AsyncIterator[SandboxPool]:
         fake = FakeModal(tmp_path / "modal")
         settings = settings_for(kind, tmp_path)
         try:
-            async with SandboxPool.from_settings(settings, ModalBackend.from_settings(settings, modal_api=fake)) as made:
+            async with SandboxPool.from_settings(
+                settings, ModalBackend.from_settings(settings, modal_api=fake)
+            ) as made:
                 yield made
         finally:
             fake.close()
@@ -88,8 +113,9 @@ async def test_each_backends_servers_run_the_configured_options(pool: SandboxPoo
         assert health.limits["cpus"].startswith("watchdog")
         if AS_ROOT:
             assert health.uid_range == (UID_BASE, UID_BASE + UID_COUNT - 1)
-            assert sorted(health.slot_uids) == [0, 1] and all(UID_BASE <= u < UID_BASE + UID_COUNT
-                                                              for u in health.slot_uids.values())
+            assert sorted(health.slot_uids) == [0, 1] and all(
+                UID_BASE <= u < UID_BASE + UID_COUNT for u in health.slot_uids.values()
+            )
             claimed += health.slot_uids.values()
     assert len(claimed) == len(set(claimed)), f"two slots of one host share a uid: {claimed}"
 
@@ -97,8 +123,12 @@ async def test_each_backends_servers_run_the_configured_options(pool: SandboxPoo
     slot = pool.lease(lease)
     cut = await slot.execute("long", ExecOp(command="head -c 5000 /dev/zero | tr '\\0' x"))
     assert cut.truncated and len(cut.output) <= 777, "max_output_chars reached the server"
-    narrowed = await pool.fleet.send(lease.container_id, NarrowRequest(
-        slot=lease.slot, lease_id=lease.lease_id, limits=SlotLimitsRequest(memory_limit_mb=100, disk_limit_mb=500)))
+    narrowed = await pool.fleet.send(
+        lease.container_id,
+        NarrowRequest(
+            slot=lease.slot, lease_id=lease.lease_id, limits=SlotLimitsRequest(memory_limit_mb=100, disk_limit_mb=500)
+        ),
+    )
     assert (narrowed.memory_limit_mb, narrowed.disk_limit_mb) == (100, 222), "an env narrows, never widens"
     if AS_ROOT:
         whoami = await slot.execute("id", ExecOp(command="id -u"))

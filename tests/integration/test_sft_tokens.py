@@ -30,13 +30,25 @@ async def test_a_chat_policy_with_a_tokenizer_writes_sft_tokens(
         pytest.skip("the SmolLM2 GGUF (its tokenizer) is not installed")
     tokenizer = str(smollm2.export_tokenizer(tmp_path / "tokenizer"))
     chat_template = str(TEMPLATES / "qwen2_5.jinja")
-    monkeypatch.setitem(settings.policies, "demo-sft", ChatPolicy(
-        base_url=settings.demo_policy_url, model="demo-policy", timeout_s=60, tokenizer=tokenizer,
-        chat_template=chat_template))
-    result = BatchResult.model_validate(await client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=1, group_size=2, policy="demo-sft"),
-        id=batch_id("sft"), task_queue=settings.temporal.task_queue,
-    ))
+    monkeypatch.setitem(
+        settings.policies,
+        "demo-sft",
+        ChatPolicy(
+            base_url=settings.demo_policy_url,
+            model="demo-policy",
+            timeout_s=60,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+        ),
+    )
+    result = BatchResult.model_validate(
+        await client.execute_workflow(
+            BatchWorkflow.run,
+            BatchInput(env="terminal_tasks", num_items=1, group_size=2, policy="demo-sft"),
+            id=batch_id("sft"),
+            task_queue=settings.temporal.task_queue,
+        )
+    )
     assert result.completed == 2
     [group] = read_groups(Path(result.output))
     template = ChatTemplate.load(tokenizer, chat_template)
@@ -48,7 +60,9 @@ async def test_a_chat_policy_with_a_tokenizer_writes_sft_tokens(
         everything, learned = template.decode(tokens), template.decode(trained)
         prompt = conversation[1]["content"][:60]
         assert prompt in everything and prompt not in learned  # the task is read, not trained on
-        calls = [c["function"]["name"] for m in conversation if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        calls = [
+            c["function"]["name"] for m in conversation if m["role"] == "assistant" for c in m.get("tool_calls") or []
+        ]
         assert calls and all(name in learned for name in calls)  # the assistant's tool calls are trained on
         last_reply = conversation[-1]["content"]
         assert conversation[-1]["role"] == "assistant" and last_reply.strip()[:30] in learned

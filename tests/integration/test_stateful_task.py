@@ -28,14 +28,21 @@ async def test_the_server_task_passes_through_the_worker_and_its_server_dies_wit
     client: Client, settings: Settings, pool: SandboxPool
 ) -> None:
     result: TrajectoryResult = await client.execute_workflow(
-        TrajectoryWorkflow.run, TrajectoryInput(env="terminal_tasks", item=Item(id=TASK)),
-        id=f"rollout-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue,
-    )  # fmt: skip
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="terminal_tasks", item=Item(id=TASK)),
+        id=f"rollout-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue,
+    )
     assert result.stop_reason is StopReason.COMPLETED
     assert result.score == 1.0, result.verify_details
     assert result.verify_details["output"].strip().endswith("OK")
     assert result.tool_calls == 2 and result.tool_errors == []
-    assert result.tool_stats.model_dump() == {"attempted": 2, "schema_valid": 2, "executed_ok": 2, "execution_errors": 0}
+    assert result.tool_stats.model_dump() == {
+        "attempted": 2,
+        "schema_valid": 2,
+        "executed_ok": 2,
+        "execution_errors": 0,
+    }
     assert await leased_slots(pool) == []
 
     async def server_gone() -> bool:

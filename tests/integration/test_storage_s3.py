@@ -39,8 +39,9 @@ def s3_endpoint(tmp_path_factory) -> Iterator[str]:
 async def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> S3ObjectClient:
     for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}.items():
         monkeypatch.setenv(name, value)
-    settings = Settings(data_dir=tmp_path, storage={"type": "s3", "endpoint_url": s3_endpoint, "region": "us-east-1",
-                                                    "bucket": BUCKET})
+    settings = Settings(
+        data_dir=tmp_path, storage={"type": "s3", "endpoint_url": s3_endpoint, "region": "us-east-1", "bucket": BUCKET}
+    )
     import aioboto3
 
     async with aioboto3.Session().client("s3", endpoint_url=s3_endpoint, region_name="us-east-1") as admin:

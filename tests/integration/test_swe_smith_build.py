@@ -76,8 +76,18 @@ def make_sdist(folder: Path) -> Path:
 
 
 def run_build(sdists: Path, out: Path) -> list[SweInstance]:
-    argv = ["--out", str(out), "--project", "tinylib==1.0", "--sdist-dir", str(sdists), "--per-project", "3",
-            "--wheels-from", str(SHIPPED_WHEELS)]  # fmt: skip
+    argv = [
+        "--out",
+        str(out),
+        "--project",
+        "tinylib==1.0",
+        "--sdist-dir",
+        str(sdists),
+        "--per-project",
+        "3",
+        "--wheels-from",
+        str(SHIPPED_WHEELS),
+    ]
     assert build.main(argv) == 0
     return [SweInstance.model_validate_json(line) for line in (out / "instances.jsonl").read_text().splitlines()]
 
@@ -94,8 +104,10 @@ def test_generator_keeps_real_bugs_and_rebuilds_the_same(tmp_path: Path) -> None
     bundle = tmp_path / "out" / "repos" / "tinylib-1.0.bundle"
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(bundle), str(clone)], check=True)
-    everything = {f"tests/test_core.py::{name}" for name in
-                  ("test_clamp_inside", "test_clamp_low", "test_clamp_high", "test_window", "test_window_whole")}  # fmt: skip
+    everything = {
+        f"tests/test_core.py::{name}"
+        for name in ("test_clamp_inside", "test_clamp_low", "test_clamp_high", "test_window", "test_window_whole")
+    }
     for instance in instances:
         assert instance.repo == "tinylib-1.0" and instance.FAIL_TO_PASS
         assert set(instance.FAIL_TO_PASS) | set(instance.PASS_TO_PASS) == everything

@@ -106,7 +106,7 @@ async def test_two_slots_share_the_repository_once_and_keep_their_own_edits(
         assert "idna/core.py" not in clean.output
 
         # The agent's own commands never see the cache (it holds every commit, the fixes included).
-        hidden = await a.terminal("ls /cache; echo \"[$SANDBOX_CACHE]\"; git -C /cache log --all 2>&1 | head -1")
+        hidden = await a.terminal('ls /cache; echo "[$SANDBOX_CACHE]"; git -C /cache log --all 2>&1 | head -1')
         assert "No such file or directory" in hidden.output and "[]" in hidden.output, hidden.output
 
         # Grading reads the repository and wheels from the cache: a fixed slot scores 1, the other 0.
@@ -169,7 +169,9 @@ async def test_concurrent_setups_of_one_repository_both_succeed(backend: LocalBa
         assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
         for lease, instance_id in ((one, FIRST), (two, SECOND)):
             name = env.instance(Item(id=instance_id)).checkout_name
-            look = await slot_of(pool, lease, "look").terminal(f"cd {name} && git log --oneline | wc -l && ls ../.swe/wheels")
+            look = await slot_of(pool, lease, "look").terminal(
+                f"cd {name} && git log --oneline | wc -l && ls ../.swe/wheels"
+            )
             assert look.ok and look.output.split()[0] == "1" and "pytest-" in look.output, look.output
 
         # Two puts of one new entry at once, past the presence check: one stores it, the other finds it.

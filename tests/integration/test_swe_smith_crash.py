@@ -55,9 +55,13 @@ async def in_phase(handle: WorkflowHandle, phase: str) -> bool:
 
 @pytest.mark.parametrize(("phase", "after_s"), [("setup", 0.3), ("verify", 4.0)])
 async def test_worker_killed_during_setup_or_verify_the_rollout_finishes(
-    phase: str, after_s: float, client: Client, crash_settings: Settings, worker_process: WorkerProcess,
+    phase: str,
+    after_s: float,
+    client: Client,
+    crash_settings: Settings,
+    worker_process: WorkerProcess,
     pool: SandboxPool,
-) -> None:  # fmt: skip
+) -> None:
     item = get_env("swe_smith").load_items(1)[0]
     handle = await client.start_workflow(
         TrajectoryWorkflow.run,

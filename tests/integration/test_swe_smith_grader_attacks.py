@@ -160,7 +160,7 @@ async def test_a_process_left_in_the_terminal_cannot_plant_while_the_grader_runs
     of the workspace (the repository and anything the grader makes there) while verify runs."""
     loop = (
         "nohup bash -c 'while true; do for d in $(find /workspace -type d 2>/dev/null); do "
-        "cp /workspace/.swe/plugin.py \"$d/conftest.py\" 2>/dev/null; done; sleep 0.2; done' >/dev/null 2>&1 &"
+        'cp /workspace/.swe/plugin.py "$d/conftest.py" 2>/dev/null; done; sleep 0.2; done\' >/dev/null 2>&1 &'
     )
     commands = [write("/workspace/.swe/plugin.py", PASSING_PLUGIN)]
     assert_unfixed(await play(backend, commands, stateful=[loop, "sleep 1"]))
@@ -181,7 +181,7 @@ async def test_an_honest_fix_in_a_new_module_among_leftovers_scores_one(backend:
         "import pathlib\n"
         "core = pathlib.Path('idna/core.py')\n"
         "text = core.read_text()\n"
-        "bug = 'if direction not in [\"R\", \"AL\", \"EN\", \"AN\"]:'\n"
+        'bug = \'if direction not in ["R", "AL", "EN", "AN"]:\'\n'
         "assert text.count(bug) == 1\n"
         "core.write_text('from ._rtl import rtl_ending\\n' + text.replace(bug, 'if rtl_ending(direction):'))\n"
     )

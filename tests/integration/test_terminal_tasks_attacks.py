@@ -97,7 +97,8 @@ async def test_an_honest_solution_still_passes(backend: LocalBackend) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, raises=AssertionError,
+    strict=True,
+    raises=AssertionError,
     reason="a check typed into the agent's own shell runs whatever that shell makes of it; fixing it needs the "
     "sandbox server to start a fresh process in the session's network namespace",
 )

@@ -31,7 +31,6 @@ from workflows.batch import BatchWorkflow
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture
 def smol(settings: Settings, smollm2_server: GenerateServerProcess) -> Iterator[str]:
     """The real model as the policy `smol` of the worker's settings."""
@@ -46,18 +45,34 @@ def served(server: GenerateServerProcess) -> list[dict]:
 
 @pytest.mark.timeout(600)
 async def test_a_steered_multi_turn_rollout_yields_the_models_exact_tokens_and_logprobs(
-    client: Client, settings: Settings, parts: Parts, smol: str, smollm2_server: GenerateServerProcess, smollm2_model, smollm2_tokenizer,
+    client: Client,
+    settings: Settings,
+    parts: Parts,
+    smol: str,
+    smollm2_server: GenerateServerProcess,
+    smollm2_model,
+    smollm2_tokenizer,
 ) -> None:
     httpx.post(f"{smollm2_server.url}/requests/reset", timeout=10).raise_for_status()
     result = await client.execute_workflow(
         BatchWorkflow.run,
-        BatchInput(env="echo_chain", env_config={"steps": 2}, num_items=1, group_size=1, policy=smol,
-                   sampling=Sampling(temperature=1.0, max_tokens=8), limits=RolloutLimits(max_turns=4)),
-        id=batch_id("tokens"), task_queue=settings.temporal.task_queue,
+        BatchInput(
+            env="echo_chain",
+            env_config={"steps": 2},
+            num_items=1,
+            group_size=1,
+            policy=smol,
+            sampling=Sampling(temperature=1.0, max_tokens=8),
+            limits=RolloutLimits(max_turns=4),
+        ),
+        id=batch_id("tokens"),
+        task_queue=settings.temporal.task_queue,
     )
     assert result.completed == 1, result
     group = read_groups(Path(result.output))[0]
-    rollout = await client.get_workflow_handle(group["metadata"]["rollout_ids"][0], result_type=TrajectoryResult).result()
+    rollout = await client.get_workflow_handle(
+        group["metadata"]["rollout_ids"][0], result_type=TrajectoryResult
+    ).result()
     assert rollout.turns >= 3 and rollout.tool_calls >= 2, "two steered tool-call turns, then the last reply"
     assert rollout.tokens is not None and rollout.tokens.restarts == 0
     trace = await parts.traces.load(rollout.tokens)
@@ -69,7 +84,7 @@ async def test_a_steered_multi_turn_rollout_yields_the_models_exact_tokens_and_l
     for request in requests:
         start = len(request["input_ids"])
         assert trace.tokens[:start] == request["input_ids"], "each turn's prompt is the sequence so far"
-        assert trace.tokens[start:start + len(request["output_ids"])] == request["output_ids"]
+        assert trace.tokens[start : start + len(request["output_ids"])] == request["output_ids"]
         generated_at |= set(range(start, start + len(request["output_ids"])))
     masks = trace.masks()
     assert {i for i, m in enumerate(masks) if m != IGNORE_INDEX} == generated_at
@@ -91,21 +106,26 @@ async def test_a_steered_multi_turn_rollout_yields_the_models_exact_tokens_and_l
 
 @pytest.mark.parametrize("api", ["sglang", "vllm"])
 async def test_both_generate_shapes_read_the_real_servers_tokens_and_logprobs(
-    api: str, smollm2_server: GenerateServerProcess, smollm2_model, smollm2_tokenizer,
+    api: str,
+    smollm2_server: GenerateServerProcess,
+    smollm2_model,
+    smollm2_tokenizer,
 ) -> None:
     from temporal_rollouts.llm.generate import GenerateClient
 
-    text = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}],
-                                                 add_generation_prompt=True, tokenize=False)
+    text = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour."}], add_generation_prompt=True, tokenize=False
+    )
     prompt = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
     client = GenerateClient(smollm2_server.url + "/v1", api)
     try:
-        generation = await client.generate(prompt, max_tokens=10, temperature=0.0,
-                                           stop_token_ids=[smollm2_tokenizer.eos_token_id])
+        generation = await client.generate(
+            prompt, max_tokens=10, temperature=0.0, stop_token_ids=[smollm2_tokenizer.eos_token_id]
+        )
     finally:
         await client.aclose()
     assert 0 < len(generation.ids) <= 10
-    fresh = smollm2.forward_logprobs(smollm2_model, prompt + generation.ids)[len(prompt) - 1:]
+    fresh = smollm2.forward_logprobs(smollm2_model, prompt + generation.ids)[len(prompt) - 1 :]
     assert max(abs(a - b) for a, b in zip(generation.logprobs, fresh)) < LOGPROB_TOLERANCE
     last = served(smollm2_server)[-1]
     assert last["output_ids"] == generation.ids and last["input_ids"] == prompt

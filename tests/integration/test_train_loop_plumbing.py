@@ -26,9 +26,27 @@ pytestmark = pytest.mark.slow
 def test_two_steps_of_the_train_loop_go_round(smollm2_gguf: Path, tmp_path: Path) -> None:
     plot = tmp_path / "reward.png"
     done = subprocess.run(
-        [sys.executable, "bench/train_loop.py", "--steps", "2", "--group-size", "2", "--groups-per-step", "1",
-         "--kills", "0", "--max-tokens", "24", "--allow-busy", "--plot", str(plot)],
-        cwd=REPO, capture_output=True, text=True, timeout=840,
+        [
+            sys.executable,
+            "bench/train_loop.py",
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--groups-per-step",
+            "1",
+            "--kills",
+            "0",
+            "--max-tokens",
+            "24",
+            "--allow-busy",
+            "--plot",
+            str(plot),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -53,9 +53,17 @@ async def trainer(run_api: RunApiProcess, tmp_path: Path) -> AsyncIterator[Traje
 
 
 def feed_input(run_api: RunApiProcess, policy: str, **changes) -> FeedInput:
-    fields = {"env": "echo_chain", "env_config": {"steps": 1}, "policy": policy, "group_size": GROUP_SIZE,
-              "api_url": run_api.url, "max_staleness": 0, "max_groups_in_flight": 8,
-              "sampling": Sampling(temperature=1.0, max_tokens=8), "limits": RolloutLimits(max_turns=3)}
+    fields = {
+        "env": "echo_chain",
+        "env_config": {"steps": 1},
+        "policy": policy,
+        "group_size": GROUP_SIZE,
+        "api_url": run_api.url,
+        "max_staleness": 0,
+        "max_groups_in_flight": 8,
+        "sampling": Sampling(temperature=1.0, max_tokens=8),
+        "limits": RolloutLimits(max_turns=3),
+    }
     return FeedInput(**{**fields, **changes})
 
 
@@ -78,8 +86,12 @@ async def test_admission_holds_the_bound_while_the_trainer_stalls_and_every_turn
     client: Client, settings: Settings, run_api: RunApiProcess, trainer: TrajectoryApi, smol: str
 ) -> None:
     run = f"feed-{uuid.uuid4().hex[:6]}"
-    handle = await client.start_workflow(TrainingFeedWorkflow.run, feed_input(run_api, smol, max_groups=4),
-                                         id=run, task_queue=settings.temporal.task_queue)
+    handle = await client.start_workflow(
+        TrainingFeedWorkflow.run,
+        feed_input(run_api, smol, max_groups=4),
+        id=run,
+        task_queue=settings.temporal.task_queue,
+    )
     # max_staleness 0 and a batch of two groups: two groups may be outstanding, no more, while the trainer waits
     held = await until(handle, lambda s: s.figures.groups_posted == 2)
     await asyncio.sleep(5)
@@ -121,15 +133,20 @@ def own_smol(settings: Settings, own_smollm2_server: GenerateServerProcess) -> I
 
 async def publish(server: GenerateServerProcess, weights: Path, version: int) -> None:
     async with httpx.AsyncClient(timeout=600) as http:
-        answer = await http.post(f"{server.url}/update_weights_from_disk",
-                                 json={"model_path": str(weights), "weight_version": str(version)})
+        answer = await http.post(
+            f"{server.url}/update_weights_from_disk", json={"model_path": str(weights), "weight_version": str(version)}
+        )
     assert answer.json()["success"], answer.text
 
 
 @pytest.mark.timeout(600)
 async def test_a_trainer_slower_than_its_rollouts_never_gets_a_group_staler_than_the_bound(
-    client: Client, settings: Settings, run_api: RunApiProcess, own_smol: GenerateServerProcess, weights: Path,
-    tmp_path: Path
+    client: Client,
+    settings: Settings,
+    run_api: RunApiProcess,
+    own_smol: GenerateServerProcess,
+    weights: Path,
+    tmp_path: Path,
 ) -> None:
     """run-api forms every full batch of its queue at one /batch call, counts them all as steps and hides
     them from its queue, handing the newest out first: a feed that went by run-api alone, or let two
@@ -141,8 +158,11 @@ async def test_a_trainer_slower_than_its_rollouts_never_gets_a_group_staler_than
         await register_trainer(api, batch_size=GROUP_SIZE, max_token_len=4096, checkpoint_dir=tmp_path)
         run = f"feed-slow-{uuid.uuid4().hex[:6]}"
         handle = await client.start_workflow(
-            TrainingFeedWorkflow.run, feed_input(run_api, "own-smol", max_groups=5, max_staleness=1),
-            id=run, task_queue=settings.temporal.task_queue)
+            TrainingFeedWorkflow.run,
+            feed_input(run_api, "own-smol", max_groups=5, max_staleness=1),
+            id=run,
+            task_queue=settings.temporal.task_queue,
+        )
         lags: list[int] = []
         for step in range(1, 6):
             await until(handle, lambda s: s.phase == "done" or (not s.admitted and s.rollouts_running == 0))
@@ -164,7 +184,9 @@ async def test_a_rollout_the_machinery_lost_is_resumed_and_its_group_posted_once
 ) -> None:
     run = f"feed-resume-{uuid.uuid4().hex[:6]}"
     slow = feed_input(run_api, smol, max_groups=1, max_staleness=1, env_config={"steps": 1, "sleep_s": 4})
-    handle = await client.start_workflow(TrainingFeedWorkflow.run, slow, id=run, task_queue=settings.temporal.task_queue)
+    handle = await client.start_workflow(
+        TrainingFeedWorkflow.run, slow, id=run, task_queue=settings.temporal.task_queue
+    )
     await until(handle, lambda s: s.rollouts_running == GROUP_SIZE)
     await asyncio.sleep(2)
     await client.get_workflow_handle(f"{run}/g0/r0").terminate("the test plays an operator who killed it")
@@ -185,9 +207,12 @@ def demo_sft(settings: Settings, demo_policy, smollm2_server: GenerateServerProc
     from temporal_rollouts.core.settings import ChatPolicy
     from tests.support import TEMPLATES
 
-    settings.policies["demo-sft"] = ChatPolicy(base_url=f"{demo_policy.url}/v1", model="demo-policy",
-                                               tokenizer=str(smollm2_server.tokenizer_dir),
-                                               chat_template=str(TEMPLATES / "qwen2_5.jinja"))
+    settings.policies["demo-sft"] = ChatPolicy(
+        base_url=f"{demo_policy.url}/v1",
+        model="demo-policy",
+        tokenizer=str(smollm2_server.tokenizer_dir),
+        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
+    )
     yield "demo-sft"
     settings.policies.pop("demo-sft", None)
 
@@ -205,17 +230,34 @@ async def test_the_feed_continues_as_new_without_waiting_for_its_rollouts_and_lo
     from temporal_rollouts.sinks.jsonl import read_groups
     from worker import build_worker
 
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_binary(), search_attributes=sa.ALL,
-                                                dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 150}))
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=sa.ALL,
+        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 150}),
+    )
     try:
-        own = settings.model_copy(update={"temporal": settings.temporal.model_copy(
-            update={"address": env.client.service_client.config.target_host})})
+        own = settings.model_copy(
+            update={
+                "temporal": settings.temporal.model_copy(
+                    update={"address": env.client.service_client.config.target_host}
+                )
+            }
+        )
         client = await connect(own, objects=parts.objects, start_embedded=False)
         run = f"feed-can-{uuid.uuid4().hex[:6]}"
-        feed = FeedInput(env="echo_chain", env_config={"steps": 2, "sleep_s": 1}, policy=demo_sft, group_size=2,
-                         max_groups=8, max_groups_in_flight=3, sink="jsonl")
+        feed = FeedInput(
+            env="echo_chain",
+            env_config={"steps": 2, "sleep_s": 1},
+            policy=demo_sft,
+            group_size=2,
+            max_groups=8,
+            max_groups_in_flight=3,
+            sink="jsonl",
+        )
         async with build_worker(client, parts):
-            handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run, task_queue=own.temporal.task_queue)
+            handle = await client.start_workflow(
+                TrainingFeedWorkflow.run, feed, id=run, task_queue=own.temporal.task_queue
+            )
             done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
             runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
     finally:
@@ -237,10 +279,18 @@ async def test_a_restarted_run_api_gets_the_run_registered_again_and_posting_goe
     try:
         async with TrajectoryApi(run_api.url) as api:
             await register_trainer(api, batch_size=2 * GROUP_SIZE, max_token_len=4096, checkpoint_dir=tmp_path)
-            feed = FeedInput(env="echo_chain", env_config={"steps": 1}, policy=demo_sft, group_size=GROUP_SIZE,
-                             api_url=run_api.url, max_staleness=1, max_groups=6)
-            handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run,
-                                                 task_queue=settings.temporal.task_queue)
+            feed = FeedInput(
+                env="echo_chain",
+                env_config={"steps": 1},
+                policy=demo_sft,
+                group_size=GROUP_SIZE,
+                api_url=run_api.url,
+                max_staleness=1,
+                max_groups=6,
+            )
+            handle = await client.start_workflow(
+                TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue
+            )
             before = await pull_batch(api, timeout_s=120)
         run_api.stop()  # what run-api held is lost with it; the trainer and the run register again
         run_api.start()
@@ -251,7 +301,9 @@ async def test_a_restarted_run_api_gets_the_run_registered_again_and_posting_goe
     finally:
         run_api.stop()
     assert len(before) == len(after) == 2
-    assert {g["group_overrides"]["group_id"] for g in before}.isdisjoint(g["group_overrides"]["group_id"] for g in after)
+    assert {g["group_overrides"]["group_id"] for g in before}.isdisjoint(
+        g["group_overrides"]["group_id"] for g in after
+    )
     assert done.figures.dropped == {} and done.trainer.env_id is not None
 
 
@@ -261,9 +313,18 @@ async def test_a_branching_feed_posts_each_group_as_one_tree(client: Client, set
     from temporal_rollouts.sinks.jsonl import read_groups
 
     run = f"feed-tree-{uuid.uuid4().hex[:6]}"
-    feed = FeedInput(env="echo_chain", env_config={"steps": 3}, policy=demo_sft, group_size=2, max_groups=2,
-                     sink="jsonl", branch=BranchSpec(at_turns=[1], factor=2))
-    handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue)
+    feed = FeedInput(
+        env="echo_chain",
+        env_config={"steps": 3},
+        policy=demo_sft,
+        group_size=2,
+        max_groups=2,
+        sink="jsonl",
+        branch=BranchSpec(at_turns=[1], factor=2),
+    )
+    handle = await client.start_workflow(
+        TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue
+    )
     done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
     assert (done.figures.groups_posted, done.figures.dropped) == (2, {}), done.figures
     assert done.figures.rollouts_started == 8, "two roots a group, each branching into two after turn 1"

@@ -36,9 +36,13 @@ def rollout(item: str = TASK, env: str = "terminal_tasks", **kwargs) -> Trajecto
     return TrajectoryInput(env=env, item=Item(id=item), **kwargs)
 
 
-async def run(client: Client, settings: Settings, input: TrajectoryInput, task_queue: str | None = None) -> TrajectoryResult:
+async def run(
+    client: Client, settings: Settings, input: TrajectoryInput, task_queue: str | None = None
+) -> TrajectoryResult:
     return await client.execute_workflow(
-        TrajectoryWorkflow.run, input, id=f"rollout-{uuid.uuid4().hex[:8]}",
+        TrajectoryWorkflow.run,
+        input,
+        id=f"rollout-{uuid.uuid4().hex[:8]}",
         task_queue=task_queue or settings.temporal.task_queue,
     )
 
@@ -184,7 +188,9 @@ async def test_tool_call_retried_after_timeout_is_not_executed_twice(
     activities = [a for a in build_activities(client, parts) if a.__name__ != "tool_call"]
     task_queue = f"lossy-{uuid.uuid4().hex[:6]}"
     async with Worker(
-        client, task_queue=task_queue, workflows=[TrajectoryWorkflow],
+        client,
+        task_queue=task_queue,
+        workflows=[TrajectoryWorkflow],
         activities=[*activities, tool_call_that_loses_its_first_result],
         graceful_shutdown_timeout=timedelta(seconds=1),
         workflow_runner=UnsandboxedWorkflowRunner(),  # as workers run it; the sandbox would re-import params
@@ -193,18 +199,25 @@ async def test_tool_call_retried_after_timeout_is_not_executed_twice(
         result = await run(client, settings, input, task_queue=task_queue)
 
     assert result.score == 1.0 and result.tool_calls == 2, "each step appended exactly once"
-    first_call = [(attempt, local, replayed) for key, attempt, local, replayed in attempts if key.endswith("turn-1/call-0")]
+    first_call = [
+        (attempt, local, replayed) for key, attempt, local, replayed in attempts if key.endswith("turn-1/call-0")
+    ]
     assert first_call == [(1, True, False), (2, True, True)]
     executions = executions_under(settings.data_dir, f"{result.rollout_id}/")
     first = [e for e in executions if e["call_id"].endswith("turn-1/call-0")]
     assert len(first) == 1, executions
 
 
-async def test_tool_calls_are_local_activities_that_leave_no_activity_events(client: Client, settings: Settings) -> None:
+async def test_tool_calls_are_local_activities_that_leave_no_activity_events(
+    client: Client, settings: Settings
+) -> None:
     result = await run(client, settings, rollout(item="echo-2", env="echo_chain", env_config={"steps": 2}))
     history = await client.get_workflow_handle(result.rollout_id).fetch_history()
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
-                 if e.HasField("activity_task_scheduled_event_attributes")]
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
     markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
     assert result.tool_calls == 2 and "tool_call" not in scheduled
     assert len(markers) >= 2, "each tool call's result is recorded as a local activity marker"
@@ -216,8 +229,9 @@ async def test_a_rollout_history_replays_under_the_workflow_sandbox(client: Clie
     import that a change let into workflow code."""
     result = await run(client, settings, rollout(item="echo-3", env="echo_chain", env_config={"steps": 2}))
     history = await client.get_workflow_handle(result.rollout_id).fetch_history()
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(),
-                        data_converter=client.data_converter)
+    replayer = Replayer(
+        workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(), data_converter=client.data_converter
+    )
     replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, replayed.replay_failure
 
@@ -236,8 +250,11 @@ async def test_oversized_verifier_details_fail_once_with_an_explanation(
     assert result.stop_reason is StopReason.ENV_ERROR
     assert "PayloadTooLarge" in result.stop_detail and "over the 1048576-byte limit" in result.stop_detail
     history = await client.get_workflow_handle(result.rollout_id).fetch_history()
-    verify_attempts = [e for e in history.events if e.HasField("activity_task_started_event_attributes")
-                       and e.activity_task_started_event_attributes.attempt > 1]
+    verify_attempts = [
+        e
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes") and e.activity_task_started_event_attributes.attempt > 1
+    ]
     assert verify_attempts == [], "a payload that is too large is not retried"
 
 

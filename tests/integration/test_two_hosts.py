@@ -57,8 +57,13 @@ def s3_endpoint(tmp_path) -> Iterator[str]:
 def sandboxes(tmp_path, monkeypatch) -> Iterator[dict[str, SandboxProcess]]:
     monkeypatch.setenv(SECRET_ENV, SECRET)
     started = {
-        host: SandboxProcess(tmp_path / host / "sandbox", f"sandbox-{host}", derive_token(SECRET, f"sandbox-{host}"),
-                             host=address, slots=4).start()  # fmt: skip
+        host: SandboxProcess(
+            tmp_path / host / "sandbox",
+            f"sandbox-{host}",
+            derive_token(SECRET, f"sandbox-{host}"),
+            host=address,
+            slots=4,
+        ).start()
         for host, address in (("host-a", "127.0.0.2"), ("host-b", "127.0.0.3"))
     }
     yield started
@@ -66,8 +71,15 @@ def sandboxes(tmp_path, monkeypatch) -> Iterator[dict[str, SandboxProcess]]:
         server.stop()
 
 
-def host_settings(tmp_path: Path, host: str, client: Client, queue: str, s3: str, demo: DemoPolicyProcess,
-                  sandboxes: dict[str, SandboxProcess]) -> Settings:  # fmt: skip
+def host_settings(
+    tmp_path: Path,
+    host: str,
+    client: Client,
+    queue: str,
+    s3: str,
+    demo: DemoPolicyProcess,
+    sandboxes: dict[str, SandboxProcess],
+) -> Settings:
     servers = [{"container_id": s.container_id, "url": s.url} for s in sandboxes.values()]
     return Settings(
         data_dir=tmp_path / host / "data",
@@ -75,10 +87,15 @@ def host_settings(tmp_path: Path, host: str, client: Client, queue: str, s3: str
         demo_policy={"port": demo.port, "start_local": False},
         worker={"host_name": host},
         storage={"type": "s3", "endpoint_url": s3, "region": "us-east-1", "bucket": BUCKET},
-        sandbox={"backend": {"type": "static", "servers": servers, "secret_env": SECRET_ENV},
-                 "slots_per_container": 4, "min_containers": 0, "max_containers": 2,
-                 "acquire_timeout_s": 180, "reap_interval_s": 2.0},
-    )  # fmt: skip
+        sandbox={
+            "backend": {"type": "static", "servers": servers, "secret_env": SECRET_ENV},
+            "slots_per_container": 4,
+            "min_containers": 0,
+            "max_containers": 2,
+            "acquire_timeout_s": 180,
+            "reap_interval_s": 2.0,
+        },
+    )
 
 
 @pytest.fixture
@@ -111,10 +128,12 @@ async def test_a_batch_on_two_hosts_survives_losing_one(tmp_path, workers, sandb
     demo_policy.control(delay_s=0.3)
     settings_b = workers["host-b"].settings
     client = await connect(settings_b, start_embedded=False)
-    batch = BatchInput(env="echo_chain", num_items=20, group_size=1, max_concurrency=8,
-                       env_config={"steps": 4, "sleep_s": 0.3})  # fmt: skip
-    handle = await client.start_workflow(BatchWorkflow.run, batch, id=f"two-hosts-{uuid.uuid4().hex[:6]}",
-                                         task_queue=settings_b.temporal.task_queue)  # fmt: skip
+    batch = BatchInput(
+        env="echo_chain", num_items=20, group_size=1, max_concurrency=8, env_config={"steps": 4, "sleep_s": 0.3}
+    )
+    handle = await client.start_workflow(
+        BatchWorkflow.run, batch, id=f"two-hosts-{uuid.uuid4().hex[:6]}", task_queue=settings_b.temporal.task_queue
+    )
     async with SandboxPool.from_settings(settings_b) as pool:
 
         async def both_servers_busy() -> bool:

@@ -55,8 +55,10 @@ async def test_a_refusing_endpoint_fails_its_rollouts_fast_and_status_says_why(
     url = f"http://127.0.0.1:{closed_port()}/v1"
     started = time.monotonic()
     handle = await client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=2, policy=url),
-        id=batch_id("refused"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=2, policy=url),
+        id=batch_id("refused"),
+        task_queue=settings.temporal.task_queue,
     )
     notes = await wait_until(lambda: waiting_on_retries(client, handle.id), timeout_s=REFUSED_BOUND_S)
     assert notes[0].activity == "llm_turn"
@@ -83,12 +85,17 @@ async def test_a_refusing_endpoint_fails_its_rollouts_fast_and_status_says_why(
 async def test_a_stalled_endpoint_is_given_up_after_two_request_timeouts(
     client: Client, settings: Settings, silent_server: int, monkeypatch
 ) -> None:
-    monkeypatch.setitem(settings.policies, "stalled-test",
-                        ChatPolicy(base_url=f"http://127.0.0.1:{silent_server}/v1", timeout_s=STALL_TIMEOUT_S))
+    monkeypatch.setitem(
+        settings.policies,
+        "stalled-test",
+        ChatPolicy(base_url=f"http://127.0.0.1:{silent_server}/v1", timeout_s=STALL_TIMEOUT_S),
+    )
     started = time.monotonic()
     handle = await client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy="stalled-test"),
-        id=batch_id("stalled"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy="stalled-test"),
+        id=batch_id("stalled"),
+        task_queue=settings.temporal.task_queue,
     )
     # before its timeout, a stalled attempt shows as one with no answer yet
     notes = await wait_until(lambda: waiting_on_retries(client, handle.id, slow_after_s=1.0), timeout_s=STALLED_BOUND_S)
@@ -102,8 +109,10 @@ async def test_a_stalled_endpoint_is_given_up_after_two_request_timeouts(
 async def test_the_progress_bar_shows_the_rollouts_waiting_on_retries(client: Client, settings: Settings) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     handle = await client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=2, policy=url),
-        id=batch_id("refused-bar"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=2, policy=url),
+        id=batch_id("refused-bar"),
+        task_queue=settings.temporal.task_queue,
     )
     screen = io.StringIO()
     result = await watch(client, handle, Console(file=screen, force_terminal=True, width=200))
@@ -117,8 +126,10 @@ async def test_a_policy_url_without_v1_says_why_in_the_summary(
     """The demo policy's root instead of its /v1: every request is a 404. The summary, not only
     `rollouts show`, says so and suggests /v1."""
     handle = await client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy=demo_policy.url),
-        id=batch_id("no-v1"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy=demo_policy.url),
+        id=batch_id("no-v1"),
+        task_queue=settings.temporal.task_queue,
     )
     result = BatchResult.model_validate(await handle.result())
     assert result.stop_reasons == {"model_rejected": 1}

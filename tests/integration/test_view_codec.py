@@ -24,12 +24,15 @@ pytestmark = pytest.mark.slow
 UI = "http://127.0.0.1:8233"
 
 
-async def test_the_ui_can_expand_a_stored_reference(project_client: Client, settings: Settings,
-                                                     transcripts: TranscriptStore) -> None:
+async def test_the_ui_can_expand_a_stored_reference(
+    project_client: Client, settings: Settings, transcripts: TranscriptStore
+) -> None:
     big = "x" * (settings.storage.payload_size_threshold * 2)
     handle = await project_client.start_workflow(  # no worker takes this task queue: only the input matters
-        BatchWorkflow.run, BatchInput(env="echo_chain", env_config={"note": big}),
-        id=batch_id("codec"), task_queue="codec-test-no-worker",
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", env_config={"note": big}),
+        id=batch_id("codec"),
+        task_queue="codec-test-no-worker",
     )
     try:
         history = await handle.fetch_history()
@@ -39,9 +42,14 @@ async def test_the_ui_can_expand_a_stored_reference(project_client: Client, sett
 
         with TestClient(create_app(project_client, transcripts, [UI]), base_url="http://127.0.0.1:8300") as http:
             answer = http.post("/codec/decode", json=posted, headers={"Origin": UI, "X-Namespace": "default"})
-            preflight = http.options("/codec/decode", headers={
-                "Origin": UI, "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "content-type,x-namespace"})
+            preflight = http.options(
+                "/codec/decode",
+                headers={
+                    "Origin": UI,
+                    "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "content-type,x-namespace",
+                },
+            )
             refused = http.post("/codec/decode", json={"nope": 1})
             rebound = http.post("/codec/decode", json=posted, headers={"Host": "attacker.example:8300"})
         assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == UI
@@ -54,4 +62,3 @@ async def test_the_ui_can_expand_a_stored_reference(project_client: Client, sett
         assert rebound.status_code == 421 and "x" * 100 not in rebound.text  # a DNS-rebinding page reads nothing
     finally:
         await handle.terminate("test over")
-

@@ -30,8 +30,8 @@ def _records(path: Path) -> list[bytes]:
         if block - offset % block < 7:  # a block's tail too short for a header is padding
             offset += block - offset % block
             continue
-        length, kind = struct.unpack("<HB", data[offset + 4: offset + 7])
-        chunk = data[offset + 7: offset + 7 + length]
+        length, kind = struct.unpack("<HB", data[offset + 4 : offset + 7])
+        chunk = data[offset + 7 : offset + 7 + length]
         offset += 7 + length
         if kind == 0 and length == 0:
             break
@@ -54,7 +54,9 @@ def _history(run_dir: Path) -> list[dict]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 
@@ -65,21 +67,38 @@ async def test_rollout_table_and_tool_errors_reach_wandb(tmp_path: Path, monkeyp
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     config, servers = TemporalRolloutsEnv.config_init()
-    config = config.model_copy(update={"tokenizer_name": str(tokenizer), "use_wandb": True, "group_size": 2,
-                                 "num_rollouts_per_group_for_logging": -1})
+    config = config.model_copy(
+        update={
+            "tokenizer_name": str(tokenizer),
+            "use_wandb": True,
+            "group_size": 2,
+            "num_rollouts_per_group_for_logging": -1,
+        }
+    )
     env = TemporalRolloutsEnv(config, servers, slurm=False, testing=False)
-    env.tool_error_buffer = [{"turn": 1, "tool_name": "terminal", "arguments": "{\"command\": \"" + "x" * 400 + "\"}",
-                              "error": "timed out"}]
+    env.tool_error_buffer = [
+        {"turn": 1, "tool_name": "terminal", "arguments": '{"command": "' + "x" * 400 + '"}', "error": "timed out"}
+    ]
     long_result, long_reasoning = "r" * 2000, "thinking " * 100
     group = {
         "scores": [1.0, 0.0],
         "messages": [
-            [{"role": "user", "content": "make docs"},
-             {"role": "assistant", "reasoning_content": long_reasoning,
-              "tool_calls": [{"id": "c1", "type": "function",
-                              "function": {"name": "terminal", "arguments": "{\"command\": \"" + "y" * 300 + "\"}"}}]},
-             {"role": "tool", "tool_call_id": "c1", "content": long_result},
-             {"role": "assistant", "content": "done"}],
+            [
+                {"role": "user", "content": "make docs"},
+                {
+                    "role": "assistant",
+                    "reasoning_content": long_reasoning,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "terminal", "arguments": '{"command": "' + "y" * 300 + '"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": long_result},
+                {"role": "assistant", "content": "done"},
+            ],
             [{"role": "user", "content": "make docs"}, {"role": "assistant", "content": "I give up"}],
         ],
     }
@@ -97,7 +116,10 @@ async def test_rollout_table_and_tool_errors_reach_wandb(tmp_path: Path, monkeyp
     assert len(rows) == 1, (rows, files, [f.stat().st_size for f in run_dir.glob("*.wandb")])
     [row] = rows
     assert row["train/tool_errors_count"] == 1
-    assert row["train/tool_error_details"].startswith("[turn 1] terminal(") and "timed out" in row["train/tool_error_details"]
+    assert (
+        row["train/tool_error_details"].startswith("[turn 1] terminal(")
+        and "timed out" in row["train/tool_error_details"]
+    )
     [table_file] = run_dir.glob("files/media/table/train/rollouts_*.table.json")
     table = json.loads(table_file.read_text())
     assert table["columns"] == ["text", "score"]

@@ -48,8 +48,10 @@ def nudged(smollm2_model):
 @pytest.fixture(scope="module")
 def checkpoints(smollm2_model, nudged, tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("checkpoints")
-    return {"original": save_weights(smollm2_model, folder / "original"),
-            "nudged": save_weights(nudged, folder / "nudged")}
+    return {
+        "original": save_weights(smollm2_model, folder / "original"),
+        "nudged": save_weights(nudged, folder / "nudged"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,11 @@ def update(server: GenerateServerProcess, model_path: Path | str, version: str |
 
 
 def generate(server: GenerateServerProcess, prompt: list[int], new_tokens: int = 8) -> dict:
-    body = {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+    }
     response = httpx.post(f"{server.url}/generate", json=body, timeout=600)
     assert response.status_code == 200, response.text
     return response.json()
@@ -74,7 +79,7 @@ def generate(server: GenerateServerProcess, prompt: list[int], new_tokens: int =
 def served_by(model, prompt: list[int], answer: dict) -> float:
     """The largest gap between the answer's logprobs and what `model` gives for the same tokens."""
     logprobs = [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
-    fresh = forward_logprobs(model, prompt + answer["output_ids"])[len(prompt) - 1:]
+    fresh = forward_logprobs(model, prompt + answer["output_ids"])[len(prompt) - 1 :]
     return max(abs(a - b) for a, b in zip(logprobs, fresh))
 
 
@@ -83,7 +88,11 @@ def version_of(server: GenerateServerProcess) -> str:
 
 
 def test_an_update_changes_generation_and_the_version_every_answer_reports(
-    server: GenerateServerProcess, checkpoints: dict[str, Path], smollm2_model, nudged, prompt: list[int],
+    server: GenerateServerProcess,
+    checkpoints: dict[str, Path],
+    smollm2_model,
+    nudged,
+    prompt: list[int],
 ) -> None:
     assert version_of(server) == "default"
     before = generate(server, prompt)
@@ -92,8 +101,11 @@ def test_an_update_changes_generation_and_the_version_every_answer_reports(
 
     response = update(server, checkpoints["nudged"], 1)
     assert response.status_code == 200, response.text
-    assert response.json() == {"success": True, "num_paused_requests": 0,
-                               "message": "Succeeded to update model weights. Weight version updated to 1."}
+    assert response.json() == {
+        "success": True,
+        "num_paused_requests": 0,
+        "message": "Succeeded to update model weights. Weight version updated to 1.",
+    }
     assert version_of(server) == "1"
     info = httpx.get(f"{server.url}/get_model_info", timeout=10).json()
     assert (info["weight_version"], info["model_path"]) == ("1", str(checkpoints["nudged"]))
@@ -103,8 +115,11 @@ def test_an_update_changes_generation_and_the_version_every_answer_reports(
     assert after["meta_info"]["weight_version"] == "1"
     assert served_by(nudged, prompt, after) < LOGPROB_TOLERANCE, "the new weights serve, exactly"
     assert served_by(smollm2_model, prompt, after) > 0.05, "and they are not the old ones"
-    vllm = httpx.post(f"{server.url}/generate", timeout=600, json={
-        "prompt": {"prompt_token_ids": prompt}, "logprobs": 0, "max_tokens": 4, "temperature": 0}).json()
+    vllm = httpx.post(
+        f"{server.url}/generate",
+        timeout=600,
+        json={"prompt": {"prompt_token_ids": prompt}, "logprobs": 0, "max_tokens": 4, "temperature": 0},
+    ).json()
     assert vllm["weight_version"] == "1"
     assert vllm["token_ids"] == [after["output_ids"][:4]]
     records = httpx.get(f"{server.url}/requests", timeout=10).json()
@@ -118,7 +133,11 @@ def test_an_update_changes_generation_and_the_version_every_answer_reports(
 
 
 def test_a_request_in_flight_during_an_update_is_served_whole_by_the_weights_it_started_on(
-    server: GenerateServerProcess, checkpoints: dict[str, Path], smollm2_model, nudged, prompt: list[int],
+    server: GenerateServerProcess,
+    checkpoints: dict[str, Path],
+    smollm2_model,
+    nudged,
+    prompt: list[int],
 ) -> None:
     assert update(server, checkpoints["original"], "a").json()["success"]
 

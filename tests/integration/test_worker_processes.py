@@ -46,17 +46,22 @@ def worker_children(pid: int) -> set[int]:
 
 
 async def test_two_worker_processes_share_the_queue_and_stop_together(
-    client: Client, settings: Settings, tmp_path: Path,
+    client: Client,
+    settings: Settings,
+    tmp_path: Path,
 ) -> None:
-    own = settings.model_copy(update={
-        "temporal": settings.temporal.model_copy(update={"task_queue": f"processes-{uuid.uuid4().hex[:6]}"}),
-        "worker": settings.worker.model_copy(update={"processes": 2}),
-    })  # fmt: skip
+    own = settings.model_copy(
+        update={
+            "temporal": settings.temporal.model_copy(update={"task_queue": f"processes-{uuid.uuid4().hex[:6]}"}),
+            "worker": settings.worker.model_copy(update={"processes": 2}),
+        }
+    )
     worker = WorkerProcess(own, tmp_path / "worker.log")
     worker.start()
     try:
         await asyncio.to_thread(worker.wait_ready, 60)
         assert worker.proc is not None
+
         async def both_ready() -> bool:
             return _ready_count(worker.log_path) >= 2
 
@@ -65,13 +70,15 @@ async def test_two_worker_processes_share_the_queue_and_stop_together(
 
         batch = BatchInput(env="echo_chain", num_items=16, group_size=1, max_concurrency=16, env_config={"steps": 3})
         batch_id = f"processes-{uuid.uuid4().hex[:6]}"
-        result = BatchResult.model_validate(await client.execute_workflow(
-            BatchWorkflow.run, batch, id=batch_id, task_queue=own.temporal.task_queue))  # fmt: skip
+        result = BatchResult.model_validate(
+            await client.execute_workflow(BatchWorkflow.run, batch, id=batch_id, task_queue=own.temporal.task_queue)
+        )
         assert (result.completed, result.failed) == (16, 0)
         pids = await _activity_worker_pids(client, batch_id, 16)
         assert pids == {worker.proc.pid, child}, "both processes ran steps"
 
         os.kill(child, signal.SIGKILL)  # a dead helper process is started again
+
         async def started_again() -> bool:
             return len(worker_children(worker.proc.pid) - {child}) == 1
 

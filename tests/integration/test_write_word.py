@@ -26,18 +26,21 @@ pytestmark = [pytest.mark.slow, needs_bubblewrap]
 ITEM = Item(id="answer-apple")
 
 
-@pytest.mark.parametrize("files, commands, score", [
-    ({"answer.txt": "apple"}, [], 1.0),
-    ({"answer.txt": "apple\n"}, [], 1.0),
-    ({"answer.txt": "Apple"}, [], 0.5),
-    ({"answer.txt": "apple\napple\n"}, [], 0.5),
-    ({"answer.txt": ""}, [], 0.5),
-    ({"notes.txt": "apple"}, [], 0.25),
-    ({"deep/answer.txt": "apple"}, [], 0.25),
-    ({"real.txt": "apple"}, ["ln -s real.txt answer.txt"], 0.25),
-    ({}, ["mkdir answer.txt"], 0.0),
-    ({}, [], 0.0),
-])
+@pytest.mark.parametrize(
+    "files, commands, score",
+    [
+        ({"answer.txt": "apple"}, [], 1.0),
+        ({"answer.txt": "apple\n"}, [], 1.0),
+        ({"answer.txt": "Apple"}, [], 0.5),
+        ({"answer.txt": "apple\napple\n"}, [], 0.5),
+        ({"answer.txt": ""}, [], 0.5),
+        ({"notes.txt": "apple"}, [], 0.25),
+        ({"deep/answer.txt": "apple"}, [], 0.25),
+        ({"real.txt": "apple"}, ["ln -s real.txt answer.txt"], 0.25),
+        ({}, ["mkdir answer.txt"], 0.0),
+        ({}, [], 0.0),
+    ],
+)
 async def test_the_grader_scores_what_the_workspace_holds(
     pool: SandboxPool, files: dict[str, str], commands: list[str], score: float
 ) -> None:
@@ -77,8 +80,10 @@ def test_items_prompts_and_config() -> None:
 async def test_the_reference_call_scores_one_through_the_worker(client: Client, settings: Settings) -> None:
     result = await client.execute_workflow(
         BatchWorkflow.run,
-        BatchInput(env="write_word", env_config={"examples": 0}, num_items=3, group_size=1,
-                   limits=RolloutLimits(max_turns=1)),
-        id=batch_id("write-word"), task_queue=settings.temporal.task_queue,
+        BatchInput(
+            env="write_word", env_config={"examples": 0}, num_items=3, group_size=1, limits=RolloutLimits(max_turns=1)
+        ),
+        id=batch_id("write-word"),
+        task_queue=settings.temporal.task_queue,
     )
     assert (result.completed, result.mean_score, result.stop_reasons) == (3, 1.0, {"max_turns": 3})

@@ -36,7 +36,9 @@ def environment(mutable: bool = False):
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+    def tojson(
+        value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         # transformers replaces jinja's tojson (which HTML-escapes and sorts keys) with plain json.dumps
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -53,7 +55,14 @@ def template(name: str):
     return environment(name in MUTATING_TEMPLATES).from_string((TEMPLATES / name).read_text())
 
 
-def render(name: str, messages: list[dict], *, tools: list[dict] | None = None, add_generation_prompt: bool = False, **extra: Any) -> str:
+def render(
+    name: str,
+    messages: list[dict],
+    *,
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+    **extra: Any,
+) -> str:
     return template(name).render(
         messages=copy.deepcopy(messages), tools=tools, add_generation_prompt=add_generation_prompt, **extra
     )
@@ -77,7 +86,10 @@ TOOLS = [
         "function": {
             "name": "search",
             "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "filters": {"type": "object"}},
+            },
         },
     },
     {

@@ -41,8 +41,11 @@ def compose_spec_schema() -> dict[str, Any] | None:
     wheels = sorted(CACHE.glob("docker_compose-1.29.2-*.whl"))
     if not wheels:
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(CACHE), SPEC_WHEEL],
-                       capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(CACHE), SPEC_WHEEL],
+            capture_output=True,
+            timeout=120,
+        )
         wheels = sorted(CACHE.glob("docker_compose-1.29.2-*.whl"))
     if not wheels:
         return None

@@ -101,7 +101,9 @@ class FakeImage:
         cls = modal.Image
         self.apt_install = _Method(self.fake, "Image.apt_install", cls.apt_install, self._step("apt"), bound_self=True)
         self.pip_install = _Method(self.fake, "Image.pip_install", cls.pip_install, self._step("pip"), bound_self=True)
-        self.add_local_dir = _Method(self.fake, "Image.add_local_dir", cls.add_local_dir, self._add_dir, bound_self=True)
+        self.add_local_dir = _Method(
+            self.fake, "Image.add_local_dir", cls.add_local_dir, self._add_dir, bound_self=True
+        )
 
     def _step(self, kind: str) -> Any:
         def add(*packages: str, **_: Any) -> FakeImage:
@@ -121,8 +123,17 @@ class FakeSecret:
 
 
 class FakeSandbox:
-    def __init__(self, fake: FakeModal, object_id: str, app: FakeApp, name: str | None, tags: dict[str, str],
-                 process: subprocess.Popen[bytes], port_map: dict[int, int], timeout: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fake: FakeModal,
+        object_id: str,
+        app: FakeApp,
+        name: str | None,
+        tags: dict[str, str],
+        process: subprocess.Popen[bytes],
+        port_map: dict[int, int],
+        timeout: int | None,
+    ) -> None:
         self.fake, self.object_id, self.app, self.name, self.tags = fake, object_id, app, name, dict(tags)
         self.process, self.port_map = process, port_map
         self.ends_at = time.monotonic() + timeout if timeout else None
@@ -173,10 +184,13 @@ class FakeModal:
         self.App = _Namespace()
         self.App.lookup = _Method(self, "App.lookup", modal.App.lookup, self._lookup)
         self.Image = _Namespace()
-        self.Image.from_registry = _Method(self, "Image.from_registry", modal.Image.from_registry,
-                                           lambda tag, **_: FakeImage(self, tag))  # fmt: skip
+        self.Image.from_registry = _Method(
+            self, "Image.from_registry", modal.Image.from_registry, lambda tag, **_: FakeImage(self, tag)
+        )
         self.Secret = _Namespace()
-        self.Secret.from_dict = _Method(self, "Secret.from_dict", modal.Secret.from_dict, lambda d={}: FakeSecret(dict(d)))
+        self.Secret.from_dict = _Method(
+            self, "Secret.from_dict", modal.Secret.from_dict, lambda d={}: FakeSecret(dict(d))
+        )
         self.Secret.from_name = _Method(self, "Secret.from_name", modal.Secret.from_name, self._named_secret)
         self.named_secrets: dict[str, dict[str, str]] = {}
         self.Sandbox = _Namespace()
@@ -212,10 +226,20 @@ class FakeModal:
             raise modal.exception.NotFoundError(f"Secret '{name}' not found")
         return FakeSecret(self.named_secrets[name])
 
-    def _create(self, *args: str, app: FakeApp | None = None, name: str | None = None, tags: dict[str, str] | None = None,
-                image: FakeImage | None = None, env: dict[str, str] | None = None, secrets: list[FakeSecret] | None = None,
-                timeout: int | None = 300, workdir: str | None = None, encrypted_ports: list[int] = (),
-                **_: Any) -> FakeSandbox:  # fmt: skip
+    def _create(
+        self,
+        *args: str,
+        app: FakeApp | None = None,
+        name: str | None = None,
+        tags: dict[str, str] | None = None,
+        image: FakeImage | None = None,
+        env: dict[str, str] | None = None,
+        secrets: list[FakeSecret] | None = None,
+        timeout: int | None = 300,
+        workdir: str | None = None,
+        encrypted_ports: list[int] = (),
+        **_: Any,
+    ) -> FakeSandbox:
         if app is None:
             raise modal.exception.InvalidError("App is required")
         with self._lock:
@@ -230,8 +254,16 @@ class FakeModal:
             self.sandboxes.append(sandbox)
             return sandbox
 
-    def _run(self, argv: list[str], root: Path, image: FakeImage | None, env: dict[str, str],
-             secrets: list[FakeSecret], workdir: str | None, port_map: dict[int, int]) -> subprocess.Popen[bytes]:  # fmt: skip
+    def _run(
+        self,
+        argv: list[str],
+        root: Path,
+        image: FakeImage | None,
+        env: dict[str, str],
+        secrets: list[FakeSecret],
+        workdir: str | None,
+        port_map: dict[int, int],
+    ) -> subprocess.Popen[bytes]:
         remote_to_local: dict[str, str] = {}
         if image is not None:
             for remote, local in image.local_dirs.items():
@@ -246,7 +278,7 @@ class FakeModal:
         def localise(value: str) -> str:
             for remote, local in remote_to_local.items():
                 if value == remote or value.startswith(remote + "/"):
-                    return local + value[len(remote):]
+                    return local + value[len(remote) :]
             return value
 
         argv = [sys.executable if argv[0] == "python" else argv[0], *map(localise, argv[1:])]
@@ -260,8 +292,15 @@ class FakeModal:
             process_env.update(secret.values)
         process_env.update({key: localise(value) for key, value in env.items()})
         with open(root / "sandbox.log", "ab") as log:
-            return subprocess.Popen(argv, cwd=localise(workdir) if workdir else root, env=process_env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            return subprocess.Popen(
+                argv,
+                cwd=localise(workdir) if workdir else root,
+                env=process_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def _from_name(self, app_name: str, name: str, **_: Any) -> FakeSandbox:
         for sandbox in self.running():

@@ -188,8 +188,11 @@ class FakeNomad:
         with self._lock:
             if parts == ["jobs"] and method == "GET":
                 prefix = query.get("prefix", "")
-                return [self._job_stub(job) for (ns, jid), job in sorted(self.jobs.items())
-                        if ns == namespace and jid.startswith(prefix)]  # fmt: skip
+                return [
+                    self._job_stub(job)
+                    for (ns, jid), job in sorted(self.jobs.items())
+                    if ns == namespace and jid.startswith(prefix)
+                ]
             if parts[:1] == ["job"] and len(parts) == 2:
                 return self._job_endpoint(method, parts[1], namespace, query, body)
             if parts[:1] == ["job"] and len(parts) == 3 and parts[2] == "allocations" and method == "GET":
@@ -209,8 +212,14 @@ class FakeNomad:
             if parts == ["acl", "token", "self"] and method == "GET":
                 if self.acl_token is None:
                     raise NomadHTTPError(400, "ACL support disabled")
-                return {"AccessorID": "fake-accessor", "SecretID": self.acl_token, "Name": "test",
-                        "Type": "management", "Policies": None, "Global": False}  # fmt: skip
+                return {
+                    "AccessorID": "fake-accessor",
+                    "SecretID": self.acl_token,
+                    "Name": "test",
+                    "Type": "management",
+                    "Policies": None,
+                    "Global": False,
+                }
         raise NomadHTTPError(404, f"Invalid URL: {method} {path}")
 
     def _job_endpoint(self, method: str, job_id: str, namespace: str, query: dict[str, str], body: Any) -> Any:
@@ -250,7 +259,9 @@ class FakeNomad:
             if wanted == 0 and existing is not None:
                 raise NomadHTTPError(500, "Enforcing job modify index 0: job already exists")
             if wanted != current:
-                raise NomadHTTPError(500, f"Enforcing job modify index {wanted}: job exists with conflicting job modify index: {current}")
+                raise NomadHTTPError(
+                    500, f"Enforcing job modify index {wanted}: job exists with conflicting job modify index: {current}"
+                )
         if existing is not None:
             for alloc_id in existing.allocs:
                 self._stop_alloc(self.allocs[alloc_id], "complete")
@@ -274,8 +285,13 @@ class FakeNomad:
             return current
         if method == "PUT":
             index = next(self._index)
-            self.variables[key] = {"Namespace": namespace, "Path": path, "Items": dict(body.get("Items") or {}),
-                                   "CreateIndex": current["CreateIndex"] if current else index, "ModifyIndex": index}  # fmt: skip
+            self.variables[key] = {
+                "Namespace": namespace,
+                "Path": path,
+                "Items": dict(body.get("Items") or {}),
+                "CreateIndex": current["CreateIndex"] if current else index,
+                "ModifyIndex": index,
+            }
             return self.variables[key]
         if method == "DELETE":
             self.variables.pop(key, None)
@@ -287,12 +303,18 @@ class FakeNomad:
     def _place(self, job: Job) -> Allocation:
         group = job.spec["TaskGroups"][0]
         alloc_id = str(uuid.uuid4())
-        labels = [port["Label"] for network in group.get("Networks") or [] for port in network.get("DynamicPorts") or []]
+        labels = [
+            port["Label"] for network in group.get("Networks") or [] for port in network.get("DynamicPorts") or []
+        ]
         alloc = Allocation(
-            id=alloc_id, job_id=job.spec["ID"], namespace=job.namespace, group=group,
-            directory=self.data_dir / "allocs" / alloc_id, ports={label: _free_port() for label in labels},
+            id=alloc_id,
+            job_id=job.spec["ID"],
+            namespace=job.namespace,
+            group=group,
+            directory=self.data_dir / "allocs" / alloc_id,
+            ports={label: _free_port() for label in labels},
             create_index=next(self._index),
-        )  # fmt: skip
+        )
         for task_spec in group.get("Tasks") or []:
             alloc.tasks[task_spec["Name"]] = Task(spec=task_spec, restart_at=time.monotonic())
         self.allocs[alloc_id] = alloc
@@ -339,8 +361,12 @@ class FakeNomad:
     def _launch(self, alloc: Allocation, task: Task) -> bool:
         name = task.spec["Name"]
         task_dir = alloc.directory / name
-        for folder in (alloc.directory / "alloc" / "data", alloc.directory / "alloc" / "logs", task_dir / "local",
-                       task_dir / "secrets"):  # fmt: skip
+        for folder in (
+            alloc.directory / "alloc" / "data",
+            alloc.directory / "alloc" / "logs",
+            task_dir / "local",
+            task_dir / "secrets",
+        ):
             folder.mkdir(parents=True, exist_ok=True)
         env = self._task_env(alloc, task, task_dir)
         for template in task.spec.get("Templates") or []:
@@ -354,25 +380,46 @@ class FakeNomad:
         config = task.spec.get("Config") or {}
         argv = [_interpolate(config["command"], env), *(_interpolate(arg, env) for arg in config.get("args") or [])]
         with open(alloc.directory / "alloc" / "logs" / f"{name}.log", "ab") as log:
-            task.process = subprocess.Popen(argv, cwd=task_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            task.process = subprocess.Popen(
+                argv,
+                cwd=task_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         task.state = "running"
         return True
 
     def _task_env(self, alloc: Allocation, task: Task, task_dir: Path) -> dict[str, str]:
         job = self.jobs[(alloc.namespace, alloc.job_id)]
         env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
-        env.update({
-            "NOMAD_ALLOC_DIR": str(alloc.directory / "alloc"), "NOMAD_TASK_DIR": str(task_dir / "local"),
-            "NOMAD_SECRETS_DIR": str(task_dir / "secrets"), "NOMAD_ALLOC_ID": alloc.id, "NOMAD_ALLOC_INDEX": "0",
-            "NOMAD_JOB_ID": alloc.job_id, "NOMAD_JOB_NAME": job.spec.get("Name", alloc.job_id),
-            "NOMAD_GROUP_NAME": alloc.group.get("Name", ""), "NOMAD_TASK_NAME": task.spec["Name"],
-            "NOMAD_NAMESPACE": alloc.namespace, "NOMAD_DC": (job.spec.get("Datacenters") or ["dc1"])[0],
-            "NOMAD_REGION": job.spec.get("Region") or "global",
-        })  # fmt: skip
+        env.update(
+            {
+                "NOMAD_ALLOC_DIR": str(alloc.directory / "alloc"),
+                "NOMAD_TASK_DIR": str(task_dir / "local"),
+                "NOMAD_SECRETS_DIR": str(task_dir / "secrets"),
+                "NOMAD_ALLOC_ID": alloc.id,
+                "NOMAD_ALLOC_INDEX": "0",
+                "NOMAD_JOB_ID": alloc.job_id,
+                "NOMAD_JOB_NAME": job.spec.get("Name", alloc.job_id),
+                "NOMAD_GROUP_NAME": alloc.group.get("Name", ""),
+                "NOMAD_TASK_NAME": task.spec["Name"],
+                "NOMAD_NAMESPACE": alloc.namespace,
+                "NOMAD_DC": (job.spec.get("Datacenters") or ["dc1"])[0],
+                "NOMAD_REGION": job.spec.get("Region") or "global",
+            }
+        )
         for label, port in alloc.ports.items():
-            env.update({f"NOMAD_PORT_{label}": str(port), f"NOMAD_HOST_PORT_{label}": str(port),
-                        f"NOMAD_IP_{label}": "127.0.0.1", f"NOMAD_ADDR_{label}": f"127.0.0.1:{port}"})  # fmt: skip
+            env.update(
+                {
+                    f"NOMAD_PORT_{label}": str(port),
+                    f"NOMAD_HOST_PORT_{label}": str(port),
+                    f"NOMAD_IP_{label}": "127.0.0.1",
+                    f"NOMAD_ADDR_{label}": f"127.0.0.1:{port}",
+                }
+            )
         for key, value in (task.spec.get("Env") or {}).items():
             env[key] = _interpolate(value, env)
         return env
@@ -427,8 +474,13 @@ class FakeNomad:
         return alloc
 
     def _live_alloc(self, job_id: str) -> Allocation:
-        return next(alloc for alloc in self.allocs.values()
-                    if alloc.job_id == job_id and alloc.client_status in ("running", "pending") and alloc.desired_status == "run")  # fmt: skip
+        return next(
+            alloc
+            for alloc in self.allocs.values()
+            if alloc.job_id == job_id
+            and alloc.client_status in ("running", "pending")
+            and alloc.desired_status == "run"
+        )
 
     def _job_status(self, job: Job) -> str:
         if job.stop:
@@ -439,26 +491,46 @@ class FakeNomad:
         return "pending" if "pending" in statuses else "dead"
 
     def _job_stub(self, job: Job) -> dict[str, Any]:
-        return {"ID": job.spec["ID"], "Name": job.spec.get("Name", job.spec["ID"]), "Namespace": job.namespace,
-                "Type": job.spec.get("Type", "service"), "Status": self._job_status(job), "Stop": job.stop,
-                "JobModifyIndex": job.modify_index, "ModifyIndex": job.modify_index, "Version": job.version}  # fmt: skip
+        return {
+            "ID": job.spec["ID"],
+            "Name": job.spec.get("Name", job.spec["ID"]),
+            "Namespace": job.namespace,
+            "Type": job.spec.get("Type", "service"),
+            "Status": self._job_status(job),
+            "Stop": job.stop,
+            "JobModifyIndex": job.modify_index,
+            "ModifyIndex": job.modify_index,
+            "Version": job.version,
+        }
 
     def _alloc_stub(self, alloc: Allocation) -> dict[str, Any]:
         return {
-            "ID": alloc.id, "JobID": alloc.job_id, "Namespace": alloc.namespace, "TaskGroup": alloc.group.get("Name"),
-            "ClientStatus": alloc.client_status, "DesiredStatus": alloc.desired_status,
-            "CreateIndex": alloc.create_index, "ModifyIndex": alloc.create_index,
-            "TaskStates": {name: {"State": task.state, "Failed": task.failed, "Restarts": task.restarts}
-                           for name, task in alloc.tasks.items()},
-        }  # fmt: skip
+            "ID": alloc.id,
+            "JobID": alloc.job_id,
+            "Namespace": alloc.namespace,
+            "TaskGroup": alloc.group.get("Name"),
+            "ClientStatus": alloc.client_status,
+            "DesiredStatus": alloc.desired_status,
+            "CreateIndex": alloc.create_index,
+            "ModifyIndex": alloc.create_index,
+            "TaskStates": {
+                name: {"State": task.state, "Failed": task.failed, "Restarts": task.restarts}
+                for name, task in alloc.tasks.items()
+            },
+        }
 
     def _alloc_full(self, alloc: Allocation) -> dict[str, Any]:
         ports = [{"Label": label, "Value": port, "To": 0, "HostIP": "127.0.0.1"} for label, port in alloc.ports.items()]
         return {
             **self._alloc_stub(alloc),
-            "AllocatedResources": {"Shared": {"Ports": ports, "Networks": [
-                {"IP": "127.0.0.1", "DynamicPorts": [{"Label": p["Label"], "Value": p["Value"]} for p in ports]}
-            ]}},
+            "AllocatedResources": {
+                "Shared": {
+                    "Ports": ports,
+                    "Networks": [
+                        {"IP": "127.0.0.1", "DynamicPorts": [{"Label": p["Label"], "Value": p["Value"]} for p in ports]}
+                    ],
+                }
+            },
         }
 
 

@@ -38,10 +38,24 @@ class SandboxProcess:
         self.root.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, TOKEN_ENV: self.token, "PYTHONPATH": str(REPO)}
         argv = [
-            sys.executable, "-m", "temporal_rollouts.sandbox_server", "--host", self.host, "--port", str(self.port),
-            "--slots", str(self.slots), "--root", str(self.root / "root"), "--token-env", TOKEN_ENV,
-            "--container-id", self.container_id, "--sweep-interval", "0.3",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "temporal_rollouts.sandbox_server",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--slots",
+            str(self.slots),
+            "--root",
+            str(self.root / "root"),
+            "--token-env",
+            TOKEN_ENV,
+            "--container-id",
+            self.container_id,
+            "--sweep-interval",
+            "0.3",
+        ]
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + wait_s

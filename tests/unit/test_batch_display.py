@@ -14,8 +14,10 @@ from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.core.records import BatchProgress
 
 BATCH = "long-batch-terminal_tasks-1a2b3c4d"
-RETRIES = ["16 rollouts waiting on llm_turn: model unreachable: connection refused, retry 3",
-           "2 rollouts waiting on verify: sandbox unreachable: connect timed out, retry 12"]
+RETRIES = [
+    "16 rollouts waiting on llm_turn: model unreachable: connection refused, retry 3",
+    "2 rollouts waiting on verify: sandbox unreachable: connect timed out, retry 12",
+]
 
 
 def rendered(width: int) -> list[str]:
@@ -24,7 +26,9 @@ def rendered(width: int) -> list[str]:
     bar = BatchBar(console)
     task = bar.add_task(BATCH, total=64)
     bar.update(task, completed=12)
-    bar.show(BatchProgress(batch_id=BATCH, env="terminal_tasks", total=64, completed=12, running=16, score_sum=6.0), RETRIES)
+    bar.show(
+        BatchProgress(batch_id=BATCH, env="terminal_tasks", total=64, completed=12, running=16, score_sum=6.0), RETRIES
+    )
     console.print(bar.get_renderable())
     return [line.rstrip() for line in screen.getvalue().splitlines()]
 
@@ -52,8 +56,15 @@ def test_retry_lines_wrap_rather_than_lose_their_retry_number(width: int) -> Non
 
 
 def test_status_counts_the_queued_rollouts_too() -> None:
-    data = {"batch_id": "b", "status": "running", "total": 64, "completed": 14, "failed": 0, "running": 14,
-            "mean_score": 1.0}
+    data = {
+        "batch_id": "b",
+        "status": "running",
+        "total": 64,
+        "completed": 14,
+        "failed": 0,
+        "running": 14,
+        "mean_score": 1.0,
+    }
     assert "64 rollouts: 14 scored, 0 failed, 14 running, 36 queued" in format_status(data)
     data |= {"status": "completed", "completed": 64, "running": 0}
     assert "64 rollouts: 64 scored, 0 failed\n" in format_status(data)

@@ -7,14 +7,17 @@ import pytest
 from workflows.batch import start_window
 
 
-@pytest.mark.parametrize(("rate", "group_size", "window_s", "groups"), [
-    (100, 1, 1.0, 100),   # a second's worth of single rollouts, then a timer
-    (10, 8, 1.0, 1),      # one group of 8 a second: 8 rollouts/s, under 10
-    (16, 8, 1.0, 2),
-    (0.5, 1, 2.0, 1),     # below one a second: one rollout every two seconds
-    (3, 8, 8 / 3, 1),     # a group takes longer than a second's share: one group per 2.67 s
-    (0.1, 4, 40.0, 1),
-])
+@pytest.mark.parametrize(
+    ("rate", "group_size", "window_s", "groups"),
+    [
+        (100, 1, 1.0, 100),  # a second's worth of single rollouts, then a timer
+        (10, 8, 1.0, 1),  # one group of 8 a second: 8 rollouts/s, under 10
+        (16, 8, 1.0, 2),
+        (0.5, 1, 2.0, 1),  # below one a second: one rollout every two seconds
+        (3, 8, 8 / 3, 1),  # a group takes longer than a second's share: one group per 2.67 s
+        (0.1, 4, 40.0, 1),
+    ],
+)
 def test_windows(rate: float, group_size: int, window_s: float, groups: int) -> None:
     got_window, got_groups = start_window(rate, group_size)
     assert got_window == pytest.approx(window_s)

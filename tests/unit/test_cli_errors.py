@@ -95,7 +95,8 @@ def test_data_dir_is_taken_from_the_config_files_folder(clean_shell: Path, monke
 
 def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> None:
     (clean_shell / "rollouts.toml").write_text(
-        'default_policy = "mine"\n[policies.mine]\nbase_url = "http://model:8000/v1"\n')
+        'default_policy = "mine"\n[policies.mine]\nbase_url = "http://model:8000/v1"\n'
+    )
     args = cli.build_parser().parse_args(["batch", "--env", "echo_chain"])
     assert cli._batch_input(args, Settings()).policy == "mine"
 
@@ -128,8 +129,10 @@ def test_unknown_flags_of_other_commands_are_usage_errors(capsys) -> None:
 def test_a_typo_in_an_environment_variable_names_the_variable(capsys, monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER", "3")
     code, err = run(capsys, "list")
-    assert (code, err) == (cli.EXIT_ERROR, "error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
-                                           "sandbox.slots_per_contaner: unknown field")
+    assert (code, err) == (
+        cli.EXIT_ERROR,
+        "error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: sandbox.slots_per_contaner: unknown field",
+    )
 
 
 def test_the_worker_reports_bad_settings_with_the_clis_exit_code(monkeypatch) -> None:
@@ -138,8 +141,9 @@ def test_the_worker_reports_bad_settings_with_the_clis_exit_code(monkeypatch) ->
     env = {**os.environ, "PYTHONPATH": str(worker.parent)}
     done = subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == cli.EXIT_ERROR, done.stderr
-    assert done.stderr.strip().endswith("error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: "
-                                        "sandbox.slots_per_contaner: unknown field")
+    assert done.stderr.strip().endswith(
+        "error: environment variable ROLLOUTS_SANDBOX__SLOTS_PER_CONTANER: sandbox.slots_per_contaner: unknown field"
+    )
 
 
 def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> None:
@@ -147,10 +151,13 @@ def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> No
 
     count = len(bundled_tasks())
     code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "500")
-    assert (code, err) == (cli.EXIT_ERROR, f"error: num_items: 500 items from offset 0 run past the end of env "
-                                           f"'terminal_tasks', which has {count} items: ask for at most {count}, or go "
-                                           f"round the task set again with cycle_items (`rollouts batch --cycle`), "
-                                           f"which repeats tasks")
+    assert (code, err) == (
+        cli.EXIT_ERROR,
+        f"error: num_items: 500 items from offset 0 run past the end of env "
+        f"'terminal_tasks', which has {count} items: ask for at most {count}, or go "
+        f"round the task set again with cycle_items (`rollouts batch --cycle`), "
+        f"which repeats tasks",
+    )
     code, err = run(capsys, "batch", "--env", "terminal_tasks", "--items", "3", "--offset", str(count - 2))
     assert code == cli.EXIT_ERROR and "ask for at most 2" in err
     args = cli.build_parser().parse_args(["batch", "--env", "terminal_tasks", "--items", "500", "--cycle"])

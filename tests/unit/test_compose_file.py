@@ -34,7 +34,9 @@ def environment(service: str) -> dict[str, str]:
 
 
 def sandbox_services() -> list[str]:
-    return sorted(name for name, service in SERVICES.items() if "SANDBOX_CONTAINER_ID" in service.get("environment", {}))
+    return sorted(
+        name for name, service in SERVICES.items() if "SANDBOX_CONTAINER_ID" in service.get("environment", {})
+    )
 
 
 def test_the_file_follows_the_compose_specification() -> None:
@@ -101,7 +103,9 @@ def test_sandbox_servers_run_unprivileged_with_limits() -> None:
         assert served.require_isolation, "sandbox commands must not run unisolated"
         assert service["entrypoint"] == ["sandbox-entrypoint"]
     users = [SERVICES[name]["user"].split(":")[0] for name in sandbox_services()]
-    assert len(set(users)) == len(users), "each sandbox container runs as a uid of its own (process limits count per uid)"
+    assert len(set(users)) == len(users), (
+        "each sandbox container runs as a uid of its own (process limits count per uid)"
+    )
 
 
 def test_jobs_fail_loudly() -> None:
@@ -144,7 +148,11 @@ def test_images_leave_local_state_out() -> None:
     assert {".git", ".venv", ".rollouts", "**/__pycache__"} <= ignored
     sandbox = (REPO / "docker" / "sandbox.Dockerfile").read_text()
     copied = re.findall(r"^COPY (\S+)", sandbox, re.M)
-    assert copied == ["temporal_rollouts/__init__.py", "temporal_rollouts/sandbox_server", "docker/sandbox-entrypoint.sh"]
+    assert copied == [
+        "temporal_rollouts/__init__.py",
+        "temporal_rollouts/sandbox_server",
+        "docker/sandbox-entrypoint.sh",
+    ]
 
 
 def test_the_scripts_parse_and_refuse_a_missing_setting() -> None:
@@ -161,7 +169,13 @@ def test_the_sandbox_entrypoint_refuses_a_short_pool_secret() -> None:
     import subprocess
     import sys
 
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "SANDBOX_CONTAINER_ID": "sandbox-0",
-           "ROLLOUTS_SANDBOX_SECRET": "short"}  # fmt: skip
-    done = subprocess.run(["sh", str(REPO / "docker" / "sandbox-entrypoint.sh")], env=env, capture_output=True, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "SANDBOX_CONTAINER_ID": "sandbox-0",
+        "ROLLOUTS_SANDBOX_SECRET": "short",
+    }
+    done = subprocess.run(
+        ["sh", str(REPO / "docker" / "sandbox-entrypoint.sh")], env=env, capture_output=True, text=True
+    )
     assert done.returncode != 0 and "at least 16 characters" in done.stderr

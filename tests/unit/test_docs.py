@@ -16,8 +16,13 @@ MKDOCS = Path(sys.executable).with_name("mkdocs")
 
 
 def build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(MKDOCS), "build", "--strict", "-f", str(config), "-d", str(out)], capture_output=True,
-                          text=True, timeout=120, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [str(MKDOCS), "build", "--strict", "-f", str(config), "-d", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -27,9 +27,16 @@ GOOD, BAD = [11, 12, 13], [21, 22, 23, 24, 25]
 @pytest.fixture
 def model():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=True)
+    config = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -55,8 +62,12 @@ def group(model, scores: list[float], completions: list[list[int]], shift: list[
 
 def test_advantages_are_normalised_within_the_group_and_equal_scores_teach_nothing() -> None:
     assert group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
-    flat = {"tokens": [[1, 2]] * 2, "masks": [[IGNORE_INDEX, 2]] * 2, "scores": [0.5, 0.5],
-            "inference_logprobs": [[1.0, -0.3]] * 2}
+    flat = {
+        "tokens": [[1, 2]] * 2,
+        "masks": [[IGNORE_INDEX, 2]] * 2,
+        "scores": [0.5, 0.5],
+        "inference_logprobs": [[1.0, -0.3]] * 2,
+    }
     assert sequences_of([flat]) == []
 
 

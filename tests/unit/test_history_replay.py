@@ -24,9 +24,14 @@ from workflows.trajectory import TrajectoryWorkflow
 from workflows.tree import RolloutTreeWorkflow
 
 HISTORIES = REPO / "tests" / "data" / "histories"
-RECORDED_IDS = {"trajectory": "rollout-recorded", "batch": "batch-recorded", "batch_child": "batch-recorded/item-0/g0",
-                "fork_tree": "fork-recorded/item-0/tree", "fork_parent": "fork-recorded/item-0/g0",
-                "fork_branch": "fork-recorded/item-0/g0/t1b1"}
+RECORDED_IDS = {
+    "trajectory": "rollout-recorded",
+    "batch": "batch-recorded",
+    "batch_child": "batch-recorded/item-0/g0",
+    "fork_tree": "fork-recorded/item-0/tree",
+    "fork_parent": "fork-recorded/item-0/g0",
+    "fork_branch": "fork-recorded/item-0/g0/t1b1",
+}
 
 
 @pytest.mark.parametrize("name", ["trajectory", "batch", "batch_child", "fork_tree", "fork_parent", "fork_branch"])

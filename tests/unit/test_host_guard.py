@@ -22,10 +22,18 @@ def guarded(allowed: AllowedHosts) -> TestClient:
     return TestClient(app, base_url="http://127.0.0.1:8300")
 
 
-@pytest.mark.parametrize("host, answered", [
-    ("127.0.0.1:8300", True), ("localhost:8300", True), ("[::1]:8300", True), ("127.0.0.2", True),
-    ("attacker.example:8300", False), ("127.0.0.1.attacker.example", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "host, answered",
+    [
+        ("127.0.0.1:8300", True),
+        ("localhost:8300", True),
+        ("[::1]:8300", True),
+        ("127.0.0.2", True),
+        ("attacker.example:8300", False),
+        ("127.0.0.1.attacker.example", False),
+        ("", False),
+    ],
+)
 def test_a_loopback_server_answers_only_to_loopback_names(host: str, answered: bool) -> None:
     response = guarded(AllowedHosts.for_bind("127.0.0.1")).get("/", headers={"Host": host})
     assert (response.status_code, "every conversation" in response.text) == ((200, True) if answered else (421, False))

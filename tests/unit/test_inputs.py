@@ -27,8 +27,10 @@ CASES = [
     ({"env": 7}, ["env: must be a string (got 7)"]),
     ({}, ["env: required but missing"]),
     ({"env": "echo_chain", "item_offset": 10**13}, ["item_offset: must be at most 1000000000000"]),
-    ({"env": "echo_chain", "limits": {"max_turns": 0, "turbo": True}},
-     ["limits.max_turns: must be at least 1 (got 0)", "limits.turbo: unknown field"]),
+    (
+        {"env": "echo_chain", "limits": {"max_turns": 0, "turbo": True}},
+        ["limits.max_turns: must be at least 1 (got 0)", "limits.turbo: unknown field"],
+    ),
     ({"env": "echo_chain", "sink": "s3"}, ["sink: must be one of 'jsonl' or 'atropos' (got 's3')"]),
     ([1, 2], ["expected a JSON object, got [1, 2]", "env required"]),
     (None, ["expected a JSON object, got None"]),
@@ -143,6 +145,19 @@ def test_every_activity_with_an_input_takes_plain_json_and_keeps_its_name() -> N
                 names.add(definition.name)
                 args, _ = _type_hints_from_func(method)
                 assert not args or args == [Any], f"{definition.name} would be decoded as {args} by the SDK"
-    assert {"load_items", "acquire_slot", "release_slot", "setup_workspace", "llm_turn", "tool_call", "verify",
-            "snapshot_workspace", "restore_workspace", "load_resume_point", "rollout_outcome", "await_rollout",
-            "open_sink", "write_group"} <= names
+    assert {
+        "load_items",
+        "acquire_slot",
+        "release_slot",
+        "setup_workspace",
+        "llm_turn",
+        "tool_call",
+        "verify",
+        "snapshot_workspace",
+        "restore_workspace",
+        "load_resume_point",
+        "rollout_outcome",
+        "await_rollout",
+        "open_sink",
+        "write_group",
+    } <= names

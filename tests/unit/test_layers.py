@@ -184,7 +184,10 @@ def cycles() -> list[list[str]]:
 
 
 PRIVATE_REACH_ALLOWED = {
-    ("temporal_rollouts.cli.main", "os._exit"): "a public function of `os` (exit without clean-up), not a private member",
+    (
+        "temporal_rollouts.cli.main",
+        "os._exit",
+    ): "a public function of `os` (exit without clean-up), not a private member",
     ("temporal_rollouts.cli.inspect", "argparse._SubParsersAction"): "the type `add_subparsers` returns; "
     "argparse gives it no public name",
     ("temporal_rollouts.view.codec", "storage._retrieve_payload_sequence"): "the Temporal SDK's ExternalStorage "
@@ -254,8 +257,9 @@ def class_facts() -> dict[str, ClassFacts]:
 def namespaces() -> dict[str, dict[str, str]]:
     """Per module, the project classes it can name: its own and those it imports (re-exports followed)."""
     modules = project_modules()
-    spaces = {m: {c.name: f"{m}.{c.name}" for c in tree_of(p).body if isinstance(c, ast.ClassDef)}
-              for m, p in modules.items()}  # fmt: skip
+    spaces = {
+        m: {c.name: f"{m}.{c.name}" for c in tree_of(p).body if isinstance(c, ast.ClassDef)} for m, p in modules.items()
+    }
     for _ in range(3):
         for module, path in modules.items():
             for node in ast.walk(tree_of(path)):
@@ -297,19 +301,26 @@ def typed_attributes(tree: ast.Module, space: dict[str, str]) -> Iterator[tuple[
 
     for scope in [*(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)), tree]:
         functions = [node for node in ast.walk(scope) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
-        of_self = {item.target.id: classes_in(item.annotation) for item in scope.body
-                   if isinstance(scope, ast.ClassDef) and isinstance(item, ast.AnnAssign)
-                   and isinstance(item.target, ast.Name)}  # fmt: skip
+        of_self = {
+            item.target.id: classes_in(item.annotation)
+            for item in scope.body
+            if isinstance(scope, ast.ClassDef) and isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+        }
         for function, node in ((f, n) for f in functions for n in ast.walk(f)):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
                 for target in node.targets:
                     if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
-                        of_self[target.attr] = parameters(function).get(node.value.id) or of_self.get(target.attr, set())
+                        of_self[target.attr] = parameters(function).get(node.value.id) or of_self.get(
+                            target.attr, set()
+                        )
         for function in functions:
             known = parameters(function)
             for node in ast.walk(function):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (made := classes_in(
-                        node.value.func if isinstance(node.value.func, ast.Name) else None)):  # fmt: skip
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Call)
+                    and (made := classes_in(node.value.func if isinstance(node.value.func, ast.Name) else None))
+                ):
                     known.update({target.id: made for target in node.targets if isinstance(target, ast.Name)})
             for node in ast.walk(function):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name | ast.Attribute):

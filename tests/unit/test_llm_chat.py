@@ -216,7 +216,9 @@ async def test_other_client_errors_are_rejected_for_good(status: int) -> None:
 
 @pytest.mark.parametrize("base_url", ["http://model.test", "http://model.test/", "http://model.test:8000/api"])
 async def test_a_404_from_a_base_url_without_v1_names_the_url_and_suggests_v1(base_url: str) -> None:
-    async with ChatClient(base_url, "m", transport=httpx.MockTransport(replying(404, {"detail": "Not Found"}))) as client:
+    async with ChatClient(
+        base_url, "m", transport=httpx.MockTransport(replying(404, {"detail": "Not Found"}))
+    ) as client:
         with pytest.raises(ModelRequestRejected) as caught:
             await client.complete([Message(role="user", content="hi")], [])
     root = base_url.rstrip("/")
@@ -333,8 +335,11 @@ async def test_a_200_carrying_a_gateway_error_code_maps_like_that_status() -> No
 
 @pytest.mark.parametrize(
     ("exc_type", "error_type", "wording"),
-    [(httpx.ConnectError, ModelUnreachable, "unreachable"), (httpx.ReadTimeout, ModelStalled, "stalled"),
-     (httpx.RemoteProtocolError, ModelUnavailable, "unreachable")],
+    [
+        (httpx.ConnectError, ModelUnreachable, "unreachable"),
+        (httpx.ReadTimeout, ModelStalled, "stalled"),
+        (httpx.RemoteProtocolError, ModelUnavailable, "unreachable"),
+    ],
 )
 async def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError], error_type, wording: str) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
@@ -357,11 +362,14 @@ async def test_a_closed_port_is_unavailable_through_the_real_transport() -> None
     assert caught.value.message.startswith("model unreachable: connection refused")
 
 
-@pytest.mark.parametrize(("error", "attempts_retried"), [
-    (ModelUnreachable("model unreachable: connection refused"), 3),
-    (ModelStalled("model stalled"), 1),
-    (ModelUnavailable("HTTP 503", status_code=503), None),
-])
+@pytest.mark.parametrize(
+    ("error", "attempts_retried"),
+    [
+        (ModelUnreachable("model unreachable: connection refused"), 3),
+        (ModelStalled("model stalled"), 1),
+        (ModelUnavailable("HTTP 503", status_code=503), None),
+    ],
+)
 def test_refused_and_stalled_endpoints_give_up_after_a_few_attempts(error: ModelError, attempts_retried) -> None:
     retried = [a for a in range(1, 9) if not as_application_error(error, attempt=a).non_retryable]
     if attempts_retried is None:  # a 5xx keeps the whole retry policy's patience

@@ -15,7 +15,9 @@ def read_back(args: list[str], **filled: str) -> ServerConfig:
 
 
 def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> None:
-    spec = job_spec(NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), OPTIONS, "rollouts-sandbox-3", 4)
+    spec = job_spec(
+        NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), OPTIONS, "rollouts-sandbox-3", 4
+    )
     group = spec["TaskGroups"][0]
     task = group["Tasks"][0]
     assert spec["Datacenters"] == ["dc9"] and spec["Namespace"] == "rl"
@@ -25,8 +27,9 @@ def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> No
     assert args[args.index("--root") + 1] == "${NOMAD_ALLOC_DIR}/data"
     assert args[args.index("--token-file") + 1] == "${NOMAD_SECRETS_DIR}/token"
     assert "--require-isolation" in args
-    served = read_back(args[2:], NOMAD_IP_http="10.0.0.7", NOMAD_PORT_http="23456", NOMAD_ALLOC_DIR="/a",
-                       NOMAD_SECRETS_DIR="/s")
+    served = read_back(
+        args[2:], NOMAD_IP_http="10.0.0.7", NOMAD_PORT_http="23456", NOMAD_ALLOC_DIR="/a", NOMAD_SECRETS_DIR="/s"
+    )
     assert served.options() == OPTIONS, "every server option reaches the job, limits and uid range included"
     assert (served.host, served.port, served.slots) == ("10.0.0.7", 23456, 4)
     assert group["RestartPolicy"]["Attempts"] >= 1 and group["EphemeralDisk"]["Sticky"]
@@ -36,7 +39,9 @@ def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> No
 
 def test_docker_variant_maps_the_dynamic_port_to_the_image_port() -> None:
     options = OPTIONS.model_copy(update={"require_isolation": False})
-    spec = job_spec(NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), options, "rollouts-sandbox-0", 8)
+    spec = job_spec(
+        NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), options, "rollouts-sandbox-0", 8
+    )
     task = spec["TaskGroups"][0]["Tasks"][0]
     assert task["Config"]["image"] == "reg/sbx:1" and task["Config"]["privileged"] is True
     assert spec["TaskGroups"][0]["Networks"][0]["DynamicPorts"] == [{"Label": "http", "To": 8080}]

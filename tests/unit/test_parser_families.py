@@ -36,13 +36,15 @@ from tests.support.chat_templates import TOOLS, calls_of, compact, render
 # ---------------------------------------------------------------------------- rendering
 
 
-
-
-
-
-
 def generated_text(
-    template: str, before: list[dict], reply: dict, end: str | None, *, after: list[dict] = (), tools: list[dict] | None = None, **extra: Any
+    template: str,
+    before: list[dict],
+    reply: dict,
+    end: str | None,
+    *,
+    after: list[dict] = (),
+    tools: list[dict] | None = None,
+    **extra: Any,
 ) -> str:
     """`reply` as the model generated it after `before`, up to and including `end`
     (None: the rest of the render).
@@ -57,7 +59,10 @@ def generated_text(
 
 
 WEATHER = {"city": "Zürich", "unit": "celsius"}
-SEARCH = {"query": 'a "quoted" <b>tag</b> & [bracket] \\ backslash', "filters": {"lang": "fr", "max": 3, "nested": {"deep": [1, {"x": None}]}}}
+SEARCH = {
+    "query": 'a "quoted" <b>tag</b> & [bracket] \\ backslash',
+    "filters": {"lang": "fr", "max": 3, "nested": {"deep": [1, {"x": None}]}},
+}
 WRITE = {
     "path": "src/app.py",
     "content": 'def f():\n    return {"a": 1}\n\n# </tool_call> is just text here\n',
@@ -101,7 +106,9 @@ def tool_result(content: str = '{"temp": 21}') -> dict:
     return {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": content}
 
 
-def assert_prefixes_parse(family: str, text: str, expected: list[tuple[str, str]], close: str, **parser_kwargs: Any) -> None:
+def assert_prefixes_parse(
+    family: str, text: str, expected: list[tuple[str, str]], close: str, **parser_kwargs: Any
+) -> None:
     """Every prefix of `text` (generation cut off anywhere) parses without raising, and
     every call whose close marker (the regex `close`) made it into the prefix comes back exactly."""
     parser = get_parser(family, **parser_kwargs)
@@ -151,8 +158,17 @@ def test_kimi_k2_thinking_template_reasoning() -> None:
 def test_kimi_k2_ids_count_across_turns() -> None:
     """The K2-Instruct template numbers calls across the whole conversation (functions.name:3);
     the index is not part of the name."""
-    before = [USER, assistant(None, *three_calls()), tool_result(), tool_result(), tool_result(), {"role": "user", "content": "Again."}]
-    text = generated_text("kimi_k2_instruct.jinja", before, assistant(None, tool_call("get_weather", WEATHER)), "<|im_end|>", tools=TOOLS)
+    before = [
+        USER,
+        assistant(None, *three_calls()),
+        tool_result(),
+        tool_result(),
+        tool_result(),
+        {"role": "user", "content": "Again."},
+    ]
+    text = generated_text(
+        "kimi_k2_instruct.jinja", before, assistant(None, tool_call("get_weather", WEATHER)), "<|im_end|>", tools=TOOLS
+    )
     assert "functions.get_weather:3<|tool_call_argument_begin|>" in text
     assert calls_of(get_parser("kimi_k2").parse(text)) == [("get_weather", compact(WEATHER))]
 
@@ -165,7 +181,9 @@ def test_kimi_k2_templates_plain_answer(template: str) -> None:
 
 
 def test_kimi_k2_template_truncated_anywhere() -> None:
-    text = generated_text("kimi_k2_instruct.jinja", [USER], assistant("Let me look.", *three_calls()), "<|im_end|>", tools=TOOLS)
+    text = generated_text(
+        "kimi_k2_instruct.jinja", [USER], assistant("Let me look.", *three_calls()), "<|im_end|>", tools=TOOLS
+    )
     assert_prefixes_parse("kimi_k2", text, EXPECTED_THREE, re.escape(CE))
 
 
@@ -178,20 +196,32 @@ CB, AB, CE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call
     [
         (f'{KB}{CB}functions.f:0{AB}{{"a": 1}}{CE}{KE}', None, [("f", '{"a":1}')]),
         (f'{KB}{CB}f:0{AB}{{"a": 1}}{CE}{KE}', None, [("f", '{"a":1}')]),  # no functions. prefix
-        (f'{KB}{CB}functions.ns.tool:12{AB}{{}}{CE}{KE}', None, [("ns.tool", "{}")]),  # dotted name kept
+        (f"{KB}{CB}functions.ns.tool:12{AB}{{}}{CE}{KE}", None, [("ns.tool", "{}")]),  # dotted name kept
         (f'{KB}\n{CB} functions.f:0 {AB} {{"a": 1}} {CE}\n{KE}', None, [("f", '{"a":1}')]),  # whitespace around tokens
-        (f'Hi.<|tool_call_section_begin|>{CB}functions.f:0{AB}{{}}{CE}<|tool_call_section_end|>', "Hi.", [("f", "{}")]),  # singular
-        (f'{CB}functions.f:0{AB}{{}}{CE}', None, [("f", "{}")]),  # no section token
+        (
+            f"Hi.<|tool_call_section_begin|>{CB}functions.f:0{AB}{{}}{CE}<|tool_call_section_end|>",
+            "Hi.",
+            [("f", "{}")],
+        ),  # singular
+        (f"{CB}functions.f:0{AB}{{}}{CE}", None, [("f", "{}")]),  # no section token
         (f'{KB}functions.f:0{AB}{{"a": 1}}', None, [("f", '{"a":1}')]),  # no call-begin token
         (f'{KB}{CB}functions.f:0{{"a": 1}}{CE}', None, [("f", '{"a":1}')]),  # no argument token
-        (f'{KB}{CB}functions.get_time:0{CE}{KE}', None, [("get_time", "{}")]),  # no arguments at all
+        (f"{KB}{CB}functions.get_time:0{CE}{KE}", None, [("get_time", "{}")]),  # no arguments at all
         (f'{KB}{CB}functions.f:0{AB}{{"a": 1,}}{CE}{KE}', None, [("f", '{"a": 1,}')]),  # broken: kept raw
         (f"{KB}{CB}functions.f:0{AB}{{'a': 1}}{CE}{KE}", None, [("f", "{'a': 1}")]),  # Python dict: kept raw
         (f'{KB}{CB}functions.f:0{AB}{{"a": "unterminated', None, [("f", '{"a": "unterminated')]),  # cut off
-        (f'{KB}{CB}functions.f:0{AB}{json.dumps(json.dumps({"a": 1}))}{CE}{KE}', None, [("f", '{"a":1}')]),  # double-encoded
+        (
+            f"{KB}{CB}functions.f:0{AB}{json.dumps(json.dumps({'a': 1}))}{CE}{KE}",
+            None,
+            [("f", '{"a":1}')],
+        ),  # double-encoded
         (f'{KB}{CB}:0{AB}{{"a": 1}}{CE}{KE}', None, [("", ':0<|tool_call_argument_begin|>{"a": 1}')]),  # no name
-        (f'{KB}{CB}{CE}{CB}functions.f:1{AB}{{}}{CE}{KE}', None, [("f", "{}")]),  # an empty call is no call
-        (f'A.{KB}{CB}functions.f:0{AB}{{}}{CE}{KE}Then I will answer.', "A.", [("f", "{}")]),  # text after the section dropped
+        (f"{KB}{CB}{CE}{CB}functions.f:1{AB}{{}}{CE}{KE}", None, [("f", "{}")]),  # an empty call is no call
+        (
+            f"A.{KB}{CB}functions.f:0{AB}{{}}{CE}{KE}Then I will answer.",
+            "A.",
+            [("f", "{}")],
+        ),  # text after the section dropped
         (f"Thinking about {KB}", "Thinking about", []),  # a section with nothing in it
         ("No tools.<|im_end|>", "No tools.", []),
     ],
@@ -214,9 +244,13 @@ def test_glm_templates_three_calls_with_schema(template: str, family: str) -> No
     reply = assistant("Let me look.", *three_calls(), reasoning="Weather first.\nThen the rest.")
     text = generated_text(template, [SYSTEM, USER], reply, "<|observation|>", after=[tool_result()], tools=TOOLS)
     if family == "glm47":  # the generation prompt ends in <think>: the output starts inside the reasoning
-        assert text.startswith("Weather first.\nThen the rest.</think>Let me look.<tool_call>get_weather<arg_key>city</arg_key>")
+        assert text.startswith(
+            "Weather first.\nThen the rest.</think>Let me look.<tool_call>get_weather<arg_key>city</arg_key>"
+        )
     else:
-        assert text.startswith("\n<think>Weather first.\nThen the rest.</think>\nLet me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n")
+        assert text.startswith(
+            "\n<think>Weather first.\nThen the rest.</think>\nLet me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        )
 
     turn = get_parser(family, tools=TOOLS).parse(text)
     assert turn.reasoning == "Weather first.\nThen the rest."
@@ -246,7 +280,15 @@ def test_glm_templates_plain_answer(template: str, family: str) -> None:
 def test_glm47_template_thinking_disabled() -> None:
     """With enable_thinking=False the prompt ends in </think>; the output has no reasoning."""
     reply = assistant("Checking.", tool_call("get_weather", WEATHER), reasoning="")
-    text = generated_text("glm4_7_flash.jinja", [USER], reply, "<|observation|>", after=[tool_result()], tools=TOOLS, enable_thinking=False)
+    text = generated_text(
+        "glm4_7_flash.jinja",
+        [USER],
+        reply,
+        "<|observation|>",
+        after=[tool_result()],
+        tools=TOOLS,
+        enable_thinking=False,
+    )
     assert text.startswith("Checking.<tool_call>get_weather")
     turn = get_parser("glm47", tools=TOOLS).parse(text)
     assert (turn.reasoning, turn.content) == (None, "Checking.")
@@ -268,18 +310,58 @@ def test_glm_templates_truncated_anywhere(template: str, family: str) -> None:
         ("<tool_call>get_time</tool_call>", None, [("get_time", "{}")]),
         ("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>", None, [("f", '{"a":1}')]),  # no </tool_call>
         # a value runs to its own close tag, whatever it holds
-        ("<tool_call>f<arg_key>a</arg_key><arg_value>x<arg_key>b</arg_key><arg_value>y</arg_value></tool_call>", None, [("f", '{"a":"x<arg_key>b</arg_key><arg_value>y"}')]),
-        ("<tool_call>f<arg_key>a</arg_key><arg_value>x</tool_call><tool_call>y</arg_value></tool_call>", None, [("f", '{"a":"x</tool_call><tool_call>y"}')]),
-        ("<tool_call>f<arg_key>a</arg_key><arg_value>x<arg_key>b</arg_key><arg_value>y", None, [("f", '{"a":"x","b":"y"}')]),  # never closed: cut at the next key
+        (
+            "<tool_call>f<arg_key>a</arg_key><arg_value>x<arg_key>b</arg_key><arg_value>y</arg_value></tool_call>",
+            None,
+            [("f", '{"a":"x<arg_key>b</arg_key><arg_value>y"}')],
+        ),
+        (
+            "<tool_call>f<arg_key>a</arg_key><arg_value>x</tool_call><tool_call>y</arg_value></tool_call>",
+            None,
+            [("f", '{"a":"x</tool_call><tool_call>y"}')],
+        ),
+        (
+            "<tool_call>f<arg_key>a</arg_key><arg_value>x<arg_key>b</arg_key><arg_value>y",
+            None,
+            [("f", '{"a":"x","b":"y"}')],
+        ),  # never closed: cut at the next key
         ("<tool_call>f<arg_key>a<arg_value>1</arg_value></tool_call>", None, [("f", '{"a":1}')]),  # no </arg_key>
-        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n<arg_key>b</arg_key>", None, [("f", '{"a":1}')]),  # key, no value
-        ("<tool_call>f<arg_key>a</arg_key><arg_value>  two spaces  </arg_value></tool_call>", None, [("f", '{"a":"  two spaces  "}')]),
-        ("<tool_call>f<arg_key>a</arg_key><arg_value>{'x': 1}</arg_value></tool_call>", None, [("f", '{"a":"{\'x\': 1}"}')]),  # typed by look: not JSON, a string
-        ("<tool_call>a</tool_call><tool_call>b<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>", None, [("a", "{}"), ("b", '{"k":"v"}')]),
+        (
+            "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n<arg_key>b</arg_key>",
+            None,
+            [("f", '{"a":1}')],
+        ),  # key, no value
+        (
+            "<tool_call>f<arg_key>a</arg_key><arg_value>  two spaces  </arg_value></tool_call>",
+            None,
+            [("f", '{"a":"  two spaces  "}')],
+        ),
+        (
+            "<tool_call>f<arg_key>a</arg_key><arg_value>{'x': 1}</arg_value></tool_call>",
+            None,
+            [("f", '{"a":"{\'x\': 1}"}')],
+        ),  # typed by look: not JSON, a string
+        (
+            "<tool_call>a</tool_call><tool_call>b<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>",
+            None,
+            [("a", "{}"), ("b", '{"k":"v"}')],
+        ),
         ("<tool_call>a<tool_call>b</tool_call>", None, [("a", "{}"), ("b", "{}")]),  # cut by the next open tag
-        ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', None, [("f", '{"a":1}')]),  # Hermes JSON inside
-        ("<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", None, [("", "<arg_key>a</arg_key><arg_value>1</arg_value>")]),  # no name
-        ("<tool_call>f\nI will now call it.\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", None, [("f", '{"a":1}')]),
+        (
+            '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+            None,
+            [("f", '{"a":1}')],
+        ),  # Hermes JSON inside
+        (
+            "<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>",
+            None,
+            [("", "<arg_key>a</arg_key><arg_value>1</arg_value>")],
+        ),  # no name
+        (
+            "<tool_call>f\nI will now call it.\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>",
+            None,
+            [("f", '{"a":1}')],
+        ),
         ("Hi <tool_call>\n</tool_call>", "Hi", []),  # an empty block is no call
         ("Before.<tool_call>f</tool_call>\n<|observation|>", "Before.", [("f", "{}")]),
         ("Plain.<|user|>", "Plain.", []),
@@ -300,7 +382,12 @@ def test_glm_schema_typing() -> None:
                 "name": "f",
                 "parameters": {
                     "type": "object",
-                    "properties": {"n": {"type": "integer"}, "s": {"type": "string"}, "b": {"type": "boolean"}, "o": {"type": "object"}},
+                    "properties": {
+                        "n": {"type": "integer"},
+                        "s": {"type": "string"},
+                        "b": {"type": "boolean"},
+                        "o": {"type": "object"},
+                    },
                 },
             },
         }
@@ -342,13 +429,22 @@ def test_llama4_template_no_content() -> None:
 
 
 def test_llama4_template_plain_answer() -> None:
-    text = generated_text("llama4.jinja", [USER], assistant(ANSWER), "<|eot|>", tools=TOOLS, bos_token="<|begin_of_text|>")
+    text = generated_text(
+        "llama4.jinja", [USER], assistant(ANSWER), "<|eot|>", tools=TOOLS, bos_token="<|begin_of_text|>"
+    )
     turn = get_parser("llama4_json").parse(text)
     assert (turn.content, turn.tool_calls) == (ANSWER, [])
 
 
 def test_llama4_template_truncated_anywhere() -> None:
-    text = generated_text("llama4.jinja", [USER], assistant("Let me look.", *three_calls()), "<|eot|>", tools=TOOLS, bos_token="<|begin_of_text|>")
+    text = generated_text(
+        "llama4.jinja",
+        [USER],
+        assistant("Let me look.", *three_calls()),
+        "<|eot|>",
+        tools=TOOLS,
+        bos_token="<|begin_of_text|>",
+    )
     parser = get_parser("llama4_json")
     for cut in range(len(text) + 1):
         turn = parser.parse(text[:cut])
@@ -368,17 +464,33 @@ PS, PE = "<|python_start|>", "<|python_end|>"
     ("text", "content", "calls"),
     [
         (f'{PS}{PE}{{"name": "f", "parameters": {{"a": 1}}}}<|eot|>', None, [("f", '{"a":1}')]),
-        (f'{PS}{{"name": "f", "parameters": {{"a": 1}}}}{PE}<|eom|>', None, [("f", '{"a":1}')]),  # the call inside the block
-        (f'{PS}[get_weather(city="Paris", days=3), search(query="x", strict=True)]{PE}', None, [("get_weather", '{"city":"Paris","days":3}'), ("search", '{"query":"x","strict":true}')]),
+        (
+            f'{PS}{{"name": "f", "parameters": {{"a": 1}}}}{PE}<|eom|>',
+            None,
+            [("f", '{"a":1}')],
+        ),  # the call inside the block
+        (
+            f'{PS}[get_weather(city="Paris", days=3), search(query="x", strict=True)]{PE}',
+            None,
+            [("get_weather", '{"city":"Paris","days":3}'), ("search", '{"query":"x","strict":true}')],
+        ),
         (f"{PS}[f(a=some_variable)]{PE}", None, [("f", "f(a=some_variable)")]),  # not a literal: kept raw
         (f"{PS}[f(a={{1, 2}})]{PE}", None, [("f", "f(a={1, 2})")]),  # a set is not JSON: kept raw
         (f"{PS}[1, 2, 3]{PE}", "[1, 2, 3]", []),  # a list that is not calls is content
         (f'Sure.{PS}Let me look.{PE}{{"name": "f", "parameters": {{}}}}', "Sure.\nLet me look.", [("f", "{}")]),
         (f'{PS}{PE}{{"name": "f", "parameters": {{}}}}\nDone.', "Done.", [("f", "{}")]),
         (f'{PS}{PE}{{"name": "f", "parameters": {{"a": 1,}}}}', None, [("f", '{"a": 1,}')]),  # broken: kept raw
-        (f'{PS}{PE}{{"name": "f", "parameters": {{"a": 1}}}}{{"name": "g", "parameters": {{"b": ', None, [("f", '{"a":1}'), ("g", '{"b":')]),
+        (
+            f'{PS}{PE}{{"name": "f", "parameters": {{"a": 1}}}}{{"name": "g", "parameters": {{"b": ',
+            None,
+            [("f", '{"a":1}'), ("g", '{"b":')],
+        ),
         (f'{PS}{{"name": "f", "parameters": {{"a": "cut', None, [("f", '{"a": "cut')]),  # no <|python_end|>
-        ('{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}', None, [("f", '{"a":1}'), ("g", "{}")]),  # llama3 form
+        (
+            '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}',
+            None,
+            [("f", '{"a":1}'), ("g", "{}")],
+        ),  # llama3 form
         ('{"name": "Alice", "age": 3}<|eot|>', '{"name": "Alice", "age": 3}', []),  # JSON, but not a call
         (f"{PS}print('hi'){PE}", "print('hi')", []),
         ("The answer is 4.<|eot|>", "The answer is 4.", []),
@@ -412,7 +524,9 @@ def test_longcat_documented_format_three_calls(as_string: bool) -> None:
 def test_longcat_documented_format_plain_answer_and_truncation() -> None:
     text = generated_text("longcat_flash_documented.jinja", [USER], assistant(ANSWER), "</longcat_s>", tools=TOOLS)
     assert get_parser("longcat").parse(text) == ParsedTurn(content=ANSWER)
-    text = generated_text("longcat_flash_documented.jinja", [USER], assistant("Let me look.", *three_calls()), "</longcat_s>", tools=TOOLS)
+    text = generated_text(
+        "longcat_flash_documented.jinja", [USER], assistant("Let me look.", *three_calls()), "</longcat_s>", tools=TOOLS
+    )
     assert_prefixes_parse("longcat", text, EXPECTED_THREE, re.escape(LC))
 
 
@@ -423,14 +537,24 @@ LO, LC = "<longcat_tool_call>", "</longcat_tool_call>"
     ("text", "reasoning", "content", "calls"),
     [
         (f'{LO}{{"name": "f", "arguments": {{"a": 1}}}}{LC}</longcat_s>', None, None, [("f", '{"a":1}')]),
-        (f'{LO}{{"name": "f", "arguments": {{}}}}{LC}\n{LO}{{"name": "g", "arguments": {{"b": [1]}}}}{LC}', None, None, [("f", "{}"), ("g", '{"b":[1]}')]),
+        (
+            f'{LO}{{"name": "f", "arguments": {{}}}}{LC}\n{LO}{{"name": "g", "arguments": {{"b": [1]}}}}{LC}',
+            None,
+            None,
+            [("f", "{}"), ("g", '{"b":[1]}')],
+        ),
         (f'{LO}{{"name": "f", "arguments": {{"a": 1}}}}', None, None, [("f", '{"a":1}')]),  # no close tag
         (f'{LO}{{"name": "f", "arguments": {{"a": "cut', None, None, [("f", '{"a": "cut')]),  # cut off
         (f'{LO}{{"name": "f", "arguments": "{{\\"a\\": 1}}"}}{LC}', None, None, [("f", '{"a":1}')]),  # double-encoded
         (f"{LO}not json{LC}", None, None, [("not json", "{}")]),  # bare text reads as a name (the Flash-Lite form)
         (f"{LO}{{broken{LC}", None, None, [("", "{broken")]),
         # LongCat-Flash-Lite's key/value form
-        (f"Hi{LO}get_weather\n<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>Zürich</longcat_arg_value>\n{LC}", None, "Hi", [("get_weather", '{"city":"Zürich"}')]),
+        (
+            f"Hi{LO}get_weather\n<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>Zürich</longcat_arg_value>\n{LC}",
+            None,
+            "Hi",
+            [("get_weather", '{"city":"Zürich"}')],
+        ),
         ("<longcat_think>plan</longcat_think>Answer.</longcat_s>", "plan", "Answer.", []),
         (f'<longcat_think>plan</longcat_think>{LO}{{"name": "f", "arguments": {{}}}}{LC}', "plan", None, [("f", "{}")]),
         ("<think>plan</think>Answer.", "plan", "Answer.", []),
@@ -455,16 +579,58 @@ FAMILY_TWO_CALLS = {
 
 FAMILY_TOKENS = {
     "kimi_k2": [KB, KE, CB, AB, CE, "functions.", ":0", "<think>", "</think>"],
-    "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<|observation|>", "<think>", "</think>"],
+    "glm45": [
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<|observation|>",
+        "<think>",
+        "</think>",
+    ],
     "glm47": ["<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>", "</arg_value>", "</think>"],
-    "longcat": [LO, LC, "<longcat_arg_key>", "<longcat_arg_value>", "<longcat_think>", "</longcat_think>", "</longcat_s>"],
+    "longcat": [
+        LO,
+        LC,
+        "<longcat_arg_key>",
+        "<longcat_arg_value>",
+        "<longcat_think>",
+        "</longcat_think>",
+        "</longcat_s>",
+    ],
     "llama4_json": [PS, PE, "<|eot|>", '{"name": ', '"parameters": ', "[f(a=", ")]", "<|python_tag|>"],
 }
-JSONISH = ['{', '}', '[', ']', '"', ":", ",", "\\", "\n", " ", "x", "1", "null", "NaN", "1e999", "'", "(", ")", "=", "{1, 2}", "é"]
+JSONISH = [
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    ":",
+    ",",
+    "\\",
+    "\n",
+    " ",
+    "x",
+    "1",
+    "null",
+    "NaN",
+    "1e999",
+    "'",
+    "(",
+    ")",
+    "=",
+    "{1, 2}",
+    "é",
+]
 
 
 def test_new_families_are_registered() -> None:
-    assert {"kimi_k2", "kimi", "glm45", "glm4_moe", "glm46", "glm47", "longcat", "llama4_json", "llama4"} <= set(parser_names())
+    assert {"kimi_k2", "kimi", "glm45", "glm4_moe", "glm46", "glm47", "longcat", "llama4_json", "llama4"} <= set(
+        parser_names()
+    )
     assert type(get_parser("glm4_moe")) is type(get_parser("glm45"))
     assert type(get_parser("GLM47")) is not type(get_parser("glm45"))
     assert type(get_parser("Kimi-K2")) is type(get_parser("kimi_k2"))
@@ -525,6 +691,9 @@ def test_renderer_matches_transformers() -> None:
     for template, messages, extra in cases:
         ours = render(template, messages, tools=TOOLS, **extra)
         rendered, _ = render_jinja_template(
-            conversations=[copy.deepcopy(messages)], tools=TOOLS, chat_template=(TEMPLATES / template).read_text(), **extra
+            conversations=[copy.deepcopy(messages)],
+            tools=TOOLS,
+            chat_template=(TEMPLATES / template).read_text(),
+            **extra,
         )
         assert rendered[0] == ours, template

@@ -49,12 +49,15 @@ from tests.support.chat_templates import TOOLS, calls_of, compact, render
 # ---------------------------------------------------------------------------- rendering
 
 
-
-
-
-
-
-def generated_text(template: str, messages: list[dict], end: str, *, marker: str | None = None, tools: list[dict] | None = None, **extra: Any) -> str:
+def generated_text(
+    template: str,
+    messages: list[dict],
+    end: str,
+    *,
+    marker: str | None = None,
+    tools: list[dict] | None = None,
+    **extra: Any,
+) -> str:
     """The last (assistant) message as the model generated it, end-of-turn token included.
 
     Without `marker`, the prompt render (with generation prompt) must be a prefix of the
@@ -107,7 +110,10 @@ def assistant(content: str | None, *calls: dict, reasoning: str | None = None) -
 def test_qwen2_5template(as_string: bool) -> None:
     """Qwen2.5 renders `arguments | tojson`: OpenAI's string arguments come out double-encoded."""
     args = (lambda a: json.dumps(a, ensure_ascii=False)) if as_string else (lambda a: a)
-    messages = [USER, assistant("Let me look.", tool_call("get_weather", args(WEATHER)), tool_call("search", args(SEARCH)))]
+    messages = [
+        USER,
+        assistant("Let me look.", tool_call("get_weather", args(WEATHER)), tool_call("search", args(SEARCH))),
+    ]
     text = generated_text("qwen2_5.jinja", messages, "<|im_end|>", tools=TOOLS)
     assert text.startswith("Let me look.\n<tool_call>\n")
     if as_string:
@@ -179,7 +185,9 @@ def test_qwen3_6_template_typed_values_with_schema() -> None:
     parse gives back exactly the arguments that were rendered."""
     text = generated_text("qwen3_6.jinja", _write_messages(), "<|im_end|>", tools=TOOLS)
     # The generation prompt ends with "<think>\n": the output starts inside the reasoning.
-    assert text.startswith("Write first.\n</think>\n\nWriting the file, then the weather.\n\n<tool_call>\n<function=write_file>\n")
+    assert text.startswith(
+        "Write first.\n</think>\n\nWriting the file, then the weather.\n\n<tool_call>\n<function=write_file>\n"
+    )
 
     turn = get_parser("qwen3_coder", tools=TOOLS).parse(text)
     assert turn.reasoning == "Write first."
@@ -236,7 +244,11 @@ def test_llama3_1_template_builtin_tool() -> None:
     """Built-in tools render as <|python_tag|>name.call(k="v") and end with <|eom_id|>."""
     messages = [USER, assistant(None, tool_call("brave_search", {"query": "weather in Zürich"}))]
     text = generated_text(
-        "llama3_1.jinja", messages, "<|eom_id|>", builtin_tools=["brave_search", "wolfram_alpha"], bos_token="<|begin_of_text|>"
+        "llama3_1.jinja",
+        messages,
+        "<|eom_id|>",
+        builtin_tools=["brave_search", "wolfram_alpha"],
+        bos_token="<|begin_of_text|>",
     )
     assert text == '<|python_tag|>brave_search.call(query="weather in Zürich")<|eom_id|>'
     turn = get_parser("llama3_json").parse(text)
@@ -256,7 +268,11 @@ def test_deepseek_v3_template_two_calls() -> None:
         ),
     ]
     text = generated_text(
-        "deepseekv3.jinja", messages, "<｜end▁of▁sentence｜>", marker="<｜Assistant｜>", bos_token="<｜begin▁of▁sentence｜>"
+        "deepseekv3.jinja",
+        messages,
+        "<｜end▁of▁sentence｜>",
+        marker="<｜Assistant｜>",
+        bos_token="<｜begin▁of▁sentence｜>",
     )
     assert text.startswith("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n")
     turn = get_parser("deepseek_v3").parse(text)
@@ -267,7 +283,11 @@ def test_deepseek_v3_template_two_calls() -> None:
 def test_deepseek_v3_template_content_before_call() -> None:
     messages = [USER, assistant("Checking.", tool_call("get_weather", json.dumps(WEATHER)))]
     text = generated_text(
-        "deepseekv3.jinja", messages, "<｜end▁of▁sentence｜>", marker="<｜Assistant｜>", bos_token="<｜begin▁of▁sentence｜>"
+        "deepseekv3.jinja",
+        messages,
+        "<｜end▁of▁sentence｜>",
+        marker="<｜Assistant｜>",
+        bos_token="<｜begin▁of▁sentence｜>",
     )
     turn = get_parser("deepseek_v3").parse(text)
     assert turn.content == "Checking."
@@ -283,7 +303,9 @@ def test_mistral_templates(template: str, as_string: bool) -> None:
     args = (lambda a: json.dumps(a, ensure_ascii=False)) if as_string else (lambda a: a)
     messages = [
         USER,
-        assistant(None, tool_call("get_weather", args(WEATHER), "abc123XYZ"), tool_call("search", args(SEARCH), "def456UVW")),
+        assistant(
+            None, tool_call("get_weather", args(WEATHER), "abc123XYZ"), tool_call("search", args(SEARCH), "def456UVW")
+        ),
     ]
     text = generated_text(template, messages, "</s>", tools=TOOLS, bos_token="<s>", eos_token="</s>")
     assert re.match(r"\[TOOL_CALLS\] ?\[\{", text)
@@ -340,7 +362,11 @@ def test_templates_plain_answer(template: str, parser: str, end: str, extra: dic
 
 def test_deepseek_template_plain_answer() -> None:
     text = generated_text(
-        "deepseekv3.jinja", [USER, assistant("Sunny.")], "<｜end▁of▁sentence｜>", marker="<｜Assistant｜>", bos_token="<s>"
+        "deepseekv3.jinja",
+        [USER, assistant("Sunny.")],
+        "<｜end▁of▁sentence｜>",
+        marker="<｜Assistant｜>",
+        bos_token="<s>",
     )
     turn = get_parser("deepseek_v3").parse(text)
     assert (turn.content, turn.tool_calls) == ("Sunny.", [])
@@ -358,12 +384,19 @@ def test_renderer_matches_transformers() -> None:
         ("qwen3_6.jinja", _write_messages(), {}),
         ("llama3_1.jinja", [USER, assistant(None, tool_call("search", SEARCH))], {"bos_token": "<|begin_of_text|>"}),
         ("deepseekv3.jinja", [USER, assistant(None, tool_call("search", json.dumps(SEARCH)))], {"bos_token": "<s>"}),
-        ("mistral_v3_tekken.jinja", [USER, assistant(None, tool_call("search", SEARCH, "abc123XYZ"))], {"bos_token": "<s>", "eos_token": "</s>"}),
+        (
+            "mistral_v3_tekken.jinja",
+            [USER, assistant(None, tool_call("search", SEARCH, "abc123XYZ"))],
+            {"bos_token": "<s>", "eos_token": "</s>"},
+        ),
     ]
     for template, messages, extra in cases:
         ours = render(template, messages, tools=TOOLS, **extra)
         rendered, _ = render_jinja_template(
-            conversations=[copy.deepcopy(messages)], tools=TOOLS, chat_template=(TEMPLATES / template).read_text(), **extra
+            conversations=[copy.deepcopy(messages)],
+            tools=TOOLS,
+            chat_template=(TEMPLATES / template).read_text(),
+            **extra,
         )
         assert rendered[0] == ours, template
 
@@ -404,7 +437,7 @@ def test_hermes_double_encoded_arguments_decoded_once() -> None:
     [
         ('{"name": "f", "arguments": {"a": 1}', "f", '{"a":1}'),  # outer brace missing: arguments still valid
         ('{"name": "f", "arguments": {"a": 1,}}', "f", '{"a": 1,}'),  # trailing comma: kept raw
-        ("{\"name\": \"f\", \"arguments\": {'a': 1}}", "f", "{'a': 1}"),  # Python dict: kept raw
+        ('{"name": "f", "arguments": {\'a\': 1}}', "f", "{'a': 1}"),  # Python dict: kept raw
         ('{"name": "f", "arguments": "not json"}', "f", "not json"),  # a plain string: kept as is
         ('{"name": "f", "arguments": [1, 2]}', "f", "[1,2]"),  # valid JSON, not an object: kept
         ('{"name": "f"}', "f", "{}"),  # no arguments at all
@@ -537,7 +570,12 @@ def test_qwen3_coder_json_inside_tool_call() -> None:
 def test_qwen3_coder_value_typing(raw: str, schema: dict | None, expected: Any) -> None:
     tools = None
     if schema is not None:
-        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"v": schema}}}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": {"v": schema}}},
+            }
+        ]
     text = f"<tool_call>\n<function=f>\n<parameter=v>\n{raw}\n</parameter>\n</function>\n</tool_call>"
     args = get_parser("qwen3_coder", tools=tools).parse(text).tool_calls[0].function.arguments
     assert args == compact({"v": expected})
@@ -557,13 +595,25 @@ def test_qwen3_coder_no_calls() -> None:
         ('{"name": "f", "parameters": {"a": 1}}', None, [("f", '{"a":1}')]),
         ('<|python_tag|>{"name": "f", "parameters": {"a": 1}}<|eom_id|>', None, [("f", '{"a":1}')]),
         ('{"name": "f", "arguments": {"a": 1}}', None, [("f", '{"a":1}')]),
-        ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": [true]}}', None, [("f", "{}"), ("g", '{"b":[true]}')]),
+        (
+            '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": [true]}}',
+            None,
+            [("f", "{}"), ("g", '{"b":[true]}')],
+        ),
         ('{"name": "f", "parameters": "{\\"a\\": 1}"}', None, [("f", '{"a":1}')]),
         ('Let me search.<|python_tag|>{"name": "f", "parameters": {}}', "Let me search.", [("f", "{}")]),
         ('{"name": "f", "parameters": {}}\nThat should do it.', "That should do it.", [("f", "{}")]),
         ('{"name": "f", "parameters": {"a": 1,}}', None, [("f", '{"a": 1,}')]),  # broken: kept raw
-        ('{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {"b": ', None, [("f", '{"a":1}'), ("g", '{"b":')]),
-        ('<|python_tag|>wolfram_alpha.call(query="2+2", precise=True)', None, [("wolfram_alpha", '{"query":"2+2","precise":true}')]),
+        (
+            '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {"b": ',
+            None,
+            [("f", '{"a":1}'), ("g", '{"b":')],
+        ),
+        (
+            '<|python_tag|>wolfram_alpha.call(query="2+2", precise=True)',
+            None,
+            [("wolfram_alpha", '{"query":"2+2","precise":true}')],
+        ),
         ("<|python_tag|>brave_search.call(query=some_variable)", None, [("brave_search", "query=some_variable")]),
         ("The answer is 4.", "The answer is 4.", []),
         ('{"result": 4, "unit": "apples"}', '{"result": 4, "unit": "apples"}', []),  # JSON, but not a call
@@ -589,7 +639,11 @@ def test_llama3_does_not_treat_think_tags_as_reasoning() -> None:
         ('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]</s>', None, [("f", '{"a":1}')]),
         ('[TOOL_CALLS]{"name": "f", "arguments": {"a": 1}}', None, [("f", '{"a":1}')]),
         ('[TOOL_CALLS][{"name": "f", "arguments": "{\\"a\\": 1}"}]', None, [("f", '{"a":1}')]),
-        ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": ', None, [("f", '{"a":1}'), ("g", '{"b":')]),
+        (
+            '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": ',
+            None,
+            [("f", '{"a":1}'), ("g", '{"b":')],
+        ),
         ('Sure.[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}', "Sure.", [("f", '{"a":1}'), ("g", "{}")]),
         ('[TOOL_CALLS]f[CALL_ID]123456789[ARGS]{"a": 1}', None, [("f", '{"a":1}')]),
         ('[TOOL_CALLS]f[ARGS]{"a": 1,}', None, [("f", '{"a": 1,}')]),  # broken: kept raw
@@ -607,7 +661,9 @@ def test_mistral(text: str, content: str | None, calls: list[tuple[str, str]]) -
 
 
 def test_mistral_reasoning_then_calls() -> None:
-    turn = get_parser("mistral").parse('[THINK]Weather needed.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>')
+    turn = get_parser("mistral").parse(
+        '[THINK]Weather needed.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'
+    )
     assert turn.reasoning == "Weather needed."
     assert turn.content is None
     assert calls_of(turn) == [("get_weather", '{"city":"Paris"}')]
@@ -625,7 +681,11 @@ def v3_call(name: str, args: str) -> str:
 
 A1 = '{"a": 1}'
 DEEPSEEK_CASES = [
-    (B + v3_call("f", "{}") + "\n" + v3_call("g", A1) + E + "<｜end▁of▁sentence｜>", None, [("f", "{}"), ("g", '{"a":1}')]),
+    (
+        B + v3_call("f", "{}") + "\n" + v3_call("g", A1) + E + "<｜end▁of▁sentence｜>",
+        None,
+        [("f", "{}"), ("g", '{"a":1}')],
+    ),
     ("Hi." + B + v3_call("f", A1), "Hi.", [("f", '{"a":1}')]),  # no end tokens
     (B + CB + "function" + SEP + "f\n```json\n" + A1, None, [("f", '{"a":1}')]),  # cut off in the fence
     (B + CB + "function" + SEP + "f\n" + A1 + CE + E, None, [("f", '{"a":1}')]),  # no fence
@@ -709,7 +769,9 @@ def test_to_message() -> None:
 
 
 def test_required_families_are_registered() -> None:
-    assert {"hermes", "qwen", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "deepseek_v31"} <= set(parser_names())
+    assert {"hermes", "qwen", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "deepseek_v31"} <= set(
+        parser_names()
+    )
     assert type(get_parser("qwen")) is type(get_parser("hermes"))
     assert type(get_parser("Qwen3-Coder")) is type(get_parser("qwen3_coder"))
     assert get_parser("hermes") is not get_parser("hermes")

@@ -52,16 +52,20 @@ def test_one_safetensors_file_is_a_checkpoint_too(tmp_path: Path) -> None:
     assert torch.equal(served.head.weight, source.embed.weight)
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda state: state.update(extra=torch.zeros(1)), "does not"),
-    (lambda state: state.pop("norm.weight"), "lacks"),
-    (lambda state: state.update({"embed.weight": torch.zeros(11, 4)}), "another architecture"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda state: state.update(extra=torch.zeros(1)), "does not"),
+        (lambda state: state.pop("norm.weight"), "lacks"),
+        (lambda state: state.update({"embed.weight": torch.zeros(11, 4)}), "another architecture"),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_is_copied(change, words: str) -> None:
     served = TiedModel(seed=2)
     before = weights_of(served)
-    state = {name: torch.full_like(tensor, 7.0) for name, tensor in TiedModel().state_dict().items()
-             if name != "head.weight"}
+    state = {
+        name: torch.full_like(tensor, 7.0) for name, tensor in TiedModel().state_dict().items() if name != "head.weight"
+    }
     change(state)
     with pytest.raises(WeightsError, match=words):
         load_into(served, state)
@@ -73,7 +77,11 @@ def test_paths_without_safetensors_are_refused(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0")
     (tmp_path / "broken.safetensors").write_bytes(b"not a safetensors file")
-    for path, words in [(tmp_path / "empty", "no .safetensors"), (tmp_path / "pytorch_model.bin", "neither"),
-                        (tmp_path / "missing", "neither"), (tmp_path / "broken.safetensors", "cannot read")]:
+    for path, words in [
+        (tmp_path / "empty", "no .safetensors"),
+        (tmp_path / "pytorch_model.bin", "neither"),
+        (tmp_path / "missing", "neither"),
+        (tmp_path / "broken.safetensors", "cannot read"),
+    ]:
         with pytest.raises(WeightsError, match=words):
             read_state_dict(path)

@@ -29,15 +29,24 @@ def credentials(monkeypatch) -> None:
 
 
 async def test_a_custom_endpoint_defaults_to_path_style(tmp_path) -> None:
-    settings = Settings(data_dir=tmp_path, storage={"type": "s3", "endpoint_url": "http://minio:9000", "region": "us-east-1"})
+    settings = Settings(
+        data_dir=tmp_path, storage={"type": "s3", "endpoint_url": "http://minio:9000", "region": "us-east-1"}
+    )
     client = object_client(settings)
     assert isinstance(client, S3ObjectClient) and client.addressing_style == "path"
     assert (await signed_url(client)).startswith("http://minio:9000/rollouts/a/b?")
 
 
 async def test_the_configured_style_wins(tmp_path) -> None:
-    settings = Settings(data_dir=tmp_path, storage={"type": "s3", "endpoint_url": "http://minio:9000",
-                                                    "region": "us-east-1", "s3_addressing_style": "virtual"})  # fmt: skip
+    settings = Settings(
+        data_dir=tmp_path,
+        storage={
+            "type": "s3",
+            "endpoint_url": "http://minio:9000",
+            "region": "us-east-1",
+            "s3_addressing_style": "virtual",
+        },
+    )
     assert (await signed_url(object_client(settings))).startswith("http://rollouts.minio:9000/a/b?")
 
 

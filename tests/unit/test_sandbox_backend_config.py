@@ -34,7 +34,7 @@ def test_every_backend_field_is_documented() -> None:
     for config in (LocalBackendConfig, StaticBackendConfig, NomadBackendConfig, ModalBackendConfig):
         source = __import__("inspect").getsource(config)
         for name in config.model_fields:
-            assert f'{name}:' in source and '"""' in source.split(f"    {name}:", 1)[1].split("\n", 2)[1], name
+            assert f"{name}:" in source and '"""' in source.split(f"    {name}:", 1)[1].split("\n", 2)[1], name
 
 
 def test_flat_local_settings_still_work_and_move_into_the_local_backend(monkeypatch) -> None:

@@ -99,9 +99,14 @@ FAILED t.py::other - boom
 
 def instance(instance_id: str, tests: list[str] | str, **extra) -> dict:
     return {
-        "instance_id": instance_id, "repo": "demo", "base_commit": "a" * 40, "problem_statement": "fix it",
-        "FAIL_TO_PASS": tests, "PASS_TO_PASS": [], **extra,
-    }  # fmt: skip
+        "instance_id": instance_id,
+        "repo": "demo",
+        "base_commit": "a" * 40,
+        "problem_statement": "fix it",
+        "FAIL_TO_PASS": tests,
+        "PASS_TO_PASS": [],
+        **extra,
+    }
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:

@@ -154,15 +154,18 @@ def test_what_counts_as_source() -> None:
 
 
 def test_the_pinned_configuration_is_the_one_pytest_would_find_inside_the_checkout(tmp_path: Path) -> None:
-    repo = checkout(tmp_path / "repo", {
-        "setup.cfg": "[metadata]\nname = x\n",
-        "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n",
-        "tests/test_a.py": "",
-        "pkg/tests/test_b.py": "",
-        "pkg/tests/tox.ini": "[tox]\n",
-        "deep/tests/pytest.ini": "",
-        "deep/tests/test_c.py": "",
-    })  # fmt: skip
+    repo = checkout(
+        tmp_path / "repo",
+        {
+            "setup.cfg": "[metadata]\nname = x\n",
+            "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-q'\n",
+            "tests/test_a.py": "",
+            "pkg/tests/test_b.py": "",
+            "pkg/tests/tox.ini": "[tox]\n",
+            "deep/tests/pytest.ini": "",
+            "deep/tests/test_c.py": "",
+        },
+    )
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # above the checkout: never looked at
     assert instance_config(repo, ["tests/test_a.py", "pkg/tests/test_b.py"]) == repo / "pyproject.toml"
     assert instance_config(repo, ["pkg/tests/test_b.py"]) == repo / "pyproject.toml"
@@ -196,5 +199,16 @@ def test_the_in_slot_programs_use_the_standard_library_only() -> None:
         for line in text.splitlines():
             if line.startswith(("import ", "from ")) and not line.startswith(("from .", "from __future__")):
                 module = line.split()[1].split(".")[0]
-                assert module in {"argparse", "collections", "dataclasses", "errno", "json", "os", "pathlib", "re",
-                                  "signal", "stat", "subprocess"}, (name, line)  # fmt: skip
+                assert module in {
+                    "argparse",
+                    "collections",
+                    "dataclasses",
+                    "errno",
+                    "json",
+                    "os",
+                    "pathlib",
+                    "re",
+                    "signal",
+                    "stat",
+                    "subprocess",
+                }, (name, line)

@@ -29,18 +29,26 @@ async def test_mtls_api_key_and_namespace_reach_the_client(tmp_path, monkeypatch
     monkeypatch.setenv("TEST_TEMPORAL_KEY", "key-123")
     settings = Settings(
         data_dir=tmp_path / "data",
-        temporal={"address": "rl.tmprl.cloud:7233", "namespace": "rl.acct", "tls_ca_file": tmp_path / "ca.pem",
-                  "tls_client_cert_file": tmp_path / "client.pem", "tls_client_key_file": tmp_path / "client.key",
-                  "tls_server_name": "rl.internal", "api_key_env": "TEST_TEMPORAL_KEY"},
+        temporal={
+            "address": "rl.tmprl.cloud:7233",
+            "namespace": "rl.acct",
+            "tls_ca_file": tmp_path / "ca.pem",
+            "tls_client_cert_file": tmp_path / "client.pem",
+            "tls_client_key_file": tmp_path / "client.key",
+            "tls_server_name": "rl.internal",
+            "api_key_env": "TEST_TEMPORAL_KEY",
+        },
         worker={"host_name": "gpu-node-7"},
-    )  # fmt: skip
+    )
     await temporal.connect(settings, start_embedded=False)
     [(target, kwargs)] = recorded
     assert target == "rl.tmprl.cloud:7233" and kwargs["namespace"] == "rl.acct" and kwargs["api_key"] == "key-123"
     assert kwargs["tls"] == TLSConfig(
-        server_root_ca_cert=b"-----ca.pem-----", client_cert=b"-----client.pem-----",
-        client_private_key=b"-----client.key-----", domain="rl.internal",
-    )  # fmt: skip
+        server_root_ca_cert=b"-----ca.pem-----",
+        client_cert=b"-----client.pem-----",
+        client_private_key=b"-----client.key-----",
+        domain="rl.internal",
+    )
     assert kwargs["identity"].endswith("@gpu-node-7")
     assert "key-123" not in repr(settings)
 
@@ -49,8 +57,10 @@ async def test_plain_connection_has_no_tls_and_an_api_key_alone_turns_tls_on(tmp
     await temporal.connect(Settings(data_dir=tmp_path, temporal={"address": "t:7233"}), start_embedded=False)
     assert "tls" not in recorded[-1][1] and "api_key" not in recorded[-1][1]
     monkeypatch.setenv("TEST_TEMPORAL_KEY", "k")
-    await temporal.connect(Settings(data_dir=tmp_path, temporal={"address": "t:7233", "api_key_env": "TEST_TEMPORAL_KEY"}),
-                           start_embedded=False)  # fmt: skip
+    await temporal.connect(
+        Settings(data_dir=tmp_path, temporal={"address": "t:7233", "api_key_env": "TEST_TEMPORAL_KEY"}),
+        start_embedded=False,
+    )
     assert recorded[-1][1]["tls"] == TLSConfig()
 
 

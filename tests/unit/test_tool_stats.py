@@ -12,8 +12,11 @@ def test_each_outcome_counts_where_the_original_counted_it() -> None:
         stats.record(outcome)
     assert stats.model_dump() == {"attempted": 4, "schema_valid": 3, "executed_ok": 2, "execution_errors": 1}
     assert ToolStats.total([stats, ToolStats(attempted=1, schema_valid=1, executed_ok=1)]).model_dump() == {
-        "attempted": 5, "schema_valid": 4, "executed_ok": 3, "execution_errors": 1,
-    }  # fmt: skip
+        "attempted": 5,
+        "schema_valid": 4,
+        "executed_ok": 3,
+        "execution_errors": 1,
+    }
 
 
 def test_results_recorded_before_outcomes_existed_count_by_their_error() -> None:

@@ -25,10 +25,20 @@ from dataclasses import dataclass, field
 MAX_FILE_BYTES = 16 * 1024 * 1024
 TEST_FOLDERS = frozenset({"test", "tests"})
 TEST_FILE = re.compile(r"^(test_.*|.*_test|tests?)\.py$")
-STEERING_NAMES = frozenset({
-    "conftest.py", "setup.py", "setup.cfg", "pyproject.toml", "tox.ini", "pytest.ini", "noxfile.py",
-    "MANIFEST.in", "sitecustomize.py", "usercustomize.py",
-})  # fmt: skip
+STEERING_NAMES = frozenset(
+    {
+        "conftest.py",
+        "setup.py",
+        "setup.cfg",
+        "pyproject.toml",
+        "tox.ini",
+        "pytest.ini",
+        "noxfile.py",
+        "MANIFEST.in",
+        "sitecustomize.py",
+        "usercustomize.py",
+    }
+)
 """Files that configure pytest, Python's startup or the install, wherever they are."""
 NOT_SOURCE_SUFFIXES = (".pth", ".pyc", ".pyo", ".so", ".pyd", ".dylib", ".dll", ".egg-link")
 METADATA_SUFFIXES = (".dist-info", ".egg-info")

@@ -56,19 +56,36 @@ def _configures_pytest(path: Path) -> bool:
 
 def pytest_argv(python: str, repo: Path, config: Path, ids_file: Path) -> list[str]:
     return [
-        python, "-I", "-m", "pytest", *PYTEST_FLAGS,
-        "--rootdir", str(repo), "--confcutdir", str(repo), "-c", str(config), f"@{ids_file}",
-    ]  # fmt: skip
+        python,
+        "-I",
+        "-m",
+        "pytest",
+        *PYTEST_FLAGS,
+        "--rootdir",
+        str(repo),
+        "--confcutdir",
+        str(repo),
+        "-c",
+        str(config),
+        f"@{ids_file}",
+    ]
 
 
 def clean_environment(grader_root: Path) -> dict[str, str]:
     """The whole environment of a test run: nothing inherited, nothing of the workspace."""
     return {
-        "PATH": SANDBOX_PATH, "HOME": str(grader_root / "home"), "TMPDIR": str(grader_root / "tmp"),
-        "LANG": "C.UTF-8", "COLUMNS": "400",
-        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "GIT_CEILING_DIRECTORIES": str(grader_root), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-    }  # fmt: skip
+        "PATH": SANDBOX_PATH,
+        "HOME": str(grader_root / "home"),
+        "TMPDIR": str(grader_root / "tmp"),
+        "LANG": "C.UTF-8",
+        "COLUMNS": "400",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "GIT_CEILING_DIRECTORIES": str(grader_root),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+    }
 
 
 def run_chunk(
@@ -78,9 +95,14 @@ def run_chunk(
     or TIMEOUT when the run was killed for taking longer than `timeout_s` (with all it started)."""
     with output.open("wb") as sink:
         process = subprocess.Popen(
-            argv, cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+            argv,
+            cwd=repo,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         try:
             process.wait(timeout=timeout_s)
             timed_out = False

@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 
 REPORT_MARKER = "swe-grader-report "
 OUTCOME_CODES = {
-    "PASSED": "P", "FAILED": "F", "ERROR": "E", "SKIPPED": "s", "XFAIL": "x", "XPASS": "X",
-    "MISSING": "?", "TIMEOUT": "T",
-}  # fmt: skip
+    "PASSED": "P",
+    "FAILED": "F",
+    "ERROR": "E",
+    "SKIPPED": "s",
+    "XFAIL": "x",
+    "XPASS": "X",
+    "MISSING": "?",
+    "TIMEOUT": "T",
+}
 """MISSING: pytest said nothing of the test; TIMEOUT: its chunk ran out of time."""
 OUTCOME_NAMES = {code: name for name, code in OUTCOME_CODES.items()}
 LISTED_MESSAGES = 10

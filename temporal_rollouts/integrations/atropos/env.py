@@ -67,23 +67,35 @@ WATCH_EVERY_S = 5.0
 class TemporalRolloutsEnvConfig(BaseEnvConfig):
     task_env: str = Field(default="terminal_tasks", description="Our env (task family) the items come from.")
     env_config: dict[str, Any] = Field(default_factory=dict, description="Config of that env.")
-    policy: str | None = Field(default=None, description="Policy name in the workers' settings; their default when unset.")
+    policy: str | None = Field(
+        default=None, description="Policy name in the workers' settings; their default when unset."
+    )
     max_agent_turns: int = Field(default=30, description="Model turns before a rollout stops.")
     max_tool_calls: int = Field(default=100, description="Tool calls before a rollout stops.")
     agent_temperature: float = Field(default=1.0, description="Sampling temperature of every turn.")
-    agent_max_tokens: int | None = Field(default=None, description="Per-turn generation cap; None leaves it to the context budget.")
-    tool_call_parser: str | None = Field(default=None, description="Overrides the policy's tool-call parser (hermes, qwen3_coder, ...).")
+    agent_max_tokens: int | None = Field(
+        default=None, description="Per-turn generation cap; None leaves it to the context budget."
+    )
+    tool_call_parser: str | None = Field(
+        default=None, description="Overrides the policy's tool-call parser (hermes, qwen3_coder, ...)."
+    )
     enabled_toolsets: list[str] | None = Field(default=None, description="Toolsets offered (None: all).")
     disabled_toolsets: list[str] | None = Field(default=None, description="Toolsets removed from the enabled ones.")
-    distribution: str | None = Field(default=None, description="Draw toolsets per group from this distribution instead.")
+    distribution: str | None = Field(
+        default=None, description="Draw toolsets per group from this distribution instead."
+    )
     system_prompt: str | None = Field(default=None, description="Replaces the env's system prompt.")
     eval_items: int = Field(default=8, description="Items `evaluate` runs, one rollout each.")
     eval_temperature: float = Field(default=0.0, description="Sampling temperature during evaluate.")
-    temporal_address: str | None = Field(default=None, description="Temporal frontend; the rollouts settings' when unset.")
+    temporal_address: str | None = Field(
+        default=None, description="Temporal frontend; the rollouts settings' when unset."
+    )
     run_name: str | None = Field(default=None, description="The training run (its workflow id); wandb_name when unset.")
     max_staleness: int = Field(default=1, description="Trainer steps a posted token may lag (the feed's admission).")
     stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="post, scores_only or drop a staler group.")
-    max_retries: int = Field(default=3, description="Runs a rollout gets after a machinery failure before its group is given up.")
+    max_retries: int = Field(
+        default=3, description="Runs a rollout gets after a machinery failure before its group is given up."
+    )
     groups_in_flight: int = Field(default=16, description="Groups whose rollouts run at once.")
 
 
@@ -91,17 +103,21 @@ class TemporalRolloutsEnv(BaseEnv):
     name = "temporal_rollouts"
     env_config_cls = TemporalRolloutsEnvConfig
 
-    def __init__(self, config: TemporalRolloutsEnvConfig, server_configs: Any, slurm: bool = False,
-                 testing: bool = False) -> None:
+    def __init__(
+        self, config: TemporalRolloutsEnvConfig, server_configs: Any, slurm: bool = False, testing: bool = False
+    ) -> None:
         if config.tokenizer_name == POLICY_TOKENIZER:  # atroposlib loads it now: the policy's, never a hub's
             config = config.model_copy(update={"tokenizer_name": policy_tokenizer(Settings(), config.policy)})
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
 
     @classmethod
     def config_init(cls) -> tuple[TemporalRolloutsEnvConfig, list[APIServerConfig]]:
-        config = TemporalRolloutsEnvConfig(wandb_name=cls.name, max_token_length=8192, worker_timeout=-1,
-                                           tokenizer_name=POLICY_TOKENIZER)
-        return config, [APIServerConfig(model_name="unused", base_url=UNUSED_SERVER, api_key="unused", health_check=False)]
+        config = TemporalRolloutsEnvConfig(
+            wandb_name=cls.name, max_token_length=8192, worker_timeout=-1, tokenizer_name=POLICY_TOKENIZER
+        )
+        return config, [
+            APIServerConfig(model_name="unused", base_url=UNUSED_SERVER, api_key="unused", health_check=False)
+        ]
 
     async def setup(self) -> None:
         settings = Settings()
@@ -154,8 +170,9 @@ class TemporalRolloutsEnv(BaseEnv):
         if self.jsonl_writer is not None:  # atroposlib opened it; the feed's own file is copied here instead
             self.jsonl_writer.close()
             self.jsonl_writer = None
-        handle = await self._feed(FeedInput(**self._feed_fields(), sink="jsonl", output=f"{run}.jsonl",
-                                            max_groups=self.n_groups_to_process))
+        handle = await self._feed(
+            FeedInput(**self._feed_fields(), sink="jsonl", output=f"{run}.jsonl", max_groups=self.n_groups_to_process)
+        )
         while (status := await _status(handle)).phase != "done":
             log.info("process %s: %s", run, _summary(status))
             await asyncio.sleep(WATCH_EVERY_S / 5)
@@ -183,9 +200,11 @@ class TemporalRolloutsEnv(BaseEnv):
         endpoint = self.settings.policy_endpoint(self.config.policy)
         if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
             name = self.config.policy or self.settings.default_policy
-            raise SystemExit(f"error: {mode} needs token ids, and policy {name!r} gives none: use a token-level "
-                             f"policy (type sglang or vllm), or give it a tokenizer (policies.{name}.tokenizer) for "
-                             "template-rendered tokens and masks")
+            raise SystemExit(
+                f"error: {mode} needs token ids, and policy {name!r} gives none: use a token-level "
+                f"policy (type sglang or vllm), or give it a tokenizer (policies.{name}.tokenizer) for "
+                "template-rendered tokens and masks"
+            )
 
     def _run_name(self) -> str:
         return self.config.run_name or self.config.wandb_name or self.name
@@ -196,13 +215,21 @@ class TemporalRolloutsEnv(BaseEnv):
         if config.system_prompt:
             env_config["system_prompt"] = config.system_prompt
         return {
-            "env": config.task_env, "env_config": env_config, "policy": config.policy,
-            "tool_call_parser": config.tool_call_parser, "group_size": config.group_size,
-            "limits": RolloutLimits(max_turns=config.max_agent_turns, max_tool_calls=config.max_tool_calls,
-                                    context_tokens=config.max_token_length),
+            "env": config.task_env,
+            "env_config": env_config,
+            "policy": config.policy,
+            "tool_call_parser": config.tool_call_parser,
+            "group_size": config.group_size,
+            "limits": RolloutLimits(
+                max_turns=config.max_agent_turns,
+                max_tool_calls=config.max_tool_calls,
+                context_tokens=config.max_token_length,
+            ),
             "sampling": Sampling(temperature=config.agent_temperature, max_tokens=config.agent_max_tokens),
-            "max_staleness": config.max_staleness, "stale_groups": config.stale_groups,
-            "max_retries": config.max_retries, "max_groups_in_flight": config.groups_in_flight,
+            "max_staleness": config.max_staleness,
+            "stale_groups": config.stale_groups,
+            "max_retries": config.max_retries,
+            "max_groups_in_flight": config.groups_in_flight,
             "env_weight": max(config.inference_weight, 1e-6),
         }
 
@@ -214,7 +241,11 @@ class TemporalRolloutsEnv(BaseEnv):
         handle = self.client.get_workflow_handle(run)
         try:
             described = await handle.describe()
-            if described.workflow_type == "TrainingFeedWorkflow" and described.status is not None and described.status.name == "RUNNING":
+            if (
+                described.workflow_type == "TrainingFeedWorkflow"
+                and described.status is not None
+                and described.status.name == "RUNNING"
+            ):
                 log.info("attached to the running training run %s", run)
                 return handle
         except RPCError:
@@ -238,11 +269,24 @@ class TemporalRolloutsEnv(BaseEnv):
             "eval/failed": len(items) - len(finished),
             "eval/mean_turns": sum(r.turns for r in finished) / len(finished) if finished else 0.0,
         }
-        samples = [{"item_id": r.item_id, "rollout_id": r.rollout_id, "score": r.score, "turns": r.turns,
-                    "stop_reason": r.stop_reason.value} for r in finished]
-        await self.evaluate_log(metrics, task_name=f"{self.config.task_env}_eval", start_time=started,
-                                end_time=time.time(), samples=samples,
-                                generation_parameters={"temperature": self.config.eval_temperature})
+        samples = [
+            {
+                "item_id": r.item_id,
+                "rollout_id": r.rollout_id,
+                "score": r.score,
+                "turns": r.turns,
+                "stop_reason": r.stop_reason.value,
+            }
+            for r in finished
+        ]
+        await self.evaluate_log(
+            metrics,
+            task_name=f"{self.config.task_env}_eval",
+            start_time=started,
+            end_time=time.time(),
+            samples=samples,
+            generation_parameters={"temperature": self.config.eval_temperature},
+        )
 
     async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
         """The rollout table shows conversations (integrations/atropos/wandb_rollouts.py), not decoded tokens."""
@@ -266,41 +310,64 @@ class TemporalRolloutsEnv(BaseEnv):
 
     # ------------------------------------------------------------------ rollouts as workflows
 
-    def _trajectory_input(self, item: Item, temperature: float, group_index: int, tools: list[str] | None) -> TrajectoryInput:
+    def _trajectory_input(
+        self, item: Item, temperature: float, group_index: int, tools: list[str] | None
+    ) -> TrajectoryInput:
         env_config = dict(self.config.env_config)
         if tools is not None:
             env_config["tools"] = tools
         if self.config.system_prompt:
             env_config["system_prompt"] = self.config.system_prompt
         return TrajectoryInput(
-            env=self.config.task_env, item=item, env_config=env_config, policy=self.config.policy,
-            tool_call_parser=self.config.tool_call_parser, allow_network=self.task_env.allow_network,
-            limits=RolloutLimits(max_turns=self.config.max_agent_turns, max_tool_calls=self.config.max_tool_calls,
-                                 context_tokens=self.config.max_token_length),
+            env=self.config.task_env,
+            item=item,
+            env_config=env_config,
+            policy=self.config.policy,
+            tool_call_parser=self.config.tool_call_parser,
+            allow_network=self.task_env.allow_network,
+            limits=RolloutLimits(
+                max_turns=self.config.max_agent_turns,
+                max_tool_calls=self.config.max_tool_calls,
+                context_tokens=self.config.max_token_length,
+            ),
             sampling=Sampling(temperature=temperature, max_tokens=self.config.agent_max_tokens),
             group_index=group_index,
         )
 
-    async def _rollouts(self, item: Item, count: int, temperature: float, purpose: str) -> list[TrajectoryResult] | None:
+    async def _rollouts(
+        self, item: Item, count: int, temperature: float, purpose: str
+    ) -> list[TrajectoryResult] | None:
         """Run `count` rollouts of `item`; None when any failed (the group cannot be scored).
         Cancelled by atroposlib (back-pressure, shutdown), the workflows are cancelled too."""
         config = self.config
-        chooses_tools = any(v is not None for v in (config.enabled_toolsets, config.disabled_toolsets, config.distribution))
-        tools = resolve_tools(config.enabled_toolsets, config.disabled_toolsets, config.distribution, self.rng) \
-            if chooses_tools else None
+        chooses_tools = any(
+            v is not None for v in (config.enabled_toolsets, config.disabled_toolsets, config.distribution)
+        )
+        tools = (
+            resolve_tools(config.enabled_toolsets, config.disabled_toolsets, config.distribution, self.rng)
+            if chooses_tools
+            else None
+        )
         prefix = f"atropos-{purpose}-{item.id}-{uuid.uuid4().hex[:10]}"
         handles: list[WorkflowHandle] = []
         try:
             for index in range(count):
-                handles.append(await self.client.start_workflow(
-                    "TrajectoryWorkflow", self._trajectory_input(item, temperature, index, tools),
-                    id=f"{prefix}/{index}", task_queue=self.settings.temporal.task_queue,
-                    result_type=TrajectoryResult,
-                    search_attributes=TypedSearchAttributes([
-                        SearchAttributePair(sa.ENV, self.config.task_env), SearchAttributePair(sa.ITEM_ID, item.id),
-                        SearchAttributePair(sa.BATCH_ID, f"atropos-{self.config.wandb_name}"),
-                    ]),
-                ))
+                handles.append(
+                    await self.client.start_workflow(
+                        "TrajectoryWorkflow",
+                        self._trajectory_input(item, temperature, index, tools),
+                        id=f"{prefix}/{index}",
+                        task_queue=self.settings.temporal.task_queue,
+                        result_type=TrajectoryResult,
+                        search_attributes=TypedSearchAttributes(
+                            [
+                                SearchAttributePair(sa.ENV, self.config.task_env),
+                                SearchAttributePair(sa.ITEM_ID, item.id),
+                                SearchAttributePair(sa.BATCH_ID, f"atropos-{self.config.wandb_name}"),
+                            ]
+                        ),
+                    )
+                )
             outcomes = await asyncio.gather(*(h.result() for h in handles), return_exceptions=True)
         except asyncio.CancelledError:
             await asyncio.gather(*(h.cancel() for h in handles), return_exceptions=True)
@@ -322,8 +389,10 @@ def policy_tokenizer(settings: Settings, policy: str | None) -> str:
     if endpoint.tokenizer:
         return endpoint.tokenizer
     name = policy or settings.default_policy
-    raise SystemExit(f"error: policy {name!r} names no tokenizer: give it one (policies.{name}.tokenizer, a local "
-                     "folder) or pass --env.tokenizer_name")
+    raise SystemExit(
+        f"error: policy {name!r} names no tokenizer: give it one (policies.{name}.tokenizer, a local "
+        "folder) or pass --env.tokenizer_name"
+    )
 
 
 async def _status(handle: WorkflowHandle) -> FeedStatus:
@@ -335,18 +404,26 @@ async def _status(handle: WorkflowHandle) -> FeedStatus:
 
 def _summary(status: FeedStatus) -> str:
     f = status.figures
-    return (f"{status.phase}; groups {f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} "
-            f"posted, dropped {f.dropped or 0}; rollouts {f.rollouts_retried} resumed; trainer step "
-            f"{status.trainer.current_step}")
+    return (
+        f"{status.phase}; groups {f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} "
+        f"posted, dropped {f.dropped or 0}; rollouts {f.rollouts_retried} resumed; trainer step "
+        f"{status.trainer.current_step}"
+    )
 
 
 def _figures(status: FeedStatus) -> dict[str, float]:
     """The run's figures as wandb metrics (`feed/...`)."""
     f = status.figures
-    metrics = {"feed/in_flight": status.in_flight, "feed/groups_posted": f.groups_posted, "feed/groups_stale": f.groups_stale,
-               "feed/groups_dropped": sum(f.dropped.values()), "feed/rollouts_retried": f.rollouts_retried,
-               "feed/tokens_posted": f.tokens_posted, "feed/tokens_generated": f.tokens_generated,
-               "feed/trainer_step": status.trainer.current_step}
+    metrics = {
+        "feed/in_flight": status.in_flight,
+        "feed/groups_posted": f.groups_posted,
+        "feed/groups_stale": f.groups_stale,
+        "feed/groups_dropped": sum(f.dropped.values()),
+        "feed/rollouts_retried": f.rollouts_retried,
+        "feed/tokens_posted": f.tokens_posted,
+        "feed/tokens_generated": f.tokens_generated,
+        "feed/trainer_step": status.trainer.current_step,
+    }
     if f.staleness:
         metrics["feed/max_staleness_posted"] = max(int(k) for k in f.staleness)
     return metrics

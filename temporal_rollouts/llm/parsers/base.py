@@ -101,7 +101,9 @@ class ToolCallParser(ABC):
         reasoning, body = self.split_reasoning(body)
         content, raw_calls = self.extract(body)
         calls = [
-            ToolCall(id=make_call_id(text, index, id_seed), function=FunctionCall(name=call.name, arguments=call.arguments))
+            ToolCall(
+                id=make_call_id(text, index, id_seed), function=FunctionCall(name=call.name, arguments=call.arguments)
+            )
             for index, call in enumerate(raw_calls)
         ]
         return ParsedTurn(content=clean_text(content), tool_calls=calls, reasoning=reasoning)

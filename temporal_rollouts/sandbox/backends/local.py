@@ -212,8 +212,14 @@ class LocalBackend(SandboxBackend):
         self, container_id: str, directory: Path, token_file: Path, ready_file: Path
     ) -> subprocess.Popen[bytes]:
         config = self.server.for_container(
-            root=directory / "root", slots=self.slots_per_container, container_id=container_id, host=self.host,
-            port=0, token_file=token_file, sweep_interval_s=self.sweep_interval_s, ready_file=ready_file,
+            root=directory / "root",
+            slots=self.slots_per_container,
+            container_id=container_id,
+            host=self.host,
+            port=0,
+            token_file=token_file,
+            sweep_interval_s=self.sweep_interval_s,
+            ready_file=ready_file,
         )
         argv = [sys.executable, "-m", "temporal_rollouts.sandbox_server", *config.argv()]
         if not config.require_isolation:
@@ -221,9 +227,14 @@ class LocalBackend(SandboxBackend):
         env = server_environment()
         with (directory / "server.log").open("ab") as log_file:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                cwd=directory, env=env, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=directory,
+                env=env,
+                start_new_session=True,
+            )
         self._children[process.pid] = process
         return process
 

@@ -111,8 +111,13 @@ class ModalBackend(RemoteBackend):
 
     def command(self, container_id: str) -> list[str]:
         config = self.server.for_container(
-            root=f"{self.config.workspace_base}/root", slots=self.slots_per_container, container_id=container_id,
-            host="0.0.0.0", port=self.config.port, token_env=TOKEN_ENV, allowed_hosts=[TUNNEL_DOMAIN],
+            root=f"{self.config.workspace_base}/root",
+            slots=self.slots_per_container,
+            container_id=container_id,
+            host="0.0.0.0",
+            port=self.config.port,
+            token_env=TOKEN_ENV,
+            allowed_hosts=[TUNNEL_DOMAIN],
         )
         return ["python", "-m", "temporal_rollouts.sandbox_server", *config.argv()]
 
@@ -160,7 +165,9 @@ class ModalBackend(RemoteBackend):
         app = await self.app()
 
         async def collect() -> list[Any]:
-            return [sb async for sb in self.modal.Sandbox.list.aio(app_id=app.app_id, tags={POOL_TAG: self.config.app_name})]
+            return [
+                sb async for sb in self.modal.Sandbox.list.aio(app_id=app.app_id, tags={POOL_TAG: self.config.app_name})
+            ]
 
         return await self._modal_call("list sandboxes", collect())
 
@@ -178,7 +185,9 @@ class ModalBackend(RemoteBackend):
                 return None
             if "container_id" not in tags or self.config.port not in tunnels:
                 return None
-            seen = _Seen(tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time())))
+            seen = _Seen(
+                tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time()))
+            )
             self._seen[sandbox.object_id] = seen
         return seen
 
@@ -187,9 +196,12 @@ class ModalBackend(RemoteBackend):
 
     def _info(self, seen: _Seen) -> ContainerInfo:
         return ContainerInfo(
-            container_id=seen.container_id, url=seen.url, backend=self.name, started_at=seen.started_at,
+            container_id=seen.container_id,
+            url=seen.url,
+            backend=self.name,
+            started_at=seen.started_at,
             accepting=self._accepting(seen),
-        )  # fmt: skip
+        )
 
     # The backend interface ---------------------------------------------------------------------
 
@@ -212,19 +224,26 @@ class ModalBackend(RemoteBackend):
             described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
             taken = {seen.container_id for seen in described}
             states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
-            if starting := sorted(seen.container_id for seen, state in zip(described, states, strict=True) if state != "healthy"):
+            if starting := sorted(
+                seen.container_id for seen, state in zip(described, states, strict=True) if state != "healthy"
+            ):
                 # Another worker is starting one: it is the one more we need.
                 sandbox = await self._by_name(starting[0])
                 if sandbox is not None:
                     return await self._wait_healthy(sandbox, starting[0])
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
-            free = [self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken]
+            free = [
+                self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken
+            ]
             if not free:
                 raise SandboxError(f"all {2 * self.max_containers} Modal sandbox names are in use")
             container_id = free[0]
         try:
             sandbox = await self._modal_call(
-                "create a sandbox", self.modal.Sandbox.create.aio(*self.command(container_id), app=app, **self.create_options(container_id))
+                "create a sandbox",
+                self.modal.Sandbox.create.aio(
+                    *self.command(container_id), app=app, **self.create_options(container_id)
+                ),
             )
             log.info("created Modal sandbox %s", container_id)
         except self.modal.exception.AlreadyExistsError:
@@ -269,5 +288,7 @@ class ModalBackend(RemoteBackend):
                 raise SandboxError(f"Modal sandbox {container_id} exited while starting; see its logs in Modal")
             if time.monotonic() > deadline:
                 await self._modal_call("terminate a sandbox", sandbox.terminate.aio())  # never leave a paid one behind
-                raise SandboxUnreachable(f"Modal sandbox {container_id} did not answer within {self.config.start_timeout_s:g}s")
+                raise SandboxUnreachable(
+                    f"Modal sandbox {container_id} did not answer within {self.config.start_timeout_s:g}s"
+                )
             await asyncio.sleep(0.25)

@@ -47,46 +47,77 @@ Result = TypeVar("Result")
 
 def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int) -> dict[str, Any]:
     """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options."""
-    where = {"slots": slots, "container_id": job_id, "root": "${NOMAD_ALLOC_DIR}/data",
-             "token_file": "${NOMAD_SECRETS_DIR}/token"}
+    where = {
+        "slots": slots,
+        "container_id": job_id,
+        "root": "${NOMAD_ALLOC_DIR}/data",
+        "token_file": "${NOMAD_SECRETS_DIR}/token",
+    }
     if config.driver == "raw_exec":  # on the host itself: it binds the allocation's address and port
         server_config = server.for_container(**where, host="${NOMAD_IP_http}")
         task_config: dict[str, Any] = {
             "command": config.python,
             "args": ["-m", "temporal_rollouts.sandbox_server", *server_config.argv(port="${NOMAD_PORT_http}")],
-        }  # fmt: skip
+        }
         env = {"PYTHONPATH": config.pythonpath} if config.pythonpath else {}
         ports = [{"Label": PORT_LABEL}]
     else:  # in a container: every address of it, reached through the host's address and a mapped port
-        server_config = server.for_container(**where, host="0.0.0.0", port=DOCKER_PORT, allowed_hosts=["${NOMAD_IP_http}"])
+        server_config = server.for_container(
+            **where, host="0.0.0.0", port=DOCKER_PORT, allowed_hosts=["${NOMAD_IP_http}"]
+        )
         task_config = {
-            "image": config.image, "ports": [PORT_LABEL], "force_pull": False, "privileged": config.privileged,
+            "image": config.image,
+            "ports": [PORT_LABEL],
+            "force_pull": False,
+            "privileged": config.privileged,
             "args": server_config.argv(),
-        }  # fmt: skip
+        }
         env = {}
         ports = [{"Label": PORT_LABEL, "To": DOCKER_PORT}]
     return {
-        "ID": job_id, "Name": job_id, "Type": "service", "Datacenters": [config.datacenter],
-        "Namespace": config.namespace, "Region": config.region,
+        "ID": job_id,
+        "Name": job_id,
+        "Type": "service",
+        "Datacenters": [config.datacenter],
+        "Namespace": config.namespace,
+        "Region": config.region,
         "Meta": {"rollouts_pool": config.job_prefix},
-        "TaskGroups": [{
-            "Name": "sandbox", "Count": 1,
-            "Networks": [{"DynamicPorts": ports}],
-            # A crashed server restarts in its allocation, where its data dir keeps leases and results.
-            "RestartPolicy": {"Attempts": 3, "Interval": 300 * SECONDS, "Delay": 10 * SECONDS, "Mode": "fail"},
-            "ReschedulePolicy": {"Attempts": 5, "Interval": 3600 * SECONDS, "Delay": 30 * SECONDS,
-                                 "DelayFunction": "exponential", "MaxDelay": 300 * SECONDS, "Unlimited": False},
-            "EphemeralDisk": {"Sticky": True, "Migrate": True, "SizeMB": 1024},
-            "Tasks": [{
-                "Name": "server", "Driver": config.driver, "Config": task_config, "Env": env,
-                "Templates": [{
-                    "EmbeddedTmpl": f'{{{{ with nomadVar "nomad/jobs/{job_id}" }}}}{{{{ .token }}}}{{{{ end }}}}',
-                    "DestPath": "secrets/token", "ChangeMode": "restart", "Perms": "0600",
-                }],
-                "Resources": {"CPU": config.cpu, "MemoryMB": config.memory},
-            }],
-        }],
-    }  # fmt: skip
+        "TaskGroups": [
+            {
+                "Name": "sandbox",
+                "Count": 1,
+                "Networks": [{"DynamicPorts": ports}],
+                # A crashed server restarts in its allocation, where its data dir keeps leases and results.
+                "RestartPolicy": {"Attempts": 3, "Interval": 300 * SECONDS, "Delay": 10 * SECONDS, "Mode": "fail"},
+                "ReschedulePolicy": {
+                    "Attempts": 5,
+                    "Interval": 3600 * SECONDS,
+                    "Delay": 30 * SECONDS,
+                    "DelayFunction": "exponential",
+                    "MaxDelay": 300 * SECONDS,
+                    "Unlimited": False,
+                },
+                "EphemeralDisk": {"Sticky": True, "Migrate": True, "SizeMB": 1024},
+                "Tasks": [
+                    {
+                        "Name": "server",
+                        "Driver": config.driver,
+                        "Config": task_config,
+                        "Env": env,
+                        "Templates": [
+                            {
+                                "EmbeddedTmpl": f'{{{{ with nomadVar "nomad/jobs/{job_id}" }}}}{{{{ .token }}}}{{{{ end }}}}',
+                                "DestPath": "secrets/token",
+                                "ChangeMode": "restart",
+                                "Perms": "0600",
+                            }
+                        ],
+                        "Resources": {"CPU": config.cpu, "MemoryMB": config.memory},
+                    }
+                ],
+            }
+        ],
+    }
 
 
 class NomadBackend(RemoteBackend):
@@ -172,7 +203,9 @@ class NomadBackend(RemoteBackend):
             allocs = await self._nomad_call(lambda: self._client.job.get_allocations(job_id))
         except self._nomad.api.exceptions.URLNotFoundNomadException:
             return None, False
-        wanted = [a for a in allocs if a.get("DesiredStatus") == "run" and a.get("ClientStatus") in ("pending", "running")]
+        wanted = [
+            a for a in allocs if a.get("DesiredStatus") == "run" and a.get("ClientStatus") in ("pending", "running")
+        ]
         running = sorted((a for a in wanted if a["ClientStatus"] == "running"), key=lambda a: a.get("CreateIndex", 0))
         if not running:
             return None, bool(wanted)
@@ -239,9 +272,11 @@ class NomadBackend(RemoteBackend):
         await self._put_token(container_id)
         spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
         try:
-            await self._nomad_call(lambda: self._client.job.register_job(
-                container_id, {"Job": spec, "EnforceIndex": True, "JobModifyIndex": 0}
-            ))  # fmt: skip
+            await self._nomad_call(
+                lambda: self._client.job.register_job(
+                    container_id, {"Job": spec, "EnforceIndex": True, "JobModifyIndex": 0}
+                )
+            )
             log.info("registered Nomad job %s", container_id)
         except self._nomad.api.exceptions.BaseNomadException as err:
             if not _conflict(err):
@@ -297,7 +332,11 @@ class NomadBackend(RemoteBackend):
 
     async def _put_token(self, job_id: str) -> None:
         path = f"nomad/jobs/{job_id}"
-        payload = {"Namespace": self.config.namespace or "default", "Path": path, "Items": {"token": self.secret.token(job_id)}}
+        payload = {
+            "Namespace": self.config.namespace or "default",
+            "Path": path,
+            "Items": {"token": self.secret.token(job_id)},
+        }
         await self._nomad_call(lambda: self._client.variable.create_variable(path, payload))
 
     async def _wait_healthy(self, container_id: str) -> ContainerInfo:
@@ -326,7 +365,7 @@ def _conflict(err: Exception) -> bool:
 
 
 def _index_of(job_id: str, prefix: str) -> int | None:
-    rest = job_id[len(prefix):] if job_id.startswith(prefix) else ""
+    rest = job_id[len(prefix) :] if job_id.startswith(prefix) else ""
     return int(rest) if rest.isdigit() else None
 
 

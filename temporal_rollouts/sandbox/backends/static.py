@@ -36,7 +36,9 @@ class StaticBackend(RemoteBackend):
         ids = [server.container_id for server in config.servers]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"sandbox.backend.servers repeats a container id: {ids}")
-        return cls({server.container_id: server.url for server in config.servers}, PoolSecret.from_env(config.secret_env))
+        return cls(
+            {server.container_id: server.url for server in config.servers}, PoolSecret.from_env(config.secret_env)
+        )
 
     def _info(self, container_id: str) -> ContainerInfo:
         return ContainerInfo(
@@ -54,7 +56,6 @@ class StaticBackend(RemoteBackend):
 
     async def shutdown(self, purge: bool | None = None) -> list[str]:
         return []
-
 
     async def list_containers(self) -> list[ContainerInfo]:
         ids = list(self.servers)

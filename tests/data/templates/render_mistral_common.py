@@ -60,7 +60,11 @@ TOOLS = [
 
 CALLS = [
     {"id": "abc123XYZ", "name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
-    {"id": "def456UVW", "name": "search", "arguments": {"query": "a \"quoted\" [bracket]", "filters": {"lang": "fr", "max": 3}}},
+    {
+        "id": "def456UVW",
+        "name": "search",
+        "arguments": {"query": 'a "quoted" [bracket]', "filters": {"lang": "fr", "max": 3}},
+    },
 ]
 CASES = {
     "two_calls": {"content": None, "calls": CALLS},
@@ -91,11 +95,18 @@ def assistant_text(tok: MistralTokenizer, content: str | None, calls: list[dict]
     assistant = AssistantMessage(
         content=content,
         tool_calls=[
-            ToolCall(id=c["id"], function=FunctionCall(name=c["name"], arguments=json.dumps(c["arguments"], ensure_ascii=False)))
+            ToolCall(
+                id=c["id"],
+                function=FunctionCall(name=c["name"], arguments=json.dumps(c["arguments"], ensure_ascii=False)),
+            )
             for c in calls
         ],
     )
-    messages = [UserMessage(content="Weather in Zürich, and search something."), assistant, UserMessage(content="thanks")]
+    messages = [
+        UserMessage(content="Weather in Zürich, and search something."),
+        assistant,
+        UserMessage(content="thanks"),
+    ]
     tokens = tok.encode_chat_completion(ChatCompletionRequest(messages=messages, tools=TOOLS)).tokens
     text = tok.instruct_tokenizer.tokenizer.decode(tokens, special_token_policy=SpecialTokenPolicy.KEEP)
     start = text.index("[/INST]") + len("[/INST]")

@@ -16,8 +16,18 @@ class DemoPolicyProcess(LoopbackServer):
     stop_wait_s = 5.0  # a request parked in an injected delay is killed after this
 
     def start(self) -> None:
-        self.launch([sys.executable, "-m", "temporal_rollouts.policy_servers.demo", "--host", HOST, "--port", str(self.port),
-                     "--enable-control"])
+        self.launch(
+            [
+                sys.executable,
+                "-m",
+                "temporal_rollouts.policy_servers.demo",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--enable-control",
+            ]
+        )
         self.wait_ready()
 
     def control(self, **faults) -> dict:

@@ -34,8 +34,20 @@ class GenerateServerProcess(LoopbackServer):
 
     def start(self) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.launch([sys.executable, "-m", "temporal_rollouts.policy_servers.cpu_generate", "--gguf", str(self.gguf),
-                     "--port", str(self.port), "--tokenizer-out", str(self.tokenizer_dir)], env=env)
+        self.launch(
+            [
+                sys.executable,
+                "-m",
+                "temporal_rollouts.policy_servers.cpu_generate",
+                "--gguf",
+                str(self.gguf),
+                "--port",
+                str(self.port),
+                "--tokenizer-out",
+                str(self.tokenizer_dir),
+            ],
+            env=env,
+        )
 
     def wait_ready(self) -> None:
         super().wait_ready(wait_s=LOAD_WAIT_S)
@@ -88,10 +100,16 @@ def smollm2_tokenizer(smollm2_server: GenerateServerProcess):
 
     return AutoTokenizer.from_pretrained(smollm2_server.tokenizer_dir)
 
+
 LOGPROB_TOLERANCE = 2e-3
 """float32 on CPU: an incremental (KV-cached) pass and one full pass differ by ~1e-5."""
 
 
 def generate_policy(server: GenerateServerProcess, api: str = "sglang") -> GeneratePolicy:
-    return GeneratePolicy(type=api, base_url=server.url, tokenizer=str(server.tokenizer_dir),
-                          chat_template=str(TEMPLATES / "qwen2_5.jinja"), prefill_from="demo")
+    return GeneratePolicy(
+        type=api,
+        base_url=server.url,
+        tokenizer=str(server.tokenizer_dir),
+        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
+        prefill_from="demo",
+    )

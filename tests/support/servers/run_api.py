@@ -23,8 +23,14 @@ class RunApiProcess(LoopbackServer):
 async def register_trainer(api: TrajectoryApi, *, batch_size: int, max_token_len: int, checkpoint_dir: Path) -> None:
     """Register as a trainer and make the first `/batch` call, which is what lets envs register."""
     await api.register_trainer(
-        wandb_group="tests", wandb_project="tests", batch_size=batch_size, max_token_len=max_token_len,
-        checkpoint_dir=str(checkpoint_dir), save_checkpoint_interval=-1, starting_step=0, num_steps=100,
+        wandb_group="tests",
+        wandb_project="tests",
+        batch_size=batch_size,
+        max_token_len=max_token_len,
+        checkpoint_dir=str(checkpoint_dir),
+        save_checkpoint_interval=-1,
+        starting_step=0,
+        num_steps=100,
     )
     assert await api.batch() is None, "nothing is queued before any env posted"
 
