@@ -200,28 +200,13 @@ def start_with_temporal_cli(settings: Settings, workflow_type: str, workflow_id:
 
 
 def temporal_cli_status(settings: Settings, workflow_id: str) -> str:
-    described = subprocess.run(
-        [
-            temporal_binary(),
-            "workflow",
-            "describe",
-            "--address",
-            settings.temporal_address,
-            "--workflow-id",
-            workflow_id,
-            "--output",
-            "json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return json.loads(described.stdout)["workflowExecutionInfo"]["status"]
+    return json.loads(temporal_cli_describe(settings, workflow_id, "--output", "json"))["workflowExecutionInfo"][
+        "status"
+    ]
 
 
-def temporal_cli_describe(settings: Settings, workflow_id: str) -> str:
-    """What `temporal workflow describe` shows a person."""
+def temporal_cli_describe(settings: Settings, workflow_id: str, *options: str) -> str:
+    """What `temporal workflow describe` shows a person (or, with `--output json`, a program)."""
     return subprocess.run(
         [
             temporal_binary(),
@@ -231,6 +216,7 @@ def temporal_cli_describe(settings: Settings, workflow_id: str) -> str:
             settings.temporal_address,
             "--workflow-id",
             workflow_id,
+            *options,
         ],
         check=True,
         capture_output=True,
@@ -361,10 +347,6 @@ async def test_a_million_items_run_in_bounded_memory_and_history(
 
 async def _closed(handle) -> bool:
     return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
 
 
 class ArgvTooLong:

@@ -17,7 +17,7 @@ from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import batch_id, leased_slots, wait_until
+from tests.support.waiting import batch_id, leased_slots, no_leases, wait_until
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow
@@ -157,10 +157,6 @@ async def test_cancel_stops_the_batch_and_its_rollouts_give_back_their_slots(
     with pytest.raises(WorkflowFailureError):
         await handle.result()
     assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
-    assert await wait_until(lambda: _no_leases(pool), timeout_s=30)
+    assert await wait_until(lambda: no_leases(pool), timeout_s=30)
     with pytest.raises(ConfigError, match="is not running"):
         await cli_inspect.cmd_cancel(_args(batch_id=handle.id), settings)
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []

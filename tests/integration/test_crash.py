@@ -27,7 +27,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.processes import WorkerProcess
 from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import leased_slots, no_leases, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -116,7 +116,7 @@ async def test_worker_killed_mid_step_the_rollout_finishes(
     turns = next(iter(demo_policy.stats()["conversations"].values()), [])
     assert turns == sorted(turns), "a finished model turn was asked for again"
     assert recovery_s < 60
-    await wait_until(lambda: _no_leases(pool), timeout_s=15)
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
 
 
 async def _in_phase(handle: WorkflowHandle, marker: str) -> bool:
@@ -127,10 +127,6 @@ async def _running_a_tool_call(pool: SandboxPool, demo_policy: DemoPolicyProcess
     if demo_policy.stats()["total"] < 1:
         return False
     return any(s.busy and s.lease.holder.workflow_id == workflow_id for s in await leased_slots(pool))
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
 
 
 async def test_chaos_batch_survives_repeated_sigkills(
@@ -166,7 +162,7 @@ async def test_chaos_batch_survives_repeated_sigkills(
     assert worker_process.kills >= 2, "the batch ended before the harness could kill the worker twice"
     assert sum(r.total for r in results) == 24
     assert [(r.completed, r.failed, r.mean_score) for r in results] == [(16, 0, 1.0), (8, 0, 1.0)]
-    await wait_until(lambda: _no_leases(pool), timeout_s=15)
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
 
     for handle in handles:
         ran = Counter(e["call_id"] for e in executions(crash_settings, f"{handle.id}/"))

@@ -25,7 +25,7 @@ from temporal_rollouts.sandbox_server.schema import SlotRef
 from temporal_rollouts.sinks.jsonl import read_groups
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import batch_id, leased_slots, wait_until
+from tests.support.waiting import batch_id, leased_slots, no_leases, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 from workflows.tree import RolloutTreeWorkflow
@@ -237,11 +237,7 @@ async def test_a_parent_that_waits_too_long_saves_its_workspace_for_the_late_bra
         )
     )
     assert late.score == 1.0 and late.fork and late.fork.workspace == "snapshot"
-    await wait_until(lambda: _no_leases(pool), timeout_s=15)
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
 
 
 async def test_a_tree_started_with_notify_signals_its_result_to_that_workflow(

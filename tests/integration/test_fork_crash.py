@@ -26,7 +26,7 @@ from tests.integration.test_resume import rollouts_cli
 from tests.support.processes import WorkerProcess
 from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import leased_slots, no_leases, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -61,10 +61,6 @@ async def tree_size(handle: WorkflowHandle) -> int:
 def ran_once(settings: Settings, prefix: str) -> bool:
     ran = Counter(e["call_id"] for e in executions_under(settings.data_dir, prefix))
     return bool(ran) and set(ran.values()) == {1}
-
-
-async def no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
 
 
 async def test_a_worker_killed_while_a_batch_branches_loses_no_branch_and_no_slot(

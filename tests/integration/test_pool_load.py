@@ -20,7 +20,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.lease_log import idle_while_waiting, read_lease_events, utilisation
 from tests.support.processes import WorkerProcess, kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import leased_slots, no_leases, wait_until
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow
@@ -102,10 +102,6 @@ async def test_a_killed_sandbox_server_is_restarted_and_its_rollouts_finish(
 
     result = BatchResult.model_validate(await handle.result())
     assert (result.completed, result.failed, result.mean_score) == (2, 0, 1.0)
-    await wait_until(lambda: _free(pool), timeout_s=15)
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
     [restarted] = await pool.fleet.refresh()
     assert restarted.container_id == container.container_id and restarted.pid != container.pid
-
-
-async def _free(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []

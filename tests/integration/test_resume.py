@@ -32,7 +32,6 @@ from temporal_rollouts.core.records import (
 )
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
-from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support import REPO
@@ -214,41 +213,20 @@ async def test_a_hundred_turn_rollout_keeps_its_history_small(client: Client, se
 async def test_a_long_batch_continues_as_new_and_loses_nothing(settings: Settings, parts, demo_policy) -> None:
     """On a server that suggests continue-as-new after 60 events, a 12-rollout batch spans
     several runs; every rollout is counted once and every group written once."""
-    from temporalio.testing import WorkflowEnvironment
+    from tests.support.fixtures import continue_as_new_server
 
-    from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, fast_step_flags, temporal_binary
-    from worker import build_worker
-
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=sa.ALL,
-        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 60}),
-    )
-    try:
-        own = settings.model_copy(
-            update={
-                "temporal": settings.temporal.model_copy(
-                    update={"address": env.client.service_client.config.target_host}
-                )
-            }
-        )
-        client = await connect(own, objects=parts.objects, start_embedded=False)
-        batch_id = f"long-batch-{uuid.uuid4().hex[:6]}"
-        async with build_worker(client, parts):
-            result = BatchResult.model_validate(
-                await client.execute_workflow(
-                    BatchWorkflow.run,
-                    BatchInput(
-                        env="echo_chain", num_items=12, group_size=1, max_concurrency=2, env_config={"steps": 1}
-                    ),
-                    id=batch_id,
-                    task_queue=own.temporal.task_queue,
-                )
+    batch_id = f"long-batch-{uuid.uuid4().hex[:6]}"
+    async with continue_as_new_server(settings, parts, after_events=60) as (client, own):
+        result = BatchResult.model_validate(
+            await client.execute_workflow(
+                BatchWorkflow.run,
+                BatchInput(env="echo_chain", num_items=12, group_size=1, max_concurrency=2, env_config={"steps": 1}),
+                id=batch_id,
+                task_queue=own.temporal.task_queue,
             )
-            runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
-            [listed] = [b for b in await list_batches(client, 10) if b.batch_id == batch_id]
-    finally:
-        await env.shutdown()
+        )
+        runs = [w async for w in client.list_workflows(f"WorkflowId = '{batch_id}'")]
+        [listed] = [b for b in await list_batches(client, 10) if b.batch_id == batch_id]
     assert len(runs) > 1, "the batch continued as new"
     assert listed.started_at == min(run.start_time for run in runs), "listed as started when its first run did"
     assert (result.total, result.completed, result.groups_written) == (12, 12, 12)

@@ -20,7 +20,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.processes import WorkerProcess
 from tests.support.sandbox import executions_under
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import no_leases, wait_until
 from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -79,8 +79,4 @@ async def test_worker_killed_during_setup_or_verify_the_rollout_finishes(
     ran = Counter(e["call_id"] for e in executions(crash_settings, f"{handle.id}/"))
     assert any(call.endswith("/grader-run") for call in ran), ran
     assert ran and set(ran.values()) == {1}, f"a sandbox operation ran twice: {ran}"
-    await wait_until(lambda: _no_leases(pool), timeout_s=15)
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
+    await wait_until(lambda: no_leases(pool), timeout_s=15)

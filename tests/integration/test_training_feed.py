@@ -223,45 +223,23 @@ async def test_the_feed_continues_as_new_without_waiting_for_its_rollouts_and_lo
 ) -> None:
     """On a server that suggests continue-as-new every 150 events, a run of 8 groups spans several runs
     while rollouts are in flight: every group is written once, nothing is dropped."""
-    from temporalio.testing import WorkflowEnvironment
-
-    from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, connect, fast_step_flags, temporal_binary
     from temporal_rollouts.sinks.jsonl import read_groups
-    from worker import build_worker
+    from tests.support.fixtures import continue_as_new_server
 
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=sa.ALL,
-        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 150}),
+    run = f"feed-can-{uuid.uuid4().hex[:6]}"
+    feed = FeedInput(
+        env="echo_chain",
+        env_config={"steps": 2, "sleep_s": 1},
+        policy=demo_sft,
+        group_size=2,
+        max_groups=8,
+        max_groups_in_flight=3,
+        sink="jsonl",
     )
-    try:
-        own = settings.model_copy(
-            update={
-                "temporal": settings.temporal.model_copy(
-                    update={"address": env.client.service_client.config.target_host}
-                )
-            }
-        )
-        client = await connect(own, objects=parts.objects, start_embedded=False)
-        run = f"feed-can-{uuid.uuid4().hex[:6]}"
-        feed = FeedInput(
-            env="echo_chain",
-            env_config={"steps": 2, "sleep_s": 1},
-            policy=demo_sft,
-            group_size=2,
-            max_groups=8,
-            max_groups_in_flight=3,
-            sink="jsonl",
-        )
-        async with build_worker(client, parts):
-            handle = await client.start_workflow(
-                TrainingFeedWorkflow.run, feed, id=run, task_queue=own.temporal.task_queue
-            )
-            done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
-            runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
-    finally:
-        await env.shutdown()
+    async with continue_as_new_server(settings, parts, after_events=150) as (client, own):
+        handle = await client.start_workflow(TrainingFeedWorkflow.run, feed, id=run, task_queue=own.temporal.task_queue)
+        done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
+        runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
     assert len(runs) > 1, "the run continued as new"
     figures = done.figures
     assert (figures.groups_started, figures.groups_posted, figures.dropped) == (8, 8, {}), figures

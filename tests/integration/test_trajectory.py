@@ -22,7 +22,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import leased_slots, no_leases, wait_until
 from worker import WORKFLOWS, Parts, build_activities
 from workflows import params
 from workflows.trajectory import TrajectoryWorkflow
@@ -158,11 +158,7 @@ async def test_cancel_releases_the_slot(
     await handle.cancel()
     with pytest.raises(WorkflowFailureError):
         await handle.result()
-    await wait_until(lambda: _no_leases(pool), timeout_s=15)
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
 
 
 async def test_tool_call_retried_after_timeout_is_not_executed_twice(

@@ -30,7 +30,7 @@ from tests.support.sandbox import executions_under
 from tests.support.sandbox_process import SandboxProcess
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.process import HOST, LoopbackServer
-from tests.support.waiting import leased_slots, wait_until
+from tests.support.waiting import no_leases, wait_until
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow
@@ -148,7 +148,7 @@ async def test_a_batch_on_two_hosts_survives_losing_one(tmp_path, workers, sandb
 
         result = BatchResult.model_validate(await asyncio.wait_for(handle.result(), 300))
         assert (result.total, result.completed, result.failed, result.mean_score) == (20, 20, 0, 1.0)
-        await wait_until(lambda: _no_leases(pool), timeout_s=30)
+        await wait_until(lambda: no_leases(pool), timeout_s=30)
     ran = executions(sandboxes, f"{handle.id}/")
     assert ran and max(ran.values()) == 1, "a tool call ran twice"
     assert len({call.split("/")[1] for call in ran}) == 20
@@ -164,7 +164,3 @@ async def worker_hosts(client: Client, batch_id: str, items: int) -> set[str]:
             if event.HasField("workflow_task_started_event_attributes"):
                 hosts.add(event.workflow_task_started_event_attributes.identity.partition("@")[2])
     return hosts
-
-
-async def _no_leases(pool: SandboxPool) -> bool:
-    return await leased_slots(pool) == []

@@ -7,6 +7,7 @@ import the worker."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -16,7 +17,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.temporal import FAST_STEP_FLAGS, connect, temporal_binary
+from temporal_rollouts.runtime.temporal import (
+    FAST_STEP_FLAGS,
+    SUGGEST_CONTINUE_AS_NEW,
+    connect,
+    fast_step_flags,
+    temporal_binary,
+)
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -36,6 +43,27 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield env
     await env.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def continue_as_new_server(
+    settings: Settings, parts: Parts, after_events: int
+) -> AsyncIterator[tuple[Client, Settings]]:
+    """A dev server of its own that suggests continue-as-new every `after_events` events, a client and
+    settings for it, and a worker polling it (the session's parts): for runs that must span several runs."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=search_attributes.ALL,
+        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: after_events}),
+    )
+    try:
+        address = env.client.service_client.config.target_host
+        own = settings.model_copy(update={"temporal": settings.temporal.model_copy(update={"address": address})})
+        client = await connect(own, objects=parts.objects, start_embedded=False)
+        async with build_worker(client, parts):
+            yield client, own
+    finally:
+        await env.shutdown()
 
 
 @pytest.fixture(scope="session")

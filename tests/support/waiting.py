@@ -17,6 +17,11 @@ async def leased_slots(pool: SandboxPool) -> list:
     return [s for slots in states.values() for s in slots if s.lease is not None]
 
 
+async def no_leases(pool: SandboxPool) -> bool:
+    """No slot of the pool is leased (a condition for `wait_until`)."""
+    return await leased_slots(pool) == []
+
+
 async def reap_closed_holders(pool: SandboxPool, client) -> list:
     """Run the reaper's check as `python worker.py` does: free every lease whose holder run has closed
     (a run terminated from outside never releases its own slot)."""
