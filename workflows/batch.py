@@ -267,18 +267,7 @@ class BatchWorkflow:
         assert input.branch is not None
         progress, size = cursor.progress, _per_group(input)
         roots = [rollout_id(progress.batch_id, index, g) for g in range(input.group_size)]
-        rollout = TrajectoryInput(
-            env=input.env,
-            item=item,
-            env_config=input.env_config,
-            policy=input.policy,
-            tool_call_parser=input.tool_call_parser,
-            allow_network=cursor.allow_network,
-            limits=input.limits,
-            sampling=input.sampling,
-            batch_id=progress.batch_id,
-            snapshot_turns=input.snapshot_turns,
-        )
+        rollout = _rollout_input(input, cursor, item)
         self._active += size
         progress.running += input.group_size
         try:
@@ -316,20 +305,7 @@ class BatchWorkflow:
             try:
                 result = await workflow.execute_child_workflow(
                     TrajectoryWorkflow.run,
-                    TrajectoryInput(
-                        env=input.env,
-                        item=item,
-                        env_config=input.env_config,
-                        policy=input.policy,
-                        tool_call_parser=input.tool_call_parser,
-                        allow_network=cursor.allow_network,
-                        limits=input.limits,
-                        sampling=input.sampling,
-                        batch_id=progress.batch_id,
-                        group_index=group_index,
-                        resume_from_run=resume_from,
-                        snapshot_turns=input.snapshot_turns,
-                    ),
+                    _rollout_input(input, cursor, item, group_index=group_index, resume_from_run=resume_from),
                     id=rollout,
                     task_queue=workflow.info().task_queue,
                     id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -365,6 +341,23 @@ class BatchWorkflow:
         progress.count(result)
         workflow.upsert_search_attributes([sa.COMPLETED.value_set(progress.completed + progress.failed)])
         return result
+
+
+def _rollout_input(input: BatchInput, cursor: BatchCursor, item: Item, **fields: Any) -> TrajectoryInput:
+    """A rollout of `item` as the batch runs it (the root of a tree, or one rollout of its group: `fields`)."""
+    return TrajectoryInput(
+        env=input.env,
+        item=item,
+        env_config=input.env_config,
+        policy=input.policy,
+        tool_call_parser=input.tool_call_parser,
+        allow_network=cursor.allow_network,
+        limits=input.limits,
+        sampling=input.sampling,
+        batch_id=cursor.progress.batch_id,
+        snapshot_turns=input.snapshot_turns,
+        **fields,
+    )
 
 
 def _per_group(input: BatchInput) -> int:

@@ -21,38 +21,10 @@ from typing import Any
 from temporal_rollouts.policy_servers.sampling import BadRequest, Sample, SamplingRequest
 
 _NEUTRAL = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
-_SGLANG_PARAMS = {
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "n",
-    "seed",
-    "sampling_seed",
-    "no_stop_trim",
-    *_NEUTRAL,
-}
-_VLLM_FIELDS = {
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "n",
-    "seed",
-    "logprobs",
-    "stream",
-    "model",
-    *_NEUTRAL,
-}
+# sampling fields both wire shapes spell alike
+_SHARED = {"temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "n", "seed"}
+_SGLANG_PARAMS = {"max_new_tokens", "sampling_seed", "no_stop_trim", *_SHARED, *_NEUTRAL}
+_VLLM_FIELDS = {"prompt", "max_tokens", "logprobs", "stream", "model", *_SHARED, *_NEUTRAL}
 
 
 def _number(params: dict, key: str, default, kind=float, low=None, high=None):
