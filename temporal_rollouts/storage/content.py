@@ -53,11 +53,13 @@ class ContentStore:
         self._cache = _Lru(cache_entries)
 
     async def put(self, kind: str, data: bytes, value: object) -> str:
-        """Store `data` once; returns its digest, the key that references carry. The worker
+        """Store `data` (once per worker); returns its digest, the key that references carry. The worker
         keeps `value` (the parsed form) so a later read costs neither I/O nor parsing."""
         key = digest(data)
         path = f"{self._prefix}/{kind}/{key}"
-        if path not in self._cache and not await self._objects.object_exists(bucket=self._bucket, key=path):
+        # No "does it exist?" first: what a worker has not written or read itself is nearly always
+        # new, and writing the same bytes under the same key again is harmless.
+        if path not in self._cache:
             await self._objects.put_object(bucket=self._bucket, key=path, data=data)
         self._cache.put(path, value)
         return key

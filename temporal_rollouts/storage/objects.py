@@ -23,12 +23,18 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
 
 
+INLINE_WRITE_BYTES = 256 * 1024
+"""Objects up to this size are written on the event loop: a rollout step writes a few small ones, and
+handing each to a thread and waking the loop for its result cost more CPU than the write itself."""
+
+
 class LocalObjectClient(S3StorageDriverClient):
     """Objects as files `<root>/<bucket>/<key>`, written atomically (temp file + rename)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._resolved_root = os.path.realpath(self.root)
+        self._folders: set[str] = set()  # folders this process has made (or found) already
 
     def _path(self, bucket: str, key: str) -> Path:
         # A lexical check (no realpath per object: every step writes several). The store's own
@@ -39,7 +45,11 @@ class LocalObjectClient(S3StorageDriverClient):
         return Path(path)
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write, self._path(bucket, key), data)
+        path = self._path(bucket, key)
+        if len(data) <= INLINE_WRITE_BYTES:
+            self._write(path, data)
+        else:
+            await asyncio.to_thread(self._write, path, data)
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
         return self._path(bucket, key).exists()
@@ -76,10 +86,15 @@ class LocalObjectClient(S3StorageDriverClient):
                 os.unlink(tmp)
             raise
 
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    def _write(self, path: Path, data: bytes) -> None:
+        folder = str(path.parent)
+        if folder not in self._folders:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._folders.add(folder)
+        # A random name (O_EXCL says if another writer, on any host sharing the folder, had it) in the
+        # object's folder, so the rename is atomic: readers see the whole object or none.
+        tmp = os.path.join(folder, f".tmp-{os.urandom(8).hex()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
