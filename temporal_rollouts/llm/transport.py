@@ -7,14 +7,13 @@ open connection on every request), aiohttp's about a third of that through this 
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import aiohttp
-import certifi
 import httpx
 
 from temporal_rollouts.llm.http_status import error_for_exception, raise_for_status
+from temporal_rollouts.runtime.http_session import new_session, proxy_for
 
 
 def model_http_client(
@@ -51,15 +50,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     exceptions, so `error_for_exception` classifies failures the same whichever transport sent."""
 
     def __init__(self, max_connections: int | None = None) -> None:
-        self._max_connections = max_connections or 0  # aiohttp: 0 is no limit
+        self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections, ssl=ssl.create_default_context(cafile=certifi.where())
-            )
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=True)
+            self._session = new_session(max_connections=self._max_connections, auto_decompress=False)
         timeouts = request.extensions.get("timeout", {})
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -75,6 +71,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 data=await request.aread() or None,
                 allow_redirects=False,
                 timeout=timeout,
+                proxy=proxy_for(request.url.scheme, request.url.host),
             ) as answer:
                 status, headers, body = answer.status, answer.raw_headers, await answer.read()
         except aiohttp.ConnectionTimeoutError as err:

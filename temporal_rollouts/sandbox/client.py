@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import certifi
 from pydantic import BaseModel, ValidationError
 
 from temporal_rollouts.core.errors import (
@@ -32,6 +30,7 @@ from temporal_rollouts.core.errors import (
     TransferTooLarge,
     raise_from_payload,
 )
+from temporal_rollouts.runtime.http_session import new_session, proxy_of
 from temporal_rollouts.sandbox.requests import DOWNLOAD, UPLOADS, Route, route_of
 from temporal_rollouts.sandbox_server.schema import TransferQuery
 
@@ -53,6 +52,7 @@ class SandboxClient:
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session: aiohttp.ClientSession | None = None
+        self._proxy: str | None = None
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -60,10 +60,8 @@ class SandboxClient:
         if self._session is None:
             # No cap on connections: every waiting acquire holds one for its whole wait, and a cap
             # would queue the executes and releases of running rollouts behind them.
-            connector = aiohttp.TCPConnector(limit=0, ssl=ssl.create_default_context(cafile=certifi.where()))
-            self._session = aiohttp.ClientSession(
-                base_url=self.base_url + "/", headers=self._headers, connector=connector, trust_env=True
-            )
+            self._session = new_session(base_url=self.base_url + "/", headers=self._headers)
+            self._proxy = proxy_of(self.base_url)
         return self._session
 
     async def __aenter__(self) -> SandboxClient:
@@ -76,8 +74,9 @@ class SandboxClient:
         if self._session is not None:
             await self._session.close()
 
-    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=read_s)
+    def _options(self, read_s: float) -> dict[str, Any]:
+        """Per request: how long it may take (to connect, then between reads), and through which proxy."""
+        return {"timeout": aiohttp.ClientTimeout(sock_connect=self.timeout, sock_read=read_s), "proxy": self._proxy}
 
     async def send(self, request: BaseModel) -> Any:
         """Send one request of `sandbox.requests.ROUTES`; its reply, as the route's model."""
@@ -95,7 +94,7 @@ class SandboxClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=self._timeout(self.timeout + route.runs_for(request)),
+                **self._options(self.timeout + route.runs_for(request)),
             ) as response:
                 status, body = response.status, await response.read()
         except TimeoutError as err:
@@ -114,7 +113,7 @@ class SandboxClient:
                 route.path.lstrip("/"),
                 params=_query(query.model_dump(mode="json")),
                 data=_file_chunks(source),
-                timeout=self._timeout(self.timeout + TRANSFER_TIMEOUT_S),
+                **self._options(self.timeout + TRANSFER_TIMEOUT_S),
             ) as response:
                 status, body = response.status, await response.read()
         except TimeoutError as err:
@@ -132,7 +131,7 @@ class SandboxClient:
                 DOWNLOAD.method,
                 DOWNLOAD.path.lstrip("/"),
                 params=_query(params),
-                timeout=self._timeout(self.timeout + TRANSFER_TIMEOUT_S),
+                **self._options(self.timeout + TRANSFER_TIMEOUT_S),
             ) as response:
                 if not 200 <= response.status < 300:
                     _payload_or_raise(response.status, await response.read(), what, self.base_url)
