@@ -4,7 +4,8 @@ Runs against a real sandbox server process (LocalBackend, under bubblewrap when 
 it), through the same SandboxPool the activities use; no Temporal. A one-shot command pays
 for a new sandbox each time; a stateful call types into a shell that is already running.
 Transfers stream a file of random bytes up and back (byte-identical, checked) and report
-MB/s each way and the server's peak RSS growth while they ran.
+MB/s each way and the server's peak RSS growth while they ran. Each kind of call also reports
+the CPU it cost the sandbox server: its own and its reaped children's (bubblewrap, bash).
 
     python bench/tools.py            # 30 round trips each, a 64 MB file
     python bench/tools.py --quick    # 10 round trips, 16 MB
@@ -26,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import quiet  # noqa: E402
+from bench.procs import cpu_seconds  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox_server.isolation import bubblewrap_path  # noqa: E402
@@ -47,21 +50,24 @@ def digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-async def round_trips(pool: SandboxPool, lease, rounds: int, make) -> list[float]:
+async def round_trips(pool: SandboxPool, lease, rounds: int, make, server_pid: int) -> tuple[list[float], float]:
+    """Each call's wall time, and the server's CPU-ms per call over all of them."""
     times = []
+    cpu_before = cpu_seconds(server_pid)
     for _ in range(rounds):
         started = time.perf_counter()
         output = await pool.lease(lease).execute(uuid.uuid4().hex, make())
         times.append(time.perf_counter() - started)
         assert output.ok and output.output == "ping\n", output
-    return times
+    return times, (cpu_seconds(server_pid) - cpu_before) * 1000 / rounds
 
 
-def summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float], server_cpu_ms: float) -> dict[str, float]:
     ordered = sorted(values)
     return {
         "median_ms": round(statistics.median(ordered) * 1000, 2),
         "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 2),
+        "server_cpu_ms": round(server_cpu_ms, 2),
     }
 
 
@@ -74,8 +80,10 @@ async def main(rounds: int, megabytes: int) -> dict:
             try:
                 lease = await pool.acquire(Holder(workflow_id="bench-tools"), ttl_s=600, wait_s=10)
                 await pool.lease(lease).execute("warm", SessionOp(action="start"))
-                one_shot = await round_trips(pool, lease, rounds, lambda: ExecOp(command="echo ping"))
-                stateful = await round_trips(pool, lease, rounds, lambda: SessionOp(action="run", text="echo ping"))
+                one_shot = await round_trips(pool, lease, rounds, lambda: ExecOp(command="echo ping"), info.pid)
+                stateful = await round_trips(
+                    pool, lease, rounds, lambda: SessionOp(action="run", text="echo ping"), info.pid
+                )
 
                 source = root / "payload.bin"
                 with open(source, "wb") as out:
@@ -94,7 +102,7 @@ async def main(rounds: int, megabytes: int) -> dict:
                 await pool.release(lease)
             finally:
                 await backend.stop_container(info.container_id)
-    one, state = summary(one_shot), summary(stateful)
+    one, state = summary(*one_shot), summary(*stateful)
     return {
         "isolation": "bubblewrap" if bubblewrap_path() else "none",
         "rounds": rounds,
@@ -112,14 +120,20 @@ async def main(rounds: int, megabytes: int) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, help="calls of each kind (default 30; 10 with --quick)")
+    quiet.add_argument(parser)
     args = parser.parse_args()
-    figures = asyncio.run(main(10 if args.quick else 30, 16 if args.quick else 64))
+    host = quiet.check_host(args.allow_busy)
+    figures = asyncio.run(main(args.rounds or (10 if args.quick else 30), 16 if args.quick else 64))
     one, state = figures["one_shot"], figures["stateful"]
-    print(f"one-shot command   median {one['median_ms']:7.1f} ms   p95 {one['p95_ms']:7.1f} ms")
-    print(f"stateful terminal  median {state['median_ms']:7.1f} ms   p95 {state['p95_ms']:7.1f} ms")
+    for name, row in (("one-shot command ", one), ("stateful terminal", state)):
+        print(
+            f"{name}  median {row['median_ms']:7.1f} ms   p95 {row['p95_ms']:7.1f} ms   "
+            f"server CPU {row['server_cpu_ms']:5.2f} ms a call"
+        )
     print(
         f"upload {figures['upload_mb_s']} MB/s, download {figures['download_mb_s']} MB/s "
         f"({figures['transfer_mb']} MB, identical={figures['byte_identical']}, "
         f"server peak RSS +{figures['server_peak_rss_growth_mb']} MB)"
     )
-    print(json.dumps(figures))
+    print(json.dumps(figures | host.report()))
