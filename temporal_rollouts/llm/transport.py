@@ -15,6 +15,10 @@ import httpx
 from temporal_rollouts.llm.http_status import error_for_exception, raise_for_status
 from temporal_rollouts.runtime.http_session import new_session, proxy_for
 
+KEEP_ALIVE_S = 4.0
+"""How long an idle connection to a model server is kept: shorter than uvicorn's default of 5 s,
+which vLLM and SGLang serve with, so the client never reuses a connection the server is closing."""
+
 
 def model_http_client(
     base_url: str,
@@ -55,7 +59,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._session is None:
-            self._session = new_session(max_connections=self._max_connections, auto_decompress=False)
+            self._session = new_session(
+                keep_alive_s=KEEP_ALIVE_S, max_connections=self._max_connections, auto_decompress=False
+            )
         timeouts = request.extensions.get("timeout", {})
         timeout = aiohttp.ClientTimeout(
             total=None,

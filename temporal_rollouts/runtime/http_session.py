@@ -16,10 +16,14 @@ import certifi
 from yarl import URL
 
 
-def new_session(*, max_connections: int | None = None, **session_options: object) -> aiohttp.ClientSession:
-    """A pooled session; `max_connections` None means no cap. Certificates are checked against
-    certifi's bundle, as httpx did."""
-    connector = aiohttp.TCPConnector(limit=max_connections or 0, ssl=_ssl_context())
+def new_session(
+    *, keep_alive_s: float, max_connections: int | None = None, **session_options: object
+) -> aiohttp.ClientSession:
+    """A pooled session; `max_connections` None means no cap. An idle connection is dropped after
+    `keep_alive_s`, which must be shorter than the server's own keep-alive: a client that reuses a
+    connection the server is closing gets an error for a request that was never read. Certificates
+    are checked against certifi's bundle, as httpx did."""
+    connector = aiohttp.TCPConnector(limit=max_connections or 0, keepalive_timeout=keep_alive_s, ssl=_ssl_context())
     return aiohttp.ClientSession(connector=connector, **session_options)  # type: ignore[arg-type]
 
 

@@ -38,6 +38,9 @@ TRANSFER_CHUNK_BYTES = 1024 * 1024
 TRANSFER_TIMEOUT_S = 600.0
 """A transfer's read and write timeouts apply per chunk; this bounds the wait for its answer."""
 
+KEEP_ALIVE_S = 15.0
+"""How long an idle connection is kept: shorter than the sandbox server's keep-alive (30 s)."""
+
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
 """What a request raises when the server cannot be reached or breaks off: connection refused or reset,
 a closed keep-alive connection, a truncated body, a malformed URL."""
@@ -60,7 +63,7 @@ class SandboxClient:
         if self._session is None:
             # No cap on connections: every waiting acquire holds one for its whole wait, and a cap
             # would queue the executes and releases of running rollouts behind them.
-            self._session = new_session(base_url=self.base_url + "/", headers=self._headers)
+            self._session = new_session(keep_alive_s=KEEP_ALIVE_S, base_url=self.base_url + "/", headers=self._headers)
             self._proxy = proxy_of(self.base_url)
         return self._session
 

@@ -317,7 +317,7 @@ async def serve(config: ServerConfig) -> None:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # Longer than httpx's 5 s keep-alive expiry, so a client never reuses a connection the server is closing.
+        # Longer than the sandbox client's keep-alive (15 s), so a client never reuses a connection the server is closing.
         timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _SandboxServer(uvicorn_config, manager)
