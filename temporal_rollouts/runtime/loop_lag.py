@@ -57,27 +57,34 @@ class LoopLagSlotSupplier(CustomSlotSupplier):
     def __init__(self, lag: LoopLag, maximum: int, *, minimum: int = MINIMUM_SLOTS, max_lag_s: float = 1.0) -> None:
         self._lag, self._maximum, self._minimum, self._max_lag_s = lag, maximum, min(minimum, maximum), max_lag_s
         self._used = 0
+        self._waiting = 0  # reserve_slot calls waiting for a release: only they need the loop woken
         self._lock = threading.Lock()  # release_slot may come from the SDK's own thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._released: asyncio.Event | None = None
 
-    def _take(self) -> bool:
+    def _take(self, wait_if_full: bool = False) -> bool:
         with self._lock:
             room = self._used < self._minimum or (self._used < self._maximum and self._lag.lag_s < self._max_lag_s)
             if room:
                 self._used += 1
+            elif wait_if_full:
+                self._waiting += 1
             return room
 
     async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
         self._lag.ensure_started()
         if self._released is None:
             self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
-        while not self._take():
+        while not self._take(wait_if_full=True):
             # Woken by a release; a loop that has caught up is noticed at the next look.
             released = self._released
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(RECHECK_S):
-                    await released.wait()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RECHECK_S):
+                        await released.wait()
+            finally:
+                with self._lock:
+                    self._waiting -= 1
             released.clear()
         return SlotPermit()
 
@@ -90,5 +97,8 @@ class LoopLagSlotSupplier(CustomSlotSupplier):
     def release_slot(self, ctx: SlotReleaseContext) -> None:
         with self._lock:
             self._used = max(self._used - 1, 0)
-        if self._loop is not None and self._released is not None:
+            waiting = self._waiting
+        # Waking the loop costs a write and a read of its self-pipe: worth it only for a waiting reserve
+        # (one that registers after this look finds the slot free in `_take`).
+        if waiting and self._loop is not None and self._released is not None:
             self._loop.call_soon_threadsafe(self._released.set)
