@@ -13,7 +13,7 @@ import aiohttp
 import httpx
 
 from temporal_rollouts.llm.http_status import error_for_exception, raise_for_status
-from temporal_rollouts.runtime.http_session import new_session, proxy_for
+from temporal_rollouts.core.http_session import new_session, proxy_for
 
 KEEP_ALIVE_S = 4.0
 """How long an idle connection to a model server is kept: shorter than uvicorn's default of 5 s,

@@ -30,7 +30,7 @@ from temporal_rollouts.core.errors import (
     TransferTooLarge,
     raise_from_payload,
 )
-from temporal_rollouts.runtime.http_session import new_session, proxy_of
+from temporal_rollouts.core.http_session import new_session, proxy_of
 from temporal_rollouts.sandbox.requests import DOWNLOAD, UPLOADS, Route, route_of
 from temporal_rollouts.sandbox_server.schema import TransferQuery
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from temporal_rollouts.runtime import http_session
+from temporal_rollouts.core import http_session
 
 
 @pytest.fixture(autouse=True)
