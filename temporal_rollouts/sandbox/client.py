@@ -41,9 +41,10 @@ TRANSFER_TIMEOUT_S = 600.0
 KEEP_ALIVE_S = 15.0
 """How long an idle connection is kept: shorter than the sandbox server's keep-alive (30 s)."""
 
-TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
+TRANSPORT_ERRORS = (aiohttp.ClientError,)
 """What a request raises when the server cannot be reached or breaks off: connection refused or reset,
-a closed keep-alive connection, a truncated body, a malformed URL."""
+a closed keep-alive connection, a truncated body, a malformed URL (aiohttp wraps the socket's own
+OSErrors in these). A local file that cannot be read or written raises its OSError unchanged."""
 
 
 class SandboxClient:
