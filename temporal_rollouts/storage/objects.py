@@ -12,10 +12,9 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
@@ -73,31 +72,30 @@ class LocalObjectClient(S3StorageDriverClient):
             raise KeyError(f"no object {bucket}/{key} in {self.root}")
         await asyncio.to_thread(shutil.copyfile, source, path)
 
-    @classmethod
-    def _copy_in(cls, source: Path, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
-                shutil.copyfileobj(data, out, 1024 * 1024)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+    def _copy_in(self, source: Path, path: Path) -> None:
+        with open(source, "rb") as data:
+            self._atomically(path, lambda out: shutil.copyfileobj(data, out, 1024 * 1024))
 
     def _write(self, path: Path, data: bytes) -> None:
+        self._atomically(path, lambda out: out.write(data))
+
+    def _atomically(self, path: Path, fill: Callable[[BinaryIO], object]) -> None:
+        """Write `path` through a temp file beside it and a rename: readers see the whole object or none."""
         folder = str(path.parent)
         if folder not in self._folders:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._folders.add(folder)
-        # A random name (O_EXCL says if another writer, on any host sharing the folder, had it) in the
-        # object's folder, so the rename is atomic: readers see the whole object or none.
+        # A random name: O_EXCL says if another writer, on any host sharing the folder, had it.
         tmp = os.path.join(folder, f".tmp-{os.urandom(8).hex()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:  # the folder was removed since this process made it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(data)
+                fill(out)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
