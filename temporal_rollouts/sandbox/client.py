@@ -56,7 +56,7 @@ class SandboxClient:
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session: aiohttp.ClientSession | None = None
-        self._proxy: str | None = None
+        self._proxy = proxy_of(self.base_url)
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -65,7 +65,6 @@ class SandboxClient:
             # No cap on connections: every waiting acquire holds one for its whole wait, and a cap
             # would queue the executes and releases of running rollouts behind them.
             self._session = new_session(keep_alive_s=KEEP_ALIVE_S, base_url=self.base_url + "/", headers=self._headers)
-            self._proxy = proxy_of(self.base_url)
         return self._session
 
     async def __aenter__(self) -> SandboxClient:
