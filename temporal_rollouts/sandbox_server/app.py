@@ -37,6 +37,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from temporal_rollouts.sandbox_server import transfer
+from temporal_rollouts.sandbox_server.reaper import adopt_orphans
 from temporal_rollouts.sandbox_server.beneath import describe
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.errors import (
@@ -303,6 +304,7 @@ def read_token(token_file: Path | None = None, token_env: str | None = None) -> 
 
 
 async def serve(config: ServerConfig) -> None:
+    adopt_orphans()  # bubblewrap's orphaned inits come to this process, which reaps them (`reaper`)
     manager = SlotManager.from_config(config)
     app = create_app(
         manager,

@@ -32,6 +32,7 @@ from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, Sandbox
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
 from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
+from temporal_rollouts.sandbox_server.reaper import reap_orphans
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +347,7 @@ async def run_command(
         _kill_group(proc.pid)
         pump.cancel()
         transport.close()
+        reap_orphans()
     text, truncated = output.text()
     started = _read_started(started_read)
     if not started and not timed_out and proc.returncode != 0:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.reaper import reap_orphans
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
@@ -509,6 +510,7 @@ class SlotManager:
             await asyncio.sleep(self.sweep_interval_s)
             try:
                 self._expire_lapsed()
+                reap_orphans()  # a sandbox's init that ended after its command did
                 await self._retry_quarantined()
             except Exception:
                 log.exception("lease sweep failed")

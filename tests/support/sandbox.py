@@ -145,3 +145,19 @@ def spawn_waiting_client(info: ContainerInfo, workflow_id: str, wait_s: float = 
     argv = [sys.executable, "-c", script, info.url, str(info.token_file), workflow_id, str(wait_s)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def fork_bomb(marker: str) -> str:
+    """Fork up to 5,000 children that each sleep `marker` seconds, printing how many it got."""
+    return (
+        "import os, sys\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 5000:\n"
+        "        if os.fork() == 0:\n"
+        f"            os.execvp('sleep', ['sleep', '{marker}'])\n"
+        "        n += 1\n"
+        "except OSError as err:\n"
+        "    print('stopped after', n, err)\n"
+        "print('forked', n)\n"
+    )
