@@ -17,10 +17,11 @@ from pathlib import Path
 
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
+from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
-from temporal_rollouts.sandbox_server.schema import ExecuteRequest, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SessionOp, SlotLease, ToolOutput
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
 
 
@@ -63,6 +64,7 @@ class CallRunner:
         self._executions = ExecutionLog(root / "executions.jsonl")
         self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
         self.sessions = SlotSessions(max_output_chars, require_isolation, confinement)
+        self.launchers = SlotLaunchers(require_isolation)
 
     async def execute(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         """Run one operation in a slot already checked to be leased under `request.lease_id`, or answer
@@ -85,14 +87,21 @@ class CallRunner:
 
     async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         async with slot.lock:
+            confinement = self.confinement.with_limits(slot.limits)
+            operation, launcher = request.operation, None
+            if isinstance(operation, ExecOp) and operation.resident and not operation.cache:
+                launcher = await self.launchers.for_command(
+                    slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
+                )
             context = SlotContext(
                 slot.workspace,
                 slot.allow_network,
                 self.max_output_chars,
                 self.require_isolation,
-                self.confinement.with_limits(slot.limits),
+                confinement,
                 slot.index,
                 self.cache,
+                launcher,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):

@@ -1,13 +1,17 @@
 """Run one shell command for a slot, inside bubblewrap when the host has it.
 
 The slot's workspace is the only writable place the command sees (at /workspace), besides a
-private, size-limited /tmp (and, read-only, the container cache entries the command named); the system directories are read-only and nothing else of the host
-is visible. Every mount is nosuid,nodev, and the command runs as an unprivileged uid with no
-capabilities (see `temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group and
-pid namespace (and, where available, its own cgroup under the slot's), so when it exits or times
-out everything it started dies with it: no background process outlives the command that started
-it, and nothing else of the slot (its stateful terminal, another command) dies with it.
-Without bubblewrap a command is refused unless isolation was explicitly turned off.
+private, size-limited /tmp (and, read-only, the container cache entries the command named); the
+system directories are read-only and nothing else of the host is visible. Every mount is
+nosuid,nodev, and the command runs as an unprivileged uid with no capabilities (see
+`temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group
+and session, and its own cgroup under the slot's where the host has one, so when it exits or
+times out everything it started dies with it: no background process outlives the command that
+started it, and nothing else of the slot (its stateful terminal, another command) dies with it.
+A command runs in a sandbox of its own (its own pid namespace and /tmp), or, when it is
+`resident`, is forked from the slot's resident launcher (`launcher`), whose sandbox the lease's
+resident commands share. Without bubblewrap a command is refused unless isolation was explicitly
+turned off.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
 from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, SandboxRequired
@@ -33,6 +37,9 @@ from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
 from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 from temporal_rollouts.sandbox_server.reaper import reap_orphans
+
+if TYPE_CHECKING:
+    from temporal_rollouts.sandbox_server.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,10 @@ OUTPUT_DRAIN_S = 2.0
 LAUNCH_ERROR_CHARS = 500
 
 IsolationMode = Literal["bubblewrap", "none"]
+
+
+class LauncherBroken(Exception):
+    """A slot's resident launcher cannot run this command (`launcher`); it gets a sandbox of its own."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +85,16 @@ def bubblewrap_argv(
     as_root: bool | None = None,
     tmp_bytes: int = 0,
     cache: Sequence[Path] = (),
+    as_pid_1: bool = False,
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
-    bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev."""
+    bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev.
+    `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
+    bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle."""
     as_root = running_as_root() if as_root is None else as_root
-    argv = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    argv = [bwrap, "--unshare-pid", *(["--as-pid-1"] if as_pid_1 else []), "--unshare-ipc", "--unshare-uts"]
+    argv.append("--unshare-cgroup-try")
     if not as_root:
         argv += ["--unshare-user", "--cap-drop", "ALL"]
     if not allow_network:
@@ -216,13 +231,18 @@ def command_launch(
     slot: int = 0,
     cache: Sequence[Path] = (),
     part: str = "command",
+    as_pid_1: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
     terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
     `start_new_session=True` and `cwd=workspace`. `cache`: host folders of cache entries the command
     sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself.
-    `part`: the command's own cgroup under the slot's (`Confinement.end_part` ends it alone)."""
+    `part`: the command's own cgroup under the slot's (`Confinement.end_part` ends it alone).
+    `as_pid_1`: `script` is its sandbox's pid 1 (`bubblewrap_argv`), and must reap what its children
+    orphan (the resident launcher does). A process that drops its uid inside bwrap loses the parent-death
+    signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
+    socket closes)."""
     mode = isolation_mode(require_isolation)
     if confinement is None:
         confinement = default_confinement()
@@ -231,12 +251,12 @@ def command_launch(
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     prefix = confinement.join_cgroups(slot, part) + confinement.rlimits()
-    drop = confinement.drop_privileges(slot)
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
         assert bwrap is not None
         as_root = confinement.dedicated_uids and bubblewrap_strategy() == "as-root"
         # As root, bwrap mounts and the command drops its uid inside; otherwise the uid is dropped first.
+        drop = confinement.drop_privileges(slot)
         outer, inner = ([], drop) if as_root else (drop, [])
         argv = (
             prefix
@@ -249,11 +269,12 @@ def command_launch(
                 as_root=as_root,
                 tmp_bytes=confinement.limits.tmp_bytes,
                 cache=cache,
+                as_pid_1=as_pid_1,
             )
         )
         return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
     environment = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
-    return prefix + drop + confinement.die_with_server() + script, environment
+    return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, environment
 
 
 def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, str]:
@@ -273,55 +294,52 @@ async def run_command(
     confinement: Confinement | None = None,
     slot: int = 0,
     cache: Sequence[Path] = (),
+    launcher: Launcher | None = None,
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
     The command travels in a memory file that bash reads and evaluates, never on an argv, so a
     command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
-    default one, with no limits, for callers that name none)."""
+    default one, with no limits, for callers that name none), in a sandbox of its own, or forked
+    from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails)."""
     if confinement is None:
         confinement = default_confinement()
+    part = f"command-{uuid.uuid4().hex[:12]}"
+    output = BoundedOutput(max_output_chars)
     script_fd = _script_file(command)
     started_read, started_write = os.pipe()
-    # bash says it started (one byte on the `started` pipe), then reads the command from the memory file
-    # and runs it as `bash -c` would (same $0, same messages); both are closed first, so nothing the
-    # command starts holds them. No byte: the sandbox never got as far as the command (`_launch_failed`).
-    script = [
-        "bash",
-        "-c",
-        f'printf . >&{started_write}; exec {started_write}>&-; eval "$(</dev/fd/{script_fd})" {script_fd}<&-',
-        "bash",
-    ]
-    part = f"command-{uuid.uuid4().hex[:12]}"
-    try:
-        argv, env = command_launch(
-            script,
-            workspace,
-            allow_network=allow_network,
-            require_isolation=require_isolation,
-            confinement=confinement,
-            slot=slot,
-            cache=cache,
-            part=part,
-        )
-    except BaseException:
-        for fd in (script_fd, started_read, started_write):
-            os.close(fd)
-        raise
-    output = BoundedOutput(max_output_chars)
-    started = time.monotonic()
     read_fd, write_fd = os.pipe()
+    started = time.monotonic()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.DEVNULL,
-            stdout=write_fd,
-            stderr=write_fd,
-            cwd=workspace,
-            env=env,
-            start_new_session=True,
-            pass_fds=(script_fd, started_write),
-        )
+        running: Running | None = None
+        if launcher is not None:
+            try:  # fds as the launcher places them (`resident`); bash waits until the server lets it run
+                argv = bash_script(3, 4, report=(5, 6))
+                running = await launcher.spawn(argv, [write_fd, script_fd, started_write], confinement, part)
+            except LauncherBroken as err:  # it never ran: the go byte was not sent
+                log.info("slot %d: the command gets a sandbox of its own: %s", slot, err)
+        if running is None:
+            argv, env = command_launch(
+                bash_script(script_fd, started_write),
+                workspace,
+                allow_network=allow_network,
+                require_isolation=require_isolation,
+                confinement=confinement,
+                slot=slot,
+                cache=cache,
+                part=part,
+            )
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                cwd=workspace,
+                env=env,
+                start_new_session=True,
+                pass_fds=(script_fd, started_write),
+            )
+            running = OwnSandbox(process)
     except BaseException:
         os.close(read_fd)
         os.close(started_read)
@@ -334,35 +352,78 @@ async def run_command(
     pump = asyncio.create_task(_pump(reader, output))
     timed_out = False
     try:
-        with confinement.watched(slot, proc.pid):
+        with confinement.watched(slot, running.pid):
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                await asyncio.wait_for(running.wait(), timeout_s)
             except TimeoutError:
                 timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
+            await running.kill()
+            returncode = await running.wait()
         await asyncio.to_thread(confinement.end_part, slot, part)
         await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
     finally:
-        _kill_group(proc.pid)
+        await running.kill()
         pump.cancel()
         transport.close()
         reap_orphans()
     text, truncated = output.text()
-    started = _read_started(started_read)
-    if not started and not timed_out and proc.returncode != 0:
+    started_ok = _read_started(started_read)
+    if not started_ok and not timed_out and returncode != 0:
         raise SandboxLaunchFailed(
-            f"the sandbox could not start the command (status {proc.returncode}): "
+            f"the sandbox could not start the command (status {returncode}): "
             f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}"
         )
     text += confinement.notices(slot)
     return CommandResult(
-        exit_code=proc.returncode,
+        exit_code=returncode,
         output=text,
         timed_out=timed_out,
         truncated=truncated,
         duration_s=time.monotonic() - started,
     )
+
+
+def bash_script(script_fd: int, started_fd: int, report: tuple[int, int] | None = None) -> list[str]:
+    """bash's argv after the sandbox's: it says it started (one byte on the `started` pipe), then reads
+    the command from the memory file and runs it as `bash -c` would (same $0, same messages); both are
+    closed first, so nothing the command starts holds them. No byte: the sandbox never got as far as
+    the command (`run_command` raises SandboxLaunchFailed). `report`: the fds of a resident launcher's
+    socket and of the command's go pipe (`launcher`): bash first writes one byte to the socket, so the
+    server learns its pid, and waits for the go byte (the server has moved it into its cgroup part)."""
+    waits = ""
+    if report is not None:
+        socket_fd, go_fd = report
+        waits = f"printf p >&{socket_fd} && read -r -n 1 <&{go_fd} || exit 125; unset REPLY; exec {socket_fd}>&- {go_fd}<&-; "
+    return [
+        "bash",
+        "-c",
+        f'{waits}printf . >&{started_fd}; exec {started_fd}>&-; eval "$(</dev/fd/{script_fd})" {script_fd}<&-',
+        "bash",
+    ]
+
+
+class Running(Protocol):
+    """A started command, whichever way it was started."""
+
+    pid: int
+
+    async def wait(self) -> int: ...
+
+    async def kill(self) -> None:
+        """Kill the command and everything in its process group (its cgroup part ends separately)."""
+
+
+class OwnSandbox:
+    """A command in a sandbox of its own: the server's child process, leader of its own process group."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process, self.pid = process, process.pid
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    async def kill(self) -> None:
+        _kill_group(self.pid)
 
 
 def _read_started(fd: int) -> bool:

@@ -281,6 +281,19 @@ class Confinement:
         )
         return ["/bin/sh", "-c", f'{joins}; exec "$@"', "sandbox-limits"]
 
+    def move_into_part(self, slot: int, part: str, pid: int) -> None:
+        """Move a running process (a resident launcher's fresh child, still waiting to start its command)
+        into its part of the slot's cgroups, making the part's folders; raises OSError if it cannot."""
+        for directory in set(self._cgroup_dirs(slot, part).values()):
+            directory.mkdir(exist_ok=True)
+            (directory / "cgroup.procs").write_text(str(pid))
+
+    @property
+    def kills_by_cgroup(self) -> bool:
+        """Whether every process a command starts can be found, and killed, through the slot's cgroups
+        alone: they hold the slot-wide limits, so no watchdog must watch the command's pid."""
+        return self.cgroups is not None and self.watchdog is None
+
     def end_part(self, slot: int, part: str) -> int:
         """SIGKILL what a finished command (or a stopped session) left running and remove its part;
         the slot's other parts run on. Returns how many processes were signalled."""

@@ -20,6 +20,7 @@ from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
 from temporal_rollouts.sandbox_server.files import read_text, settle, write_text
 from temporal_rollouts.sandbox_server.isolation import run_command
 from temporal_rollouts.sandbox_server.config import MIB
+from temporal_rollouts.sandbox_server.launcher import Launcher
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
 
@@ -36,6 +37,8 @@ class SlotContext:
     confinement: Confinement | None = None
     slot: int = 0
     cache: SharedCache | None = None
+    launcher: Launcher | None = None
+    """The slot's resident launcher, for an ExecOp that asked for it (`launcher`)."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -81,6 +84,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         confinement=slot.confinement,
         slot=slot.slot,
         cache=cache,
+        launcher=slot.launcher,
     )
     output, over_disk = result.output, await settle_after_command(slot)
     if over_disk:

@@ -131,6 +131,14 @@ class ExecOp(BaseModel):
         description="Entries of the container's shared cache this one command sees, read-only, at "
         "/cache/<name> (also $SANDBOX_CACHE/<name>); no other command of the slot sees them.",
     )
+    resident: bool = Field(
+        default=False,
+        description="Fork the command from the slot's resident launcher, which the lease's first such command "
+        "starts in the slot's sandbox, instead of building a sandbox for it alone: the same uid, limits, "
+        "mounts and network, about a tenth of the cost, but the lease's resident commands share /tmp and "
+        "see each other's processes while they run. An agent's tool calls set it; setup and verify hooks do "
+        "not, so a verifier never sees what the agent left in /tmp. Ignored with `cache`.",
+    )
 
 
 class ReadFileOp(BaseModel):

@@ -1,6 +1,6 @@
 """The stateful terminal: one long-lived shell per slot whose directory, variables and background processes last.
 
-One-shot commands start a fresh sandbox each and kill everything they started. Agent
+One-shot commands kill everything they started when they end (`isolation`). Agent
 tasks also need a shell that stays: a server started in the background that a later
 call talks to, a `cd`, an activated venv. So a slot may have one session: bash in a
 pseudo-terminal (util-linux `script` provides it, so Ctrl-C and job control work as

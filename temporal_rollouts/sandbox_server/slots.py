@@ -263,6 +263,7 @@ class SlotManager:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
         await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
+        await self._runner.launchers.close()
         if self.confinement.watchdog is not None:
             await self.confinement.watchdog.stop()
         for slot in self._slots:
@@ -481,6 +482,7 @@ class SlotManager:
                 task.cancel()
             await asyncio.gather(*slot.running, return_exceptions=True)
             await self._runner.sessions.stop(slot.index, slot.workspace)  # the lease ended: so does its terminal
+            await self._runner.launchers.stop(slot.index)  # and its launcher
             if reset:
                 async with slot.lock:
                     await self._reset(slot)

@@ -203,7 +203,7 @@ def parse_tool_call(
     if tool.name == "terminal":
         timeout = arguments.get("timeout")
         timeout_s = default_timeout_s if timeout is None else min(max(float(timeout), 1.0), max_timeout_s)
-        return ExecOp(command=arguments["command"], timeout_s=timeout_s)
+        return ExecOp(command=arguments["command"], timeout_s=timeout_s, resident=True)
     if tool.name == "terminal_stateful":
         timeout = arguments.get("timeout")
         timeout_s = DEFAULT_SESSION_TIMEOUT_S if timeout is None else min(max(float(timeout), 1.0), max_timeout_s)

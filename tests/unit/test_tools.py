@@ -59,7 +59,9 @@ def test_unknown_tool_name_in_config_is_a_config_error() -> None:
 
 
 def test_well_formed_calls_become_operations() -> None:
-    assert parse("terminal", {"command": "ls -la"}, default=42.0) == ExecOp(command="ls -la", timeout_s=42.0)
+    assert parse("terminal", {"command": "ls -la"}, default=42.0) == ExecOp(
+        command="ls -la", timeout_s=42.0, resident=True
+    )
     assert parse("read_file", {"path": "src/a.py"}) == ReadFileOp(path="src/a.py")
     assert parse("write_file", {"path": "b.txt", "content": "x\n"}) == WriteFileOp(path="b.txt", content="x\n")
     assert parse("search", {"pattern": "def \\w+", "path": "src"}) == SearchOp(pattern="def \\w+", path="src")
@@ -67,21 +69,27 @@ def test_well_formed_calls_become_operations() -> None:
 
 
 def test_unknown_keys_are_ignored_and_null_optionals_are_defaults() -> None:
-    assert parse("terminal", {"command": "pwd", "cwd": "/tmp", "timeout": None}) == ExecOp(command="pwd", timeout_s=60)
+    assert parse("terminal", {"command": "pwd", "cwd": "/tmp", "timeout": None}) == ExecOp(
+        command="pwd", timeout_s=60, resident=True
+    )
     assert parse("search", {"pattern": "x", "path": None}) == SearchOp(pattern="x", path=".")
 
 
 def test_double_encoded_arguments_are_decoded_twice() -> None:
     once = json.dumps({"command": "echo hi", "timeout": 5})
-    assert parse("terminal", json.dumps(once)) == ExecOp(command="echo hi", timeout_s=5)
+    assert parse("terminal", json.dumps(once)) == ExecOp(command="echo hi", timeout_s=5, resident=True)
     write = json.dumps(json.dumps({"path": "a.txt", "content": "A"}))
     assert parse("write_file", write) == WriteFileOp(path="a.txt", content="A")
 
 
 def test_bare_string_is_the_terminal_command() -> None:
-    assert parse("terminal", "ls -la /workspace") == ExecOp(command="ls -la /workspace", timeout_s=60)
-    assert parse("terminal", json.dumps("cat a.txt | wc -l")) == ExecOp(command="cat a.txt | wc -l", timeout_s=60)
-    assert parse("terminal", "{ echo a; echo b; } > out.txt") == ExecOp(command="{ echo a; echo b; } > out.txt")
+    assert parse("terminal", "ls -la /workspace") == ExecOp(command="ls -la /workspace", timeout_s=60, resident=True)
+    assert parse("terminal", json.dumps("cat a.txt | wc -l")) == ExecOp(
+        command="cat a.txt | wc -l", timeout_s=60, resident=True
+    )
+    assert parse("terminal", "{ echo a; echo b; } > out.txt") == ExecOp(
+        command="{ echo a; echo b; } > out.txt", resident=True
+    )
 
 
 def test_bare_string_fills_a_sole_required_string_parameter() -> None:
@@ -172,7 +180,7 @@ def test_terminal_timeout_clamp_honours_max_timeout() -> None:
 
 def test_background_commands_are_allowed() -> None:
     command = "python -m http.server 8000 > server.log 2>&1 &"
-    assert parse("terminal", {"command": command}) == ExecOp(command=command, timeout_s=60)
+    assert parse("terminal", {"command": command}) == ExecOp(command=command, timeout_s=60, resident=True)
 
 
 def test_unknown_tool_lists_the_available_tools() -> None:

@@ -1,0 +1,342 @@
+"""A resident launcher per slot: an agent's one-shot commands without building a sandbox for each.
+
+Building a slot's sandbox for one command (the cgroup join, prlimit, setpriv, bubblewrap and
+its namespaces) costs the server about ten CPU-ms; forking bash costs about one. So the first
+`resident` one-shot command of a lease starts a small launcher (`resident.py`) inside the slot's
+sandbox, through `isolation.command_launch` like every command (same uid, limits, mounts and
+network policy), and each resident command after it is forked from that launcher.
+
+What holds as for a sandbox of its own: the command runs as the slot's uid with no capabilities
+and no new privileges, in a session of its own, in its own part of the slot's cgroups (the
+server moves it there before it may start: the child waits on a pipe only the server writes),
+and when it ends or times out everything it started is killed through that part. Timeouts,
+output bounds and the launch-failure check are `isolation.run_command`'s, shared. The child's
+pid comes from the kernel (SCM_CREDENTIALS), never from what the sandbox says.
+
+What differs: the resident commands of one lease share the launcher's /tmp and pid namespace,
+as commands in one container do (the original's terminals ran in a persistent container), and
+a command can kill the launcher, which ends its own sandbox: the next command starts a new
+one. Commands that are not `resident` (setup and verify hooks: a verifier must not see what an
+agent's command left in /tmp), that name cache entries, or that run where the slot's cgroups
+cannot find every process of a command (`Confinement.kills_by_cgroup`) get a sandbox of their
+own as before, and so does any command the launcher fails to start or answer for.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporal_rollouts.sandbox_server.config import SlotLimits
+from temporal_rollouts.sandbox_server.isolation import (
+    READ_ONLY_DIRS,
+    SYSTEM_LINK_DIRS,
+    LauncherBroken,
+    command_launch,
+    isolation_mode,
+)
+from temporal_rollouts.sandbox_server.limits import Confinement
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_PART = "launcher"
+"""The launcher's own cgroup part: its commands are moved out of it, each into a part of its own."""
+SOURCE = (Path(__file__).with_name("resident.py")).read_text()
+START_TIMEOUT_S = 10.0
+PLACE_TIMEOUT_S = 5.0
+"""How long a launcher may take to fork a command and report it; longer, and it is replaced."""
+EXIT_GRACE_S = 2.0
+"""How long a launcher may take to report a command the server killed."""
+MESSAGE_BYTES = 4096
+UCRED = struct.Struct("iII")  # pid, uid, gid
+
+
+@dataclass(frozen=True)
+class LauncherKey:
+    """What a launcher was started under: a command with another key needs another launcher."""
+
+    lease_id: str
+    allow_network: bool
+    limits: SlotLimits
+
+
+@functools.cache
+def sandbox_python() -> str | None:
+    """A Python the slot's sandbox can run: one under the read-only system folders it sees."""
+    for candidate in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
+        if not candidate:
+            continue
+        real = os.path.realpath(candidate)
+        seen = any(real.startswith(f"{folder}/") for folder in (*READ_ONLY_DIRS, *SYSTEM_LINK_DIRS))
+        if seen and os.access(real, os.X_OK):
+            return real
+    return None
+
+
+class Launcher:
+    """One slot's launcher process and the server's end of its socket."""
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, channel: socket.socket, slot: int, key: LauncherKey, uid: int
+    ) -> None:
+        self.process, self.key, self.slot = process, key, slot
+        self._channel = channel
+        self._uid = uid
+        self._messages: asyncio.Queue[tuple[bytes, int | None, int | None]] = asyncio.Queue()
+        self._closed = False
+        self.idle = True
+        """False from a command's start until its exit is read: a launcher left otherwise is replaced."""
+        self._own_pid: int | None = None
+        asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
+
+    @classmethod
+    async def start(
+        cls, slot: int, workspace: Path, key: LauncherKey, confinement: Confinement, require_isolation: bool
+    ) -> Launcher:
+        python = sandbox_python()
+        if python is None:
+            raise LauncherBroken("no Python under the folders the sandbox sees")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            ours.setblocking(False)
+            argv, env = command_launch(
+                [python, "-I", "-S", "-c", SOURCE, str(theirs.fileno())],
+                workspace,
+                allow_network=key.allow_network,
+                require_isolation=require_isolation,
+                confinement=confinement,
+                slot=slot,
+                part=LAUNCHER_PART,
+                as_pid_1=True,
+            )
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=workspace,
+                env=env,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        uid = confinement.uid(slot) if confinement.dedicated_uids else os.getuid()
+        launcher = cls(process, ours, slot, key, uid)
+        await launcher.until_ready(confinement)
+        return launcher
+
+    async def until_ready(self, confinement: Confinement) -> None:
+        try:
+            ready, self._own_pid, _ = await self.message(START_TIMEOUT_S)
+        except TimeoutError:
+            ready = b""
+        if ready != b"ready":
+            why = await self._stderr()
+            await self.stop(confinement)
+            raise LauncherBroken(f"the launcher did not start: {why or 'no output'}")
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self.process.returncode is None
+
+    @property
+    def usable(self) -> bool:
+        return self.alive and self.idle
+
+    def _receive(self) -> None:
+        try:
+            data, ancillary, _, _ = self._channel.recvmsg(MESSAGE_BYTES, socket.CMSG_SPACE(UCRED.size))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancillary = b"", []
+        pid = uid = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= UCRED.size:
+                pid, uid, _ = UCRED.unpack(payload[: UCRED.size])
+        if not data:
+            self._closed = True
+            asyncio.get_running_loop().remove_reader(self._channel.fileno())
+        self._messages.put_nowait((data, pid, uid))
+
+    async def message(self, timeout_s: float | None) -> tuple[bytes, int | None, int | None]:
+        """The launcher's next message, with the sender's pid and uid as the kernel gave them (b"": it ended)."""
+        if self._closed and self._messages.empty():
+            return b"", None, None
+        return await asyncio.wait_for(self._messages.get(), timeout_s)
+
+    async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement, part: str) -> LaunchedCommand:
+        """Start `argv` (`isolation.bash_script` with `report`) from the launcher with `fds` (output, script,
+        started) once it sits in `part` of the slot's cgroups. Raises LauncherBroken if that cannot be done."""
+        if not self.usable:
+            raise LauncherBroken("the launcher has ended")
+        self.idle = False
+        go_read, go_write = os.pipe()
+        try:
+            payload = b"run" + b"\0".join(arg.encode("utf-8", "surrogateescape") for arg in argv)
+            rights = array.array("i", [*fds, go_read])
+            self._channel.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError as err:
+            os.close(go_write)
+            await self.stop(confinement)
+            raise LauncherBroken(f"cannot reach the launcher: {err}") from None
+        finally:
+            os.close(go_read)
+        try:
+            pid = await self._placed(confinement, part)
+        except BaseException:
+            os.close(go_write)
+            raise
+        try:
+            os.write(go_write, b"g")
+        finally:
+            os.close(go_write)
+        return LaunchedCommand(self, pid, confinement, part)
+
+    async def _placed(self, confinement: Confinement, part: str) -> int:
+        """The command's pid, once moved into its part; on any irregularity the launcher is stopped."""
+        try:
+            message, pid, uid = await self.message(PLACE_TIMEOUT_S)
+        except TimeoutError:
+            message, pid, uid = b"", None, None
+        if message.startswith(b"fail"):  # it could not fork (say, the slot is at its process limit)
+            self.idle = True
+            raise LauncherBroken(message.decode(errors="replace"))
+        if message != b"p" or pid is None or uid != self._uid or pid == self._own_pid:
+            await self.stop(confinement)
+            raise LauncherBroken(f"the launcher answered {message[:40]!r} from pid {pid}, uid {uid}")
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as err:
+            await self.stop(confinement)
+            raise LauncherBroken(f"the launcher's child {pid} is gone: {err}") from None
+        try:
+            await asyncio.to_thread(confinement.move_into_part, self.slot, part, pid)
+            # The child cannot have been reaped and its pid reused while the pidfd still says it lives.
+            if select.select([pidfd], [], [], 0)[0]:
+                raise OSError(f"pid {pid} exited before it was placed")
+        except OSError as err:
+            await self.stop(confinement)
+            raise LauncherBroken(f"cannot move the command into its cgroup: {err}") from None
+        finally:
+            os.close(pidfd)
+        return pid
+
+    async def stop(self, confinement: Confinement) -> None:
+        """End the launcher's sandbox and everything in it."""
+        if not self._closed:
+            self._closed = True
+            asyncio.get_running_loop().remove_reader(self._channel.fileno())
+        self._channel.close()
+        if self.process.returncode is None:  # never a group whose leader was reaped: its id may be reused
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        await asyncio.to_thread(confinement.end_part, self.slot, LAUNCHER_PART)
+        with contextlib.suppress(ProcessLookupError):
+            await self.process.wait()
+
+    async def _stderr(self) -> str:
+        if self.process.stderr is None:
+            return ""
+        with contextlib.suppress(TimeoutError):
+            data = await asyncio.wait_for(self.process.stderr.read(2000), 1.0)
+            return data.decode(errors="replace").strip()
+        return ""
+
+
+class LaunchedCommand:
+    """A command the launcher started: `run_command` waits for it and kills it like its own sandbox."""
+
+    def __init__(self, launcher: Launcher, pid: int, confinement: Confinement, part: str) -> None:
+        self.launcher, self.pid = launcher, pid
+        self._confinement, self._part = confinement, part
+        self._code: int | None = None
+        self._done = False
+
+    async def wait(self) -> int:
+        """The command's exit status as the launcher reported it (128 + n: signal n killed it), or -9
+        where the server killed it (a timeout), as for a command in a sandbox of its own."""
+        if not self._done:
+            message, _, _ = await self.launcher.message(None)
+            self._done = True
+            try:
+                self._code = int(message.removeprefix(b"exit ")) if message.startswith(b"exit ") else None
+            except ValueError:
+                self._code = None
+            if self._code is None:  # the launcher ended (its command killed it): so did its sandbox
+                await self.launcher.stop(self._confinement)
+                self._code = -signal.SIGKILL
+            else:
+                self.launcher.idle = True
+        assert self._code is not None
+        return self._code
+
+    async def kill(self) -> None:
+        """Kill the command and all it started; the launcher then reports it, or is replaced."""
+        if self._done:
+            return
+        await asyncio.to_thread(self._confinement.end_part, self.launcher.slot, self._part)
+        try:
+            await asyncio.wait_for(self.wait(), EXIT_GRACE_S)
+        except TimeoutError:
+            await self.launcher.stop(self._confinement)
+        self._done, self._code = True, -signal.SIGKILL
+
+
+class SlotLaunchers:
+    """The launchers of one server's slots, by slot index; a launcher is only used under its slot's lock."""
+
+    def __init__(self, require_isolation: bool) -> None:
+        self.require_isolation = require_isolation
+        self._launchers: dict[int, tuple[Launcher, Confinement]] = {}
+        self._failed: dict[int, str] = {}
+        """Slot -> the lease under which its launcher failed to start: not tried again for that lease."""
+
+    async def for_command(
+        self, slot: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement
+    ) -> Launcher | None:
+        """The slot's launcher for this lease, started if need be; None where commands need sandboxes of their own."""
+        if not confinement.kills_by_cgroup or isolation_mode(self.require_isolation) != "bubblewrap":
+            return None
+        key = LauncherKey(lease_id, allow_network, confinement.limits)
+        current = self._launchers.get(slot)
+        if current is not None and current[0].key == key and current[0].usable:
+            return current[0]
+        await self.stop(slot)
+        if self._failed.get(slot) == lease_id:
+            return None
+        try:
+            launcher = await Launcher.start(slot, workspace, key, confinement, self.require_isolation)
+        except LauncherBroken as err:
+            self._failed[slot] = lease_id
+            log.warning("slot %d runs this lease's commands in sandboxes of their own: %s", slot, err)
+            return None
+        self._launchers[slot] = (launcher, confinement)
+        return launcher
+
+    async def stop(self, slot: int) -> None:
+        if (current := self._launchers.pop(slot, None)) is not None:
+            launcher, confinement = current
+            await launcher.stop(confinement)
+
+    async def close(self) -> None:
+        for slot in list(self._launchers):
+            await self.stop(slot)

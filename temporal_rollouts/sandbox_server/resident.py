@@ -1,0 +1,131 @@
+"""The program a slot's resident launcher runs, inside the slot's sandbox (see `launcher`).
+
+Standard library only: the server runs this file's text with the sandbox's own Python
+(`python3 -I -S -c`), so nothing from the workspace, the environment or site-packages
+is imported. It talks to the server over one SOCK_SEQPACKET socket whose fd number is
+its only argument, and runs one command at a time:
+
+    server -> launcher   b"run" + argv (NUL-separated), with fds: output, script, started, go
+    command -> server    b"p" on fd 5 (the kernel attaches the command's pid as the server sees it)
+    server -> command    b"g" on the go pipe (fd 6), once the command sits in its cgroup part
+    launcher -> server   b"exit <code>" (128 + n: killed by signal n), or b"fail <why>"
+
+The argv is the server's (`isolation.bash_script`): bash reports, waits for the go byte and
+closes fds 5 and 6 before it reads the command. The command starts with posix_spawn, which
+copies nothing of the launcher's memory (a fork of it costs more than the bash it starts),
+in a new session, with fd 0 from /dev/null, 1 and 2 the output, 3 the script, 4 the started
+pipe, and nothing else of the launcher's open.
+
+The launcher makes itself non-dumpable first, so a command (same uid, same sandbox) can
+neither ptrace it nor read or write its memory or descriptors through /proc. It is the
+sandbox's pid 1 (bwrap --as-pid-1), which the kernel shields from every signal it does not
+handle, SIGKILL included, sent from inside; and it reaps whatever its commands leave to it.
+"""
+
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import sys
+
+PR_SET_DUMPABLE = 4
+MAX_FDS = 8
+MESSAGE_BYTES = 1 << 20
+HIGH_FD = 100
+"""Received fds are moved to here first, clear of the numbers the command gets them at."""
+IGNORED = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT)
+"""Ignored by the launcher (Python ignores the first two itself); the command gets them back."""
+exited = {}
+"""The status of the command being waited for, when the SIGCHLD handler reaped it."""
+waiting_for = [0]
+
+
+def high(fd):
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+    os.close(fd)
+    return moved
+
+
+def spawn(argv, fds, channel):
+    out, script, started, go = fds
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
+    for source, target in ((out, 1), (out, 2), (script, 3), (started, 4), (channel, 5), (go, 6)):
+        actions.append((os.POSIX_SPAWN_DUP2, source, target))
+    return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsid=True, setsigdef=IGNORED)
+
+
+def reap(*_):
+    """Reap every child that ended: the command, and what it left behind (orphans come to pid 1)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == waiting_for[0]:
+            exited[pid] = status
+
+
+def wait_for(pid):
+    waiting_for[0] = pid
+    try:
+        while pid not in exited:
+            try:
+                died, status = os.waitpid(pid, 0)
+            except ChildProcessError:  # the handler reaped it while this call waited
+                continue
+            if died == pid:
+                return status
+        return exited.pop(pid)
+    finally:
+        waiting_for[0] = 0
+
+
+def serve(channel):
+    while True:
+        message, ancillary, _, _ = channel.recvmsg(
+            MESSAGE_BYTES, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
+        )
+        fds = []
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += [high(fd) for fd in memoryview(data[: len(data) - len(data) % 4]).cast("i")]
+        if not message:
+            return  # the server closed its end
+        if not message.startswith(b"run") or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            channel.send(b"fail malformed request")
+            continue
+        argv = [part.decode("utf-8", "surrogateescape") for part in message[3:].split(b"\0")]
+        try:
+            pid = spawn(argv, fds, channel.fileno())
+        except OSError as err:
+            channel.send(f"fail cannot start bash: {err}".encode())
+            continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+        channel.send(b"exit %d" % exit_code(wait_for(pid)))
+
+
+def exit_code(status):
+    """As bwrap reports its command's: a signal's death is 128 + its number, as in a shell."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def main():
+    channel = socket.socket(fileno=high(int(sys.argv[1])))
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sys.exit(f"cannot make the launcher non-dumpable: errno {ctypes.get_errno()}")
+    for number in IGNORED:
+        signal.signal(number, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, reap)
+    channel.send(b"ready")
+    serve(channel)
+
+
+if __name__ == "__main__":
+    main()
