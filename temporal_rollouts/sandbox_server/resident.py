@@ -8,7 +8,8 @@ its only argument, and runs one command at a time:
     server -> launcher   b"run" + argv (NUL-separated), with fds: output, script, started, go
     command -> server    b"p" on fd 5 (the kernel attaches the command's pid as the server sees it)
     server -> command    b"g" on the go pipe (fd 6), once the command sits in its cgroup part
-    launcher -> server   b"exit <code>" (128 + n: killed by signal n), or b"fail <why>"
+    launcher -> server   b"exit <code>" (128 + n: killed by signal n), b"fail <why>" (not started)
+                         or b"lost" (its status was lost: the server replaces the launcher)
 
 The argv is the server's (`isolation.bash_script`): bash reports, waits for the go byte and
 closes fds 5 and 6 before it reads the command. The command starts with posix_spawn, which
@@ -48,11 +49,20 @@ def high(fd):
 
 
 def spawn(argv, fds, channel):
+    """Start the command; SIGCHLD waits until it is the one waited for, so no status is reaped unseen."""
     out, script, started, go = fds
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)]
     for source, target in ((out, 1), (out, 2), (script, 3), (started, 4), (channel, 5), (go, 6)):
         actions.append((os.POSIX_SPAWN_DUP2, source, target))
-    return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsid=True, setsigdef=IGNORED)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        pid = os.posix_spawnp(
+            argv[0], argv, os.environ, file_actions=actions, setsid=True, setsigdef=IGNORED, setsigmask=()
+        )
+        waiting_for[0] = pid
+        return pid
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
 def reap(*_):
@@ -69,18 +79,16 @@ def reap(*_):
 
 
 def wait_for(pid):
-    waiting_for[0] = pid
+    """The command's wait status (None if it was lost, which `spawn` rules out)."""
     try:
-        while pid not in exited:
-            try:
-                died, status = os.waitpid(pid, 0)
-            except ChildProcessError:  # the handler reaped it while this call waited
-                continue
-            if died == pid:
-                return status
-        return exited.pop(pid)
+        try:
+            died, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # the handler reaped it while this call waited
+            return exited.pop(pid, None)
+        return status if died == pid else None
     finally:
         waiting_for[0] = 0
+        exited.clear()
 
 
 def serve(channel):
@@ -108,7 +116,8 @@ def serve(channel):
         finally:
             for fd in fds:
                 os.close(fd)
-        channel.send(b"exit %d" % exit_code(wait_for(pid)))
+        status = wait_for(pid)
+        channel.send(b"lost" if status is None else b"exit %d" % exit_code(status))
 
 
 def exit_code(status):

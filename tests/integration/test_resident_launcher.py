@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -182,3 +184,18 @@ async def test_the_stateful_terminal_outlives_resident_commands(client, lease):
     jobs = await client.send(execute_in(lease, "s2", SessionOp(action="run", text="jobs -r | wc -l")))
     assert jobs.output.strip() == "1"
     assert len(processes_running(marker)) == 1
+
+
+async def test_hundreds_of_quick_commands_each_get_their_own_status(client, lease):
+    """A status reaped between the command's start and the launcher's wait was once lost, and the
+    command hung until its timeout. Quick commands in a row on a host whose cores are busy make that
+    window likely (the old launcher failed this within seconds; idle, it mostly passed)."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        for i in range(300):
+            result = await run(client, lease, f"exit {i % 7}", timeout_s=10)
+            assert result.exit_code == i % 7 and not result.timed_out, (i, result)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
