@@ -315,7 +315,7 @@ async def run_command(
         if launcher is not None:
             try:  # fds as the launcher places them (`resident`); bash waits until the server lets it run
                 argv = bash_script(3, 4, report=(5, 6))
-                running = await launcher.spawn(argv, [write_fd, script_fd, started_write], confinement, part)
+                running = await launcher.spawn(argv, [write_fd, script_fd, started_write], confinement)
             except LauncherBroken as err:  # it never ran: the go byte was not sent
                 log.info("slot %d: the command gets a sandbox of its own: %s", slot, err)
         if running is None:
@@ -339,7 +339,7 @@ async def run_command(
                 start_new_session=True,
                 pass_fds=(script_fd, started_write),
             )
-            running = OwnSandbox(process)
+            running = OwnSandbox(process, confinement, slot, part)
     except BaseException:
         os.close(read_fd)
         os.close(started_read)
@@ -359,7 +359,7 @@ async def run_command(
                 timed_out = True
             await running.kill()
             returncode = await running.wait()
-        await asyncio.to_thread(confinement.end_part, slot, part)
+        await running.finish()
         await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
     finally:
         await running.kill()
@@ -410,20 +410,27 @@ class Running(Protocol):
     async def wait(self) -> int: ...
 
     async def kill(self) -> None:
-        """Kill the command and everything in its process group (its cgroup part ends separately)."""
+        """Kill the command and everything in its process group."""
+
+    async def finish(self) -> None:
+        """Once it ended: kill whatever it left running in its part of the slot's cgroups."""
 
 
 class OwnSandbox:
     """A command in a sandbox of its own: the server's child process, leader of its own process group."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, confinement: Confinement, slot: int, part: str) -> None:
         self.process, self.pid = process, process.pid
+        self._confinement, self._slot, self._part = confinement, slot, part
 
     async def wait(self) -> int:
         return await self.process.wait()
 
     async def kill(self) -> None:
         _kill_group(self.pid)
+
+    async def finish(self) -> None:
+        await asyncio.to_thread(self._confinement.end_part, self._slot, self._part)
 
 
 def _read_started(fd: int) -> bool:

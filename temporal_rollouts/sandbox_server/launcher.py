@@ -53,7 +53,10 @@ from temporal_rollouts.sandbox_server.limits import Confinement
 log = logging.getLogger(__name__)
 
 LAUNCHER_PART = "launcher"
-"""The launcher's own cgroup part: its commands are moved out of it, each into a part of its own."""
+"""The launcher's own cgroup part: its commands are moved out of it before they start."""
+COMMAND_PART = "resident"
+"""The part of the slot's cgroups a resident command runs in: one at a time, each found empty (what the
+one before left was killed when it ended), and kept from one to the next (no folders made per command)."""
 SOURCE = (Path(__file__).with_name("resident.py")).read_text()
 START_TIMEOUT_S = 10.0
 PLACE_TIMEOUT_S = 5.0
@@ -183,9 +186,9 @@ class Launcher:
             return b"", None, None
         return await asyncio.wait_for(self._messages.get(), timeout_s)
 
-    async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement, part: str) -> LaunchedCommand:
+    async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement) -> LaunchedCommand:
         """Start `argv` (`isolation.bash_script` with `report`) from the launcher with `fds` (output, script,
-        started) once it sits in `part` of the slot's cgroups. Raises LauncherBroken if that cannot be done."""
+        started) once it sits in COMMAND_PART of the slot's cgroups. Raises LauncherBroken if it cannot."""
         if not self.usable:
             raise LauncherBroken("the launcher has ended")
         self.idle = False
@@ -201,7 +204,7 @@ class Launcher:
         finally:
             os.close(go_read)
         try:
-            pid = await self._placed(confinement, part)
+            pid = await self._placed(confinement)
         except BaseException:
             os.close(go_write)
             raise
@@ -209,9 +212,9 @@ class Launcher:
             os.write(go_write, b"g")
         finally:
             os.close(go_write)
-        return LaunchedCommand(self, pid, confinement, part)
+        return LaunchedCommand(self, pid, confinement)
 
-    async def _placed(self, confinement: Confinement, part: str) -> int:
+    async def _placed(self, confinement: Confinement) -> int:
         """The command's pid, once moved into its part; on any irregularity the launcher is stopped."""
         try:
             message, pid, uid = await self.message(PLACE_TIMEOUT_S)
@@ -229,7 +232,9 @@ class Launcher:
             await self.stop(confinement)
             raise LauncherBroken(f"the launcher's child {pid} is gone: {err}") from None
         try:
-            await asyncio.to_thread(confinement.move_into_part, self.slot, part, pid)
+            if not confinement.part_is_empty(self.slot, COMMAND_PART):  # the last command's, being killed
+                await asyncio.to_thread(confinement.kill_part, self.slot, COMMAND_PART)
+            confinement.move_into_part(self.slot, COMMAND_PART, pid)  # three small writes: not worth a thread
             # The child cannot have been reaped and its pid reused while the pidfd still says it lives.
             if select.select([pidfd], [], [], 0)[0]:
                 raise OSError(f"pid {pid} exited before it was placed")
@@ -265,9 +270,9 @@ class Launcher:
 class LaunchedCommand:
     """A command the launcher started: `run_command` waits for it and kills it like its own sandbox."""
 
-    def __init__(self, launcher: Launcher, pid: int, confinement: Confinement, part: str) -> None:
+    def __init__(self, launcher: Launcher, pid: int, confinement: Confinement) -> None:
         self.launcher, self.pid = launcher, pid
-        self._confinement, self._part = confinement, part
+        self._confinement = confinement
         self._code: int | None = None
         self._done = False
 
@@ -293,12 +298,17 @@ class LaunchedCommand:
         """Kill the command and all it started; the launcher then reports it, or is replaced."""
         if self._done:
             return
-        await asyncio.to_thread(self._confinement.end_part, self.launcher.slot, self._part)
+        await asyncio.to_thread(self._confinement.kill_part, self.launcher.slot, COMMAND_PART)
         try:
             await asyncio.wait_for(self.wait(), EXIT_GRACE_S)
         except TimeoutError:
             await self.launcher.stop(self._confinement)
         self._done, self._code = True, -signal.SIGKILL
+
+    async def finish(self) -> None:
+        """Kill what the command left running (its part is kept for the next command)."""
+        if not self._confinement.part_is_empty(self.launcher.slot, COMMAND_PART):
+            await asyncio.to_thread(self._confinement.kill_part, self.launcher.slot, COMMAND_PART)
 
 
 class SlotLaunchers:

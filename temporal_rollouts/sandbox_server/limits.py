@@ -282,11 +282,26 @@ class Confinement:
         return ["/bin/sh", "-c", f'{joins}; exec "$@"', "sandbox-limits"]
 
     def move_into_part(self, slot: int, part: str, pid: int) -> None:
-        """Move a running process (a resident launcher's fresh child, still waiting to start its command)
-        into its part of the slot's cgroups, making the part's folders; raises OSError if it cannot."""
+        """Move a running process (a resident command, still waiting to start) into a part of the slot's
+        cgroups, making the part's folders if need be; raises OSError if it cannot."""
         for directory in set(self._cgroup_dirs(slot, part).values()):
-            directory.mkdir(exist_ok=True)
-            (directory / "cgroup.procs").write_text(str(pid))
+            try:
+                _write_pid(directory / "cgroup.procs", pid)
+            except FileNotFoundError:
+                directory.mkdir(exist_ok=True)
+                _write_pid(directory / "cgroup.procs", pid)
+
+    def part_is_empty(self, slot: int, part: str) -> bool:
+        """Whether no process is left in a part (one hierarchy tells: under v1 each holds every process)."""
+        dirs = sorted(set(self._cgroup_dirs(slot, part).values()))
+        try:
+            return not dirs or not (dirs[0] / "cgroup.procs").read_bytes().strip()
+        except FileNotFoundError:
+            return True
+
+    def kill_part(self, slot: int, part: str) -> int:
+        """SIGKILL what is left in a part and keep the part for the next command; how many were signalled."""
+        return sum(_kill_cgroup(directory) for directory in set(self._cgroup_dirs(slot, part).values()))
 
     @property
     def kills_by_cgroup(self) -> bool:
@@ -420,6 +435,14 @@ def _kill_cgroup(directory: Path) -> int:
                 pass
         time.sleep(0.01)
     return killed
+
+
+def _write_pid(procs: Path, pid: int) -> None:
+    fd = os.open(procs, os.O_WRONLY)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
 
 
 def _write(path: Path, value: object, optional: bool = False) -> None:
