@@ -13,6 +13,7 @@ server process alone.
     python bench/tools.py            # 30 round trips each, a 64 MB file
     python bench/tools.py --quick    # 10 round trips, 16 MB
 """
+
 from __future__ import annotations
 
 import argparse
