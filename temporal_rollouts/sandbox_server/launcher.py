@@ -236,7 +236,7 @@ class Launcher:
                 await asyncio.to_thread(confinement.kill_part, self.slot, COMMAND_PART)
             confinement.move_into_part(self.slot, COMMAND_PART, pid)  # three small writes: not worth a thread
             # The child cannot have been reaped and its pid reused while the pidfd still says it lives.
-            if select.select([pidfd], [], [], 0)[0]:
+            if _readable(pidfd):
                 raise OSError(f"pid {pid} exited before it was placed")
         except OSError as err:
             await self.stop(confinement)
@@ -265,6 +265,13 @@ class Launcher:
             data = await asyncio.wait_for(self.process.stderr.read(2000), 1.0)
             return data.decode(errors="replace").strip()
         return ""
+
+
+def _readable(fd: int) -> bool:
+    """Whether `fd` is readable now (a pidfd: its process ended); poll, since select stops at fd 1023."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class LaunchedCommand:
