@@ -62,6 +62,8 @@ START_TIMEOUT_S = 10.0
 PLACE_TIMEOUT_S = 5.0
 """How long a launcher may take to fork a command and report it; longer, and it is replaced."""
 EXIT_GRACE_S = 2.0
+STOP_GRACE_S = 1.0
+"""How long a launcher whose socket closed may take to exit before it is killed."""
 """How long a launcher may take to report a command the server killed."""
 MESSAGE_BYTES = 4096
 UCRED = struct.Struct("iII")  # pid, uid, gid
@@ -246,11 +248,15 @@ class Launcher:
         return pid
 
     async def stop(self, confinement: Confinement) -> None:
-        """End the launcher's sandbox and everything in it."""
+        """End the launcher's sandbox and everything in it: the launcher exits when its socket closes
+        (and its bwrap with it, reaping it); one that does not within a second is killed."""
         if not self._closed:
             self._closed = True
             asyncio.get_running_loop().remove_reader(self._channel.fileno())
         self._channel.close()
+        if self.process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.process.wait()), STOP_GRACE_S)
         if self.process.returncode is None:  # never a group whose leader was reaped: its id may be reused
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
