@@ -1,25 +1,26 @@
 """A resident launcher per slot: an agent's one-shot commands without building a sandbox for each.
 
 Building a slot's sandbox for one command (the cgroup join, prlimit, setpriv, bubblewrap and
-its namespaces) costs the server about ten CPU-ms; forking bash costs about one. So the first
+its namespaces) costs the server about ten CPU-ms; starting bash about two. So the first
 `resident` one-shot command of a lease starts a small launcher (`resident.py`) inside the slot's
 sandbox, through `isolation.command_launch` like every command (same uid, limits, mounts and
-network policy), and each resident command after it is forked from that launcher.
+network policy), and each resident command after it is a bash the launcher starts.
 
 What holds as for a sandbox of its own: the command runs as the slot's uid with no capabilities
-and no new privileges, in a session of its own, in its own part of the slot's cgroups (the
-server moves it there before it may start: the child waits on a pipe only the server writes),
-and when it ends or times out everything it started is killed through that part. Timeouts,
-output bounds and the launch-failure check are `isolation.run_command`'s, shared. The child's
-pid comes from the kernel (SCM_CREDENTIALS), never from what the sandbox says.
+and no new privileges, in a session of its own and, where the host has cgroups, in a part of the
+slot's it has to itself (COMMAND_PART: the server moves it there before it may start, as bash
+waits on a pipe only the server writes). When it ends or times out everything it started is
+killed: by the launcher, which as its sandbox's pid 1 kills every other process in it once the
+command's bash has ended (the server kills that bash at a timeout), and through the cgroup part.
+Timeouts, output bounds and the launch-failure check are `isolation.run_command`'s, shared. The
+command's pid comes from the kernel (SCM_CREDENTIALS), never from what the sandbox says.
 
 What differs: the resident commands of one lease share the launcher's /tmp and pid namespace,
-as commands in one container do (the original's terminals ran in a persistent container), and
-a command can kill the launcher, which ends its own sandbox: the next command starts a new
-one. Commands that are not `resident` (setup and verify hooks: a verifier must not see what an
-agent's command left in /tmp), that name cache entries, or that run where the slot's cgroups
-cannot find every process of a command (`Confinement.kills_by_cgroup`) get a sandbox of their
-own as before, and so does any command the launcher fails to start or answer for.
+as commands in one container do (the original's terminals ran in a persistent container).
+Commands that are not `resident` (setup and verify hooks: a verifier must not see what an
+agent's command left in /tmp), that name cache entries, or that run without bubblewrap get a
+sandbox of their own as before, and so does any command the launcher fails to start or answer
+for. Without cgroups the watchdog watches the launcher for the lease, as it does a session.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Launcher:
         self._uid = uid
         self._messages: asyncio.Queue[tuple[bytes, int | None, int | None]] = asyncio.Queue()
         self._closed = False
+        self._watching = contextlib.ExitStack()
         self.idle = True
         """False from a command's start until its exit is read: a launcher left otherwise is replaced."""
         self._own_pid: int | None = None
@@ -149,6 +151,8 @@ class Launcher:
         return launcher
 
     async def until_ready(self, confinement: Confinement) -> None:
+        """Wait for the launcher's first word; from then on the watchdog (where there is one) watches it."""
+        self._watching.enter_context(confinement.watched(self.slot, self.process.pid))
         try:
             ready, self._own_pid, _ = await self.message(START_TIMEOUT_S)
         except TimeoutError:
@@ -206,18 +210,23 @@ class Launcher:
         finally:
             os.close(go_read)
         try:
-            pid = await self._placed(confinement)
+            pid, pidfd = await self._placed(confinement)
         except BaseException:
             os.close(go_write)
             raise
         try:
             os.write(go_write, b"g")
+        except OSError as err:  # bash is gone already
+            os.close(pidfd)
+            await self.stop(confinement)
+            raise LauncherBroken(f"the command ended before it started: {err}") from None
         finally:
             os.close(go_write)
-        return LaunchedCommand(self, pid, confinement)
+        return LaunchedCommand(self, pid, pidfd, confinement)
 
-    async def _placed(self, confinement: Confinement) -> int:
-        """The command's pid, once moved into its part; on any irregularity the launcher is stopped."""
+    async def _placed(self, confinement: Confinement) -> tuple[int, int]:
+        """The command's pid and a pidfd of it, once it is in its cgroup part (where the host has
+        cgroups); on any irregularity the launcher is stopped."""
         try:
             message, pid, uid = await self.message(PLACE_TIMEOUT_S)
         except TimeoutError:
@@ -236,16 +245,15 @@ class Launcher:
         try:
             if not confinement.part_is_empty(self.slot, COMMAND_PART):  # the last command's, being killed
                 await asyncio.to_thread(confinement.kill_part, self.slot, COMMAND_PART)
-            confinement.move_into_part(self.slot, COMMAND_PART, pid)  # three small writes: not worth a thread
+            confinement.move_into_part(self.slot, COMMAND_PART, pid)  # a few small writes: not worth a thread
             # The child cannot have been reaped and its pid reused while the pidfd still says it lives.
             if _readable(pidfd):
                 raise OSError(f"pid {pid} exited before it was placed")
         except OSError as err:
+            os.close(pidfd)
             await self.stop(confinement)
             raise LauncherBroken(f"cannot move the command into its cgroup: {err}") from None
-        finally:
-            os.close(pidfd)
-        return pid
+        return pid, pidfd
 
     async def stop(self, confinement: Confinement) -> None:
         """End the launcher's sandbox and everything in it: the launcher exits when its socket closes
@@ -263,6 +271,7 @@ class Launcher:
         await asyncio.to_thread(confinement.end_part, self.slot, LAUNCHER_PART)
         with contextlib.suppress(ProcessLookupError):
             await self.process.wait()
+        self._watching.close()
 
     async def _stderr(self) -> str:
         if self.process.stderr is None:
@@ -283,8 +292,10 @@ def _readable(fd: int) -> bool:
 class LaunchedCommand:
     """A command the launcher started: `run_command` waits for it and kills it like its own sandbox."""
 
-    def __init__(self, launcher: Launcher, pid: int, confinement: Confinement) -> None:
+    def __init__(self, launcher: Launcher, pid: int, pidfd: int, confinement: Confinement) -> None:
         self.launcher, self.pid = launcher, pid
+        self._pidfd: int | None = pidfd
+        """Names the command's bash for as long as the server may signal it, whoever reaps it."""
         self._confinement = confinement
         self._code: int | None = None
         self._done = False
@@ -299,6 +310,7 @@ class LaunchedCommand:
                 self._code = int(message.removeprefix(b"exit ")) if message.startswith(b"exit ") else None
             except ValueError:
                 self._code = None
+            self._close_pidfd()
             if self._code is None:  # the launcher ended (its command killed it): so did its sandbox
                 await self.launcher.stop(self._confinement)
                 self._code = -signal.SIGKILL
@@ -308,15 +320,25 @@ class LaunchedCommand:
         return self._code
 
     async def kill(self) -> None:
-        """Kill the command and all it started; the launcher then reports it, or is replaced."""
+        """Kill the command and all it started (the launcher kills the rest once its bash is dead);
+        the launcher then reports it, or is replaced."""
         if self._done:
             return
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
         await asyncio.to_thread(self._confinement.kill_part, self.launcher.slot, COMMAND_PART)
         try:
             await asyncio.wait_for(self.wait(), EXIT_GRACE_S)
         except TimeoutError:
             await self.launcher.stop(self._confinement)
+        self._close_pidfd()
         self._done, self._code = True, -signal.SIGKILL
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     async def finish(self) -> None:
         """Kill what the command left running (its part is kept for the next command)."""
@@ -337,7 +359,7 @@ class SlotLaunchers:
         self, slot: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement
     ) -> Launcher | None:
         """The slot's launcher for this lease, started if need be; None where commands need sandboxes of their own."""
-        if not confinement.kills_by_cgroup or isolation_mode(self.require_isolation) != "bubblewrap":
+        if isolation_mode(self.require_isolation) != "bubblewrap":  # its pid namespace holds all a command starts
             return None
         key = LauncherKey(lease_id, allow_network, confinement.limits)
         current = self._launchers.get(slot)

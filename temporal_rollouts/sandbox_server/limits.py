@@ -303,12 +303,6 @@ class Confinement:
         """SIGKILL what is left in a part and keep the part for the next command; how many were signalled."""
         return sum(_kill_cgroup(directory) for directory in set(self._cgroup_dirs(slot, part).values()))
 
-    @property
-    def kills_by_cgroup(self) -> bool:
-        """Whether every process a command starts can be found, and killed, through the slot's cgroups
-        alone: they hold the slot-wide limits, so no watchdog must watch the command's pid."""
-        return self.cgroups is not None and self.watchdog is None
-
     def end_part(self, slot: int, part: str) -> int:
         """SIGKILL what a finished command (or a stopped session) left running and remove its part;
         the slot's other parts run on. Returns how many processes were signalled."""

@@ -21,6 +21,8 @@ The launcher makes itself non-dumpable first, so a command (same uid, same sandb
 neither ptrace it nor read or write its memory or descriptors through /proc. It is the
 sandbox's pid 1 (bwrap --as-pid-1), which the kernel shields from every signal it does not
 handle, SIGKILL included, sent from inside; and it reaps whatever its commands leave to it.
+When a command's bash ends, it kills everything else in the sandbox before it reports: one
+command runs at a time, so whatever else runs there is what that command left behind.
 """
 
 import _signal as signal  # the C modules: `signal` and `socket` build enums at import, which costs more
@@ -116,7 +118,23 @@ def serve(channel):
             for fd in fds:
                 os.close(fd)
         status = wait_for(pid)
+        end_leftovers()
         channel.send(b"lost" if status is None else b"exit %d" % exit_code(status))
+
+
+def end_leftovers():
+    """Kill and reap whatever the command left running: every process in the sandbox but this one,
+    its pid 1 (kill(-1) signals none outside the pid namespace). A process killed while it forks
+    cannot outrun the SIGKILL already pending on it."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def exit_code(status):

@@ -46,15 +46,18 @@ LAUNCHER_START = "cut -d' ' -f22 /proc/1/stat"
 """The sandbox's pid 1's start time: the same launcher answers while it stays the same."""
 
 
-@pytest.fixture(scope="module")
-async def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=["cgroups", "rlimits"])
+async def client(request, tmp_path_factory):
+    """A server with cgroups, and one told not to use them (what most containers give a server)."""
+    options = SERVER.model_copy(update={"use_cgroups": request.param == "cgroups"})
     backend = LocalBackend(
-        tmp_path_factory.mktemp("resident"), slots_per_container=2, sweep_interval_s=0.3, server=SERVER
+        tmp_path_factory.mktemp("resident"), slots_per_container=2, sweep_interval_s=0.3, server=options
     )
     async with running_container(backend) as (_, client):
         health = await client.send(HealthQuery())
-        if not health.limits["processes"].startswith("cgroup"):
-            pytest.skip("no cgroups here: commands get sandboxes of their own")
+        if request.param == "cgroups" and not health.limits["processes"].startswith("cgroup"):
+            pytest.skip("no cgroups here")
+        client.cgroups = request.param == "cgroups"
         yield client
 
 
@@ -107,6 +110,8 @@ async def test_a_resident_command_answers_as_one_in_a_sandbox_of_its_own(client,
 
 
 async def test_the_command_runs_in_its_own_part_of_the_slots_cgroups(client, lease):
+    if not client.cgroups:
+        pytest.skip("no cgroups")
     placed = await run(client, lease, "grep -E ':(pids|memory):' /proc/self/cgroup")
     assert placed.output.count(":/../resident\n") == 2, placed.output  # beside the launcher's own part
 

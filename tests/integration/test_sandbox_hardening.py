@@ -112,8 +112,9 @@ class Slots:
         self.taken.append(lease)
         return lease
 
-    async def run(self, lease: SlotLease, command: str, timeout_s: float = 60.0):
-        return await self.client.send(execute_in(lease, uuid.uuid4().hex, ExecOp(command=command, timeout_s=timeout_s)))
+    async def run(self, lease: SlotLease, command: str, timeout_s: float = 60.0, resident: bool = False):
+        operation = ExecOp(command=command, timeout_s=timeout_s, resident=resident)
+        return await self.client.send(execute_in(lease, uuid.uuid4().hex, operation))
 
     def workspace(self, lease: SlotLease) -> Path:
         return workspace_of(self.backend, self.info.container_id, lease.slot)
@@ -336,13 +337,17 @@ async def test_no_setuid_or_setgid_bit_a_slot_sets_stays_on_the_host_disk(slots)
 HOLD_150_MB = "python3 -c 'import time; x = bytearray(150 << 20); x[::4096] = b\"x\" * len(x[::4096]); time.sleep(30)'"
 
 
-async def test_without_cgroups_the_memory_limit_holds_for_the_slot_as_a_whole(rlimit_server):
+@pytest.mark.parametrize("resident", [False, True], ids=["own-sandbox", "resident"])
+async def test_without_cgroups_the_memory_limit_holds_for_the_slot_as_a_whole(rlimit_server, resident):
     """Each process is under the slot's 256 MB, four at once are not: the watchdog kills until they fit."""
     backend, info, client = rlimit_server
     slots = Slots(backend, info, client)
     lease = await slots.take()
     held = await slots.run(
-        lease, f"for i in 1 2 3 4; do {HOLD_150_MB} & done; sleep 3; jobs -r | wc -l; wait; echo waited", timeout_s=60
+        lease,
+        f"for i in 1 2 3 4; do {HOLD_150_MB} & done; sleep 3; jobs -r | wc -l; wait; echo waited",
+        timeout_s=60,
+        resident=resident,
     )
     running_after_3s = int(held.output.split("waited")[0].split()[-1])
     assert running_after_3s <= 1, held.output
