@@ -8,7 +8,7 @@ one-shot command (an agent's `terminal` call) is forked from the slot's resident
 Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
 each way and the server's peak RSS growth while they ran. Each kind of call also reports the
 CPU it cost the sandbox server: with its sandboxes (bubblewrap, the launcher, bash), and in the
-server process alone.
+server process alone. Last, short leases of one call each show what a lease's launcher costs.
 
     python bench/tools.py            # 30 round trips each, a 64 MB file
     python bench/tools.py --quick    # 10 round trips, 16 MB
@@ -53,6 +53,9 @@ def digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+LEASE_SETTLE_S = 1.0
+
+
 def own_cpu_seconds(pid: int) -> float:
     """User + system CPU of the process alone, without its sandboxes."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -77,6 +80,19 @@ async def round_trips(pool: SandboxPool, lease, rounds: int, make, server_pid: i
         "server_cpu_ms": round((cpu_seconds(server_pid) - cpu_before) * 1000 / rounds, 2),
         "server_process_cpu_ms": round((own_cpu_seconds(server_pid) - own_before) * 1000 / rounds, 2),
     }
+
+
+async def short_leases(pool: SandboxPool, leases: int, resident: bool, server_pid: int) -> float:
+    """The server's CPU-ms (with its sandboxes) for a lease of one `echo`: acquire, the call, release
+    and the slot's reset. A resident call's lease also starts and stops the slot's launcher."""
+    cpu_before = cpu_seconds(server_pid)
+    for _ in range(leases):
+        lease = await pool.acquire(Holder(workflow_id="bench-tools-lease"), ttl_s=600, wait_s=10)
+        output = await pool.lease(lease).execute(uuid.uuid4().hex, ExecOp(command="echo ping", resident=resident))
+        assert output.ok, output
+        await pool.release(lease)
+    await asyncio.sleep(LEASE_SETTLE_S)  # the last reset runs after the release returns
+    return round((cpu_seconds(server_pid) - cpu_before) * 1000 / leases, 1)
 
 
 async def main(rounds: int, megabytes: int) -> dict:
@@ -111,6 +127,10 @@ async def main(rounds: int, megabytes: int) -> dict:
                 identical = digest(source) == digest(back)
                 rss_growth = peak_rss(info.pid) - rss_before
                 await pool.release(lease)
+                await short_leases(pool, 2, True, info.pid)  # warm
+                leases = max(10, rounds // 5)
+                lease_own = await short_leases(pool, leases, False, info.pid)
+                lease_resident = await short_leases(pool, leases, True, info.pid)
             finally:
                 await backend.stop_container(info.container_id)
     return {
@@ -120,6 +140,7 @@ async def main(rounds: int, megabytes: int) -> dict:
         "one_shot_resident": resident,
         "stateful": stateful,
         "stateful_speedup": round(one_shot["median_ms"] / stateful["median_ms"], 2),
+        "lease_of_one_call_cpu_ms": {"own_sandbox": lease_own, "resident": lease_resident},
         "transfer_mb": megabytes,
         "upload_mb_s": round(megabytes / up_s, 1),
         "download_mb_s": round(megabytes / down_s, 1),
@@ -146,6 +167,11 @@ if __name__ == "__main__":
             f"{name:22} median {row['median_ms']:7.1f} ms   p95 {row['p95_ms']:7.1f} ms   server CPU "
             f"{row['server_cpu_ms']:5.2f} ms a call ({row['server_process_cpu_ms']:5.2f} in the server process)"
         )
+    lease = figures["lease_of_one_call_cpu_ms"]
+    print(
+        f"a lease of one echo (acquire, call, release, reset): {lease['own_sandbox']} CPU-ms in a sandbox of its "
+        f"own, {lease['resident']} resident (the launcher's start and stop included)"
+    )
     print(
         f"upload {figures['upload_mb_s']} MB/s, download {figures['download_mb_s']} MB/s "
         f"({figures['transfer_mb']} MB, identical={figures['byte_identical']}, "
