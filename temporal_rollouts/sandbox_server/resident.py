@@ -29,6 +29,7 @@ import _signal as signal  # the C modules: `signal` and `socket` build enums at 
 import _socket as socket  # than the rest of this launcher's start (it starts once per lease)
 import fcntl
 import os
+import select
 import sys
 
 PR_SET_DUMPABLE = 4
@@ -79,20 +80,36 @@ def reap(*_):
             exited[pid] = status
 
 
-def wait_for(pid):
-    """The command's wait status (None if it was lost, which `spawn` rules out)."""
+def wait_for(pid, channel, wakeups):
+    """The command's wait status (None if it was lost, which `spawn` rules out). While it runs the
+    launcher also watches its socket: if the server went away, it exits, and its sandbox with it
+    (nothing else would end it: the parent-death signal bwrap set did not survive the uid change)."""
+    poller = select.poll()
+    poller.register(channel, 0)  # POLLHUP alone: the server closed its end
+    poller.register(wakeups, select.POLLIN)  # a byte per signal (set_wakeup_fd): a child ended
     try:
-        try:
-            died, status = os.waitpid(pid, 0)
-        except ChildProcessError:  # the handler reaped it while this call waited
-            return exited.pop(pid, None)
-        return status if died == pid else None
+        while True:
+            try:
+                died, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # the handler reaped it
+                return exited.pop(pid, None)
+            if died == pid:
+                return status
+            for fd, events in poller.poll():
+                if fd == wakeups:
+                    while True:
+                        try:
+                            os.read(wakeups, 64)
+                        except BlockingIOError:
+                            break
+                elif events & (select.POLLHUP | select.POLLERR):
+                    os._exit(1)
     finally:
         waiting_for[0] = 0
         exited.clear()
 
 
-def serve(channel):
+def serve(channel, wakeups):
     while True:
         message, ancillary, _, _ = channel.recvmsg(
             MESSAGE_BYTES, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
@@ -117,7 +134,7 @@ def serve(channel):
         finally:
             for fd in fds:
                 os.close(fd)
-        status = wait_for(pid)
+        status = wait_for(pid, channel.fileno(), wakeups)
         end_leftovers()
         channel.send(b"lost" if status is None else b"exit %d" % exit_code(status))
 
@@ -162,8 +179,12 @@ def main():
     for number in IGNORED:
         signal.signal(number, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, reap)
+    wakeups, wake = os.pipe()
+    os.set_blocking(wakeups, False)
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
     channel.send(b"ready")
-    serve(channel)
+    serve(channel, wakeups)
 
 
 if __name__ == "__main__":

@@ -719,8 +719,10 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
         assert " 8192 " in result.output
 
 
-async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
-    """Without cgroups to sweep, the command still dies with its server (bwrap's --die-with-parent)."""
+@pytest.mark.parametrize("resident", [False, True], ids=["own-sandbox", "resident"])
+async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path, resident):
+    """Without cgroups to sweep, the command still dies with its server: bwrap's --die-with-parent,
+    or the resident launcher's socket closing (the launcher exits, and its sandbox with it)."""
     backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=NO_CGROUPS)
     info = await backend.start_container()
     marker = unique_sleep()
@@ -728,7 +730,9 @@ async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path):
         async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
             lease = await client.send(AcquireRequest(holder=holder("killed"), ttl_s=60, wait_s=5))
             running = asyncio.create_task(
-                client.send(execute_in(lease, "long", ExecOp(command=f"sleep {marker}", timeout_s=600)))
+                client.send(
+                    execute_in(lease, "long", ExecOp(command=f"sleep {marker}", timeout_s=600, resident=resident))
+                )
             )
             assert await wait_until(lambda: processes_running(marker) != [], timeout_s=15)
             assert info.pid is not None
