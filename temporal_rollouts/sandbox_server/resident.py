@@ -103,7 +103,7 @@ def wait_for(pid, channel, wakeups):
                         except BlockingIOError:
                             break
                 elif events & (select.POLLHUP | select.POLLERR):
-                    os._exit(1)
+                    raise SystemExit("the server went away")
     finally:
         waiting_for[0] = 0
         exited.clear()
