@@ -277,6 +277,31 @@ def command_launch(
     return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, environment
 
 
+async def start_sandboxed(
+    script: list[str],
+    workspace: Path,
+    *,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    pass_fds: Sequence[int] = (),
+    **launch: object,
+) -> asyncio.subprocess.Process:
+    """Start `script` as `command_launch` builds it (`launch`: its keyword options), in the workspace and
+    in a session of its own, as every caller must: one-shot commands, the launcher, the terminal."""
+    argv, env = command_launch(script, workspace, **launch)  # type: ignore[arg-type]
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=workspace,
+        env=env,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
 def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, str]:
     if folder is not None:
         environment["SANDBOX_CACHE"] = folder
@@ -319,25 +344,19 @@ async def run_command(
             except LauncherBroken as err:  # it never ran: the go byte was not sent
                 log.info("slot %d: the command gets a sandbox of its own: %s", slot, err)
         if running is None:
-            argv, env = command_launch(
+            process = await start_sandboxed(
                 bash_script(script_fd, started_write),
                 workspace,
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                pass_fds=(script_fd, started_write),
                 allow_network=allow_network,
                 require_isolation=require_isolation,
                 confinement=confinement,
                 slot=slot,
                 cache=cache,
                 part=part,
-            )
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,
-                cwd=workspace,
-                env=env,
-                start_new_session=True,
-                pass_fds=(script_fd, started_write),
             )
             running = OwnSandbox(process, confinement, slot, part)
     except BaseException:

@@ -46,7 +46,7 @@ from temporal_rollouts.sandbox_server.isolation import (
     READ_ONLY_DIRS,
     SYSTEM_LINK_DIRS,
     LauncherBroken,
-    command_launch,
+    start_sandboxed,
     isolation_mode,
 )
 from temporal_rollouts.sandbox_server.limits import Confinement
@@ -120,25 +120,19 @@ class Launcher:
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             ours.setblocking(False)
-            argv, env = command_launch(
+            process = await start_sandboxed(
                 [python, "-I", "-S", "-c", SOURCE, str(theirs.fileno())],
                 workspace,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
                 allow_network=key.allow_network,
                 require_isolation=require_isolation,
                 confinement=confinement,
                 slot=slot,
                 part=LAUNCHER_PART,
                 as_pid_1=True,
-            )
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                cwd=workspace,
-                env=env,
-                start_new_session=True,
-                pass_fds=(theirs.fileno(),),
             )
         except BaseException:
             ours.close()

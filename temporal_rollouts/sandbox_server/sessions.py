@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, SandboxLaunchFailed
-from temporal_rollouts.sandbox_server.isolation import command_launch
+from temporal_rollouts.sandbox_server.isolation import start_sandboxed
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 from temporal_rollouts.sandbox_server.schema import SessionOp, ToolOutput
@@ -243,23 +243,17 @@ class SlotSessions:
     async def _start(
         self, index: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement | None
     ) -> Session:
-        argv, env = command_launch(
+        process = await start_sandboxed(
             ["bash", "-c", LAUNCH],
             workspace,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             allow_network=allow_network,
             require_isolation=self.require_isolation,
             confinement=confinement,
             slot=index,
             part=SESSION_PART,
-        )
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=workspace,
-            env=env,
-            start_new_session=True,
         )
         session = Session(process=process, lease_id=lease_id, confinement=confinement)
         if confinement is not None:
