@@ -62,10 +62,12 @@ VIEW_MAX_AGE_S = 1.0
 """The trainer's step and queue are asked again before starting groups once this old (posts in between
 are counted into the queue here, so an older view never lets in a group the bound keeps out)."""
 CHECK_ROLLOUTS_S = 120.0
+"""How often rollouts that never told how they ended are looked for."""
 MAX_BACKOFF_S = 300.0
 TREE = -1
 """`GroupRun.resume_at` key of a branching group's whole tree."""
-"""How often rollouts that never told how they ended are looked for."""
+VIEW_AFTER_POSTS = "feed-view-after-posts"
+"""Patch: a long-poll view that came back after this run posted is asked again before it counts."""
 
 
 def rollout_id(run: str, group_id: str, index: int) -> str:
@@ -93,6 +95,10 @@ class TrainingFeedWorkflow:
         self._watching: set[asyncio.Future[None]] = set()
         self._checked_at: float = 0.0
         self._viewed_at: float = float("-inf")
+        self._posts = 0
+        """Groups this run handed to run-api (in this run's memory: a waiter never spans continue-as-new)."""
+        self._waiter_posts = 0
+        """`_posts` when the outstanding waiter was asked."""
 
     # ------------------------------------------------------------------ signals and query
 
@@ -529,6 +535,7 @@ class TrainingFeedWorkflow:
         figures.groups_posted += 1
         if input.sink == "atropos" and outcome.status == "posted":
             state.trainer.queued += 1
+            self._posts += 1
         figures.tokens_posted += outcome.tokens_posted
         figures.turns_posted += outcome.turns
         figures.rollouts_masked += outcome.masked
@@ -595,6 +602,7 @@ class TrainingFeedWorkflow:
             (self._wants_more() and not self._admitted()) or (self._held() and not self._may_post())
         )
         if blocked and self._waiter is None:
+            self._waiter_posts = self._posts
             self._waiter = asyncio.ensure_future(
                 self._trainer(
                     TRAINER_WAIT_S, after_step=state.trainer.current_step, after_version=state.trainer.policy_version
@@ -619,10 +627,24 @@ class TrainingFeedWorkflow:
         if waiter is not None and waiter.done():
             self._waiter = None
             try:
-                state.trainer = waiter.result()
-                self._viewed_at = workflow.time()
+                await self._take_view(waiter.result())
             except ActivityError as err:
                 workflow.logger.warning("could not ask run-api about the trainer: %s", err.cause or err)
+
+    async def _take_view(self, view: TrainerView) -> None:
+        """The waiter's view. Its queue was read at some moment while it waited: a group this run posted
+        meanwhile may or may not be in it, and taken as read it could let a second batch queue in run-api
+        (staler than the bound once run-api hands out the newest first). Then run-api is asked again, at
+        once: posting happens only in this loop, so nothing lands during that question. If that fails, the
+        view this run kept (which counts its posts) stays."""
+        if self._posts != self._waiter_posts and workflow.patched(VIEW_AFTER_POSTS):
+            try:
+                view = await self._trainer(wait_s=0)
+            except ActivityError as err:
+                workflow.logger.warning("could not ask run-api about the trainer again: %s", err.cause or err)
+                return
+        self._state.trainer = view
+        self._viewed_at = workflow.time()
 
     async def _continue_as_new(self) -> None:
         input = self._input
@@ -631,7 +653,7 @@ class TrainingFeedWorkflow:
         if self._waiter is not None:
             await asyncio.wait([self._waiter])
             if not self._waiter.cancelled() and self._waiter.exception() is None:
-                self._state.trainer = self._waiter.result()
+                await self._take_view(self._waiter.result())
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(input.model_copy(update={"state": self._state}))
 
