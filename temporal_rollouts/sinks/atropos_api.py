@@ -66,7 +66,11 @@ class TrajectoryApi:
         """This env's view of the queue (`self_queue_size` groups of its own waiting); None when run-api does
         not know `env_id` (it restarted and lost its registrations)."""
         try:
-            response = await self._http.request("GET", "/status-env", json={"env_id": env_id})
+            # run-api fails an unknown env id with an exception, after which uvicorn drops the connection
+            # without telling: the next request on it (the registration that follows) would read nothing.
+            response = await self._http.request(
+                "GET", "/status-env", json={"env_id": env_id}, headers={"Connection": "close"}
+            )
         except httpx.HTTPError as exc:
             raise TrajectoryApiError(f"Atropos trajectory API at {self.base_url} unreachable: {exc!r}") from exc
         if response.status_code >= 500 or response.status_code == 422:

@@ -89,3 +89,21 @@ async def test_a_retried_write_posts_a_group_once(
         assert (await sinks.write_group(write)).status == "already_written"
         assert (await api.status())["queue_size"] == queued + 1
     assert len(read_groups(groups_file)) == 1
+
+
+async def test_an_env_id_run_api_lost_is_told_and_the_registration_after_it_goes_through(tmp_path: Path) -> None:
+    """run-api answers an env id it does not know (it restarted) with an exception that makes uvicorn drop
+    the connection unannounced: the registration that follows on the same client must not read from it."""
+    server = RunApiProcess(tmp_path / "run_api.log")
+    server.start()
+    try:
+        async with TrajectoryApi(server.url) as api:
+            await register_trainer(api, batch_size=4, max_token_len=4096, checkpoint_dir=tmp_path)
+            assert await api.batch() is None  # the trainer's first ask opens env registration
+            for attempt in range(3):
+                assert await api.env_status(10 + attempt) is None
+                registered = await api.register_env(f"probe-{attempt}", 1024, 2)
+                assert registered["status"] == "success", registered
+                assert (await api.env_status(registered["env_id"]))["self_queue_size"] == 0
+    finally:
+        server.stop()
