@@ -151,7 +151,7 @@ async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run
         now = await status(feed)
         return now.figures.groups_started == n and not now.admitted
 
-    async def queued(*groups: int) -> bool:
+    def queued(*groups: int) -> bool:
         return api.queue == [f"{run}/g{g}" for g in groups]
 
     # One batch a step, staleness 2: three groups in flight, and the feed long-polls for the trainer.
@@ -161,7 +161,7 @@ async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run
     # The trainer takes g0; the long poll reads an empty queue and its answer is held back.
     api.deliver.clear()
     assert api.pull() == f"{run}/g0"
-    await wait_until(lambda: _true(any(view.current_step == 1 for view in api.waiting_views_read)))
+    await wait_until(lambda: any(view.current_step == 1 for view in api.waiting_views_read))
     await asyncio.sleep(1.2)  # older than the feed's view age: the next loop asks run-api afresh
     await finish_group(client, run, 1)
     await wait_until(lambda: started(4))
@@ -171,7 +171,7 @@ async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run
     asked = api.waits_asked
     api.deliver.set()  # the stale answer (an empty queue) arrives after g1's post
     # the feed took it, and either posted g2 or waits for the trainer again
-    await wait_until(lambda: _true(api.waits_asked > asked or len(api.queue) > 1))
+    await wait_until(lambda: api.waits_asked > asked or len(api.queue) > 1)
     assert api.queue == [f"{run}/g1"], "a second batch of the run queued behind the first"
 
     finished = 3
@@ -184,7 +184,3 @@ async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run
         await asyncio.sleep(0.2)
     assert api.most_queued == 1
     assert sorted(api.posted) == [f"{run}/g{g}" for g in range(5)]
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -35,9 +36,13 @@ async def reap_closed_holders(pool: SandboxPool, client) -> list:
 
 
 async def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
+    """The predicate's first truthy value (it may be a plain function or return an awaitable); an
+    AssertionError once `timeout_s` has passed."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        value = await predicate()
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:
