@@ -51,7 +51,7 @@ from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.runtime.temporal import connect, metrics_runtime
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
@@ -189,7 +189,7 @@ def task_slots(worker: WorkerSettings) -> dict:
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
     parts = Parts(settings)
-    client = await connect(settings, objects=parts.objects)
+    client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
     if settings.embedded:
         await asyncio.to_thread(ensure_demo_policy, settings)
     warn_about_local_storage(settings)

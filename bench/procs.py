@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -45,6 +46,35 @@ class Stack:
     client: Client
     pool: SandboxPool
     pids: dict[str, int] = field(default_factory=dict)  # role -> pid, for CPU accounting
+
+    async def worker_cache(self, processes: int = 1) -> dict[str, float]:
+        """The worker processes' sticky cache counters (hits, misses, forced evictions) from their
+        metrics endpoints, summed; an empty dict where the worker serves none."""
+        return await workflow_cache_counts(self.settings.worker.metrics_address, processes)
+
+
+CACHE_COUNTERS = {
+    "temporal_sticky_cache_hit": "hits",
+    "temporal_sticky_cache_miss": "misses",
+    "temporal_sticky_cache_total_forced_eviction": "evictions",
+}
+
+
+async def workflow_cache_counts(metrics_address: str | None, processes: int = 1) -> dict[str, float]:
+    """Sum of the SDK's sticky cache counters over the worker processes serving metrics from
+    `metrics_address` on (process k on port + k - 1, as `python worker.py` numbers them)."""
+    if metrics_address is None:
+        return {}
+    host, _, port = metrics_address.rpartition(":")
+    counts = dict.fromkeys(CACHE_COUNTERS.values(), 0.0)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for k in range(processes):
+            text = (await http.get(f"http://{host}:{int(port) + k}/metrics")).text
+            for line in text.splitlines():
+                name = line.partition("{")[0].split(" ")[0]
+                if name in CACHE_COUNTERS:
+                    counts[CACHE_COUNTERS[name]] += float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def free_port() -> int:
@@ -203,6 +233,8 @@ def _env_vars(settings: Settings) -> dict[str, str]:
             "ROLLOUTS_WORKER__GRACEFUL_SHUTDOWN_S": str(settings.worker.graceful_shutdown_s),
         }
     )
+    if settings.worker.metrics_address:
+        env["ROLLOUTS_WORKER__METRICS_ADDRESS"] = settings.worker.metrics_address
     return env
 
 
@@ -259,7 +291,7 @@ async def services(
             temporal={"address": env.client.service_client.config.target_host, "task_queue": TASK_QUEUE},
             demo_policy={"port": port, "start_local": False},
             sandbox={"slots_per_container": slots, "start_local": False},
-            worker={"graceful_shutdown_s": 2.0},
+            worker={"graceful_shutdown_s": 2.0, "metrics_address": f"127.0.0.1:{free_port()}"},
         )
         pool = SandboxPool(LocalBackend.from_settings(settings), start_containers=False)
         stack.push_async_callback(pool.aclose)

@@ -73,6 +73,7 @@ class Level:
     requests: int
     turns: int
     history: dict[str, int] = field(default_factory=dict)
+    cache: dict[str, float] = field(default_factory=dict)  # the worker's sticky cache counters over the level
     cores: int | None = None  # the CPUs the processes were confined to (--cores); None: all
 
     @property
@@ -95,7 +96,7 @@ class Level:
             f"{self.cpu_ms_per_step():8.2f}{100 * self.host_busy:6.0f}% | {rss:>19} |{self.requests - self.turns:7d}"
             f"{self.history.get('llm_turn_retries', 0):7d}{self.history.get('workflow_task_timeouts', 0):7d}"
             f"{self.history.get('sticky_schedule_to_start_timeouts', 0):7d}"
-            f"{self.failed:6d}"
+            f"{self.failed:6d} |{self.cache.get('misses', 0):7.0f}{self.cache.get('evictions', 0):7.0f}"
         )
 
     def figures(self) -> dict:
@@ -111,14 +112,20 @@ class Level:
             "retried_requests": self.requests - self.turns,
             "completed": self.completed,
             "failed": self.failed,
+            "workflow_cache_misses": self.cache.get("misses"),
+            "workflow_cache_forced_evictions": self.cache.get("evictions"),
             **self.history,
         }
 
 
 HEADER = (
     "  at once  wall s   eff  steps/s | CPU ms per step, by process" + " " * 26 + "host | peak RSS MiB        "
-    "| retried  turn   WFT sticky failed\n" + " " * 34 + "|" + "".join(f"{r:>8}" for r in ROLES) + "   total  busy"
-    " | wrk/tmp/sbx/pol     | reqs   tries  t/o    t/o"
+    "| retried  turn   WFT sticky failed | wf cache\n"
+    + " " * 34
+    + "|"
+    + "".join(f"{r:>8}" for r in ROLES)
+    + "   total  busy"
+    " | wrk/tmp/sbx/pol     | reqs   tries  t/o    t/o       |  miss  evict"
 )
 
 
@@ -179,13 +186,20 @@ async def _history_counts(stack: Stack, batch_id: str, rollouts: int) -> dict[st
 
 
 async def run_level(
-    stack: Stack, concurrency: int, steps: int, delay_s: float, histories: bool, start_rate: float = 0.0
+    stack: Stack,
+    concurrency: int,
+    steps: int,
+    delay_s: float,
+    histories: bool,
+    start_rate: float = 0.0,
+    processes: int = 1,
 ) -> Level:
     pids = {"bench": os.getpid(), **stack.pids}
     for pid in pids.values():
         _peak_rss_reset(pid)
     before = {role: cpu_seconds(pid) for role, pid in pids.items()}
     requests_before, host_before = await _policy_requests(stack), host_cpu()
+    cache_before = await stack.worker_cache(processes)
     batch_id = f"scale-{concurrency}-{uuid.uuid4().hex[:6]}"
     batch = BatchInput(
         env="echo_chain",
@@ -214,6 +228,7 @@ async def run_level(
         host_busy=(host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9),
         requests=await _policy_requests(stack) - requests_before,
         turns=concurrency * (steps + 1),
+        cache={name: n - cache_before[name] for name, n in (await stack.worker_cache(processes)).items()},
     )
     if histories:
         level.history = await _history_counts(stack, batch_id, concurrency)
@@ -277,7 +292,13 @@ async def run_stack(args, data_dir: Path, cores: int | None, every_cpu: set[int]
         levels = []
         for concurrency in args.concurrency:
             level = await run_level(
-                stack, concurrency, args.steps, args.delay, histories=not args.no_histories, start_rate=args.start_rate
+                stack,
+                concurrency,
+                args.steps,
+                args.delay,
+                histories=not args.no_histories,
+                start_rate=args.start_rate,
+                processes=int(worker_env.get("ROLLOUTS_WORKER__PROCESSES", "1")),
             )
             level.cores = cores
             levels.append(level)

@@ -306,6 +306,8 @@ class WorkerSettings(BaseModel):
     """On SIGTERM, how long running activities get to finish before they are handed back."""
     host_name: str | None = None
     """This host's name in worker identities (`pid@host`); the machine's hostname when unset."""
+    metrics_address: str | None = Field(default=None, pattern=r"^[^\s:]+:\d{1,5}$")
+    """`host:port` where the worker serves the Temporal SDK's metrics for Prometheus at `/metrics` (sticky cache hits, misses and forced evictions, task latencies and slots); worker process k of `processes` serves on port + k - 1. Off when unset."""
 
 
 class AtroposSettings(BaseModel):

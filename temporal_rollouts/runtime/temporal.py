@@ -22,6 +22,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.aws.s3driver import S3StorageDriverClient
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import TLSConfig
 
 from temporal_rollouts.core import search_attributes
@@ -171,13 +172,31 @@ def connect_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def metrics_runtime(settings: Settings) -> Runtime | None:
+    """An SDK runtime serving its metrics for Prometheus at `worker.metrics_address`, or None when unset."""
+    address = settings.worker.metrics_address
+    if address is None:
+        return None
+    try:
+        return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
+    except Exception as err:  # the SDK's core raises a bare error for an address it cannot bind
+        raise ConfigError(f"cannot serve worker metrics on worker.metrics_address {address}: {err}") from err
+
+
 async def connect(
-    settings: Settings, *, objects: S3StorageDriverClient | None = None, start_embedded: bool = True
+    settings: Settings,
+    *,
+    objects: S3StorageDriverClient | None = None,
+    start_embedded: bool = True,
+    runtime: Runtime | None = None,
 ) -> Client:
     """A client with the project's data converter (pydantic, large payloads by reference);
-    starts the embedded server where configured."""
+    starts the embedded server where configured. `runtime`: the SDK runtime its workers use
+    (one that exports metrics); the SDK's default otherwise."""
     converter = data_converter(settings, objects or object_client(settings))
     options = connect_options(settings)
+    if runtime is not None:
+        options["runtime"] = runtime
     if settings.embedded and start_embedded:
         await asyncio.to_thread(ensure_dev_server, settings)
     last_error: Exception | None = None

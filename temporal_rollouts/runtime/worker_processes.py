@@ -33,16 +33,22 @@ class WorkerProcesses:
         self._argv = [sys.executable, script]
         self._running: dict[int, asyncio.subprocess.Process] = {}
 
-    def _env(self) -> dict[str, str]:
-        return {
+    def _env(self, index: int) -> dict[str, str]:
+        env = {
             **os.environ,
             "ROLLOUTS_TEMPORAL__ADDRESS": self._settings.temporal_address,  # the embedded server's, when embedded
             "ROLLOUTS_WORKER__PROCESSES": "1",
             "ROLLOUTS_DEMO_POLICY__START_LOCAL": "false",
         }
+        if self._settings.worker.metrics_address is not None:  # each process serves its own metrics
+            host, _, port = self._settings.worker.metrics_address.rpartition(":")
+            env["ROLLOUTS_WORKER__METRICS_ADDRESS"] = f"{host}:{int(port) + index + 1}"
+        return env
 
     async def _start(self, index: int) -> None:
-        process = await asyncio.create_subprocess_exec(*self._argv, env=self._env(), stdin=asyncio.subprocess.DEVNULL)
+        process = await asyncio.create_subprocess_exec(
+            *self._argv, env=self._env(index), stdin=asyncio.subprocess.DEVNULL
+        )
         self._running[index] = process
         log.info("worker process %d of %d started (pid %d)", index + 2, self._count + 1, process.pid)
 
