@@ -81,6 +81,8 @@ class NomadBackendConfig(BaseModel):
     """docker: the image built from docker/sandbox.Dockerfile (the original's `sandbox_image`)."""
     privileged: bool = False
     """docker: run the container privileged (bubblewrap inside some runtimes needs it)."""
+    share_uid_claims: bool = True
+    """docker: bind the host's slot uid claims folder (`uid_claims_dir`) into each container, so the servers of one host never give two slots one uid (a shared process limit and shared files). Needs the Nomad client's docker plugin `volumes { enabled = true }`; turn it off only where one sandbox container runs per host."""
     cpu: int = Field(default=500, gt=0)
     """CPU per sandbox server, MHz."""
     memory: int = Field(default=512, gt=0)

@@ -48,3 +48,13 @@ def test_docker_variant_maps_the_dynamic_port_to_the_image_port() -> None:
     served = read_back(task["Config"]["args"], NOMAD_IP_http="10.0.0.7", NOMAD_ALLOC_DIR="/a", NOMAD_SECRETS_DIR="/s")
     assert (served.host, served.port) == ("0.0.0.0", 8080)
     assert served.options() == options and served.allowed_hosts == ["10.0.0.7"]
+
+
+def test_docker_containers_of_one_host_claim_slot_uids_from_the_hosts_folder() -> None:
+    spec = job_spec(NomadBackendConfig(driver="docker"), OPTIONS, "rollouts-sandbox-0", 8)
+    task = spec["TaskGroups"][0]["Tasks"][0]
+    claims = str(read_back(task["Config"]["args"], NOMAD_IP_http="10.0.0.7").uid_claims_dir)
+    # the same path on both sides: raw_exec servers on that host and other containers claim from it too
+    assert task["Config"]["volumes"] == [f"{claims}:{claims}"]
+    alone = job_spec(NomadBackendConfig(driver="docker", share_uid_claims=False), OPTIONS, "rollouts-sandbox-0", 8)
+    assert "volumes" not in alone["TaskGroups"][0]["Tasks"][0]["Config"]

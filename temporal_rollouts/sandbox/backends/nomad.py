@@ -72,6 +72,11 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
             "privileged": config.privileged,
             "args": server_config.argv(),
         }
+        if (
+            config.share_uid_claims
+        ):  # every server of the host claims slot uids from one folder (sandbox_server/uids.py)
+            claims = str(server_config.uid_claims_dir)
+            task_config["volumes"] = [f"{claims}:{claims}"]
         env = {}
         ports = [{"Label": PORT_LABEL, "To": DOCKER_PORT}]
     return {
