@@ -298,8 +298,8 @@ class WorkerSettings(BaseModel):
     """With `slot_supplier = "resource"`: the machine's memory use (0-1) past which the worker takes no more tasks."""
     sticky_queue_timeout_s: float = Field(default=60.0, gt=0)
     """How long a rollout's next workflow task may wait for this worker (which holds the rollout in its cache) before any worker may take it with the whole history; the SDK's 10 s makes a busy worker replay the rollouts it fell behind on, which costs it more CPU. Tasks scheduled after a worker stops polling go to the shared queue at once (Temporal sees the sticky queue has no poller); only those already waiting on it wait this long."""
-    max_cached_workflows: int = Field(default=2_000, ge=0)
-    """Workflows one worker keeps in memory between their tasks (the SDK's sticky cache); a rollout evicted from it is replayed from its history on its next step, which costs CPU. Keep it above the rollouts a worker holds in flight."""
+    max_cached_workflows: int = Field(default=4_096, ge=0)
+    """Workflows one worker keeps in memory between their tasks (the SDK's sticky cache); a rollout evicted from it is replayed from its history on its next step. Keep it well above the workflows a worker holds in flight (rollouts, their batches, feeds): rollouts take turns, so a cache even a few short of them evicts the one due next and nearly every step replays (150 rollouts on a cache of 140 cost the worker 4x the CPU per step). Memory goes only to workflows in flight. `worker.metrics_address` shows its misses and forced evictions."""
     sandboxed_workflows: bool = False
     """Run workflow code in Temporal's workflow sandbox: it catches non-determinism but costs CPU on every workflow task."""
     graceful_shutdown_s: float = 30.0
