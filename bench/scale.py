@@ -20,7 +20,8 @@ slots, the demo policy.
 Per level it prints wall, efficiency, steps/s, CPU-ms per step by process, each process's
 peak RSS during the level, **retried turns** (model requests beyond the turns the
 rollouts made: a turn sent again after a missed heartbeat or timeout), and, from the
-rollouts' histories, timed-out workflow tasks and model-turn attempts past the first.
+rollouts' histories, timed-out workflow tasks and model-turn attempts past the first, and the
+worker's workflow cache misses and forced evictions over the level (from its metrics endpoint).
 Then the acquire cost: worker-side CPU per acquire + release through SandboxPool at 1
 container x 8 slots and 4 containers x 500 slots, with half the slots leased. The last
 line is one JSON object with the headline figures.
