@@ -75,8 +75,9 @@ class Parts:
     def __init__(self, settings: Settings, objects: S3StorageDriverClient | None = None) -> None:
         self.settings = settings
         self.objects = objects or object_client(settings)
-        self.transcripts = TranscriptStore(self.objects, settings.storage.bucket)
-        self.traces = TokenTraceStore(self.objects, settings.storage.bucket)
+        cache_bytes = settings.storage.cache_mib * 1024 * 1024
+        self.transcripts = TranscriptStore(self.objects, settings.storage.bucket, cache_bytes)
+        self.traces = TokenTraceStore(self.objects, settings.storage.bucket, cache_bytes)
         self.pool = SandboxPool.from_settings(settings)
         self.llm = LlmActivities(settings, self.transcripts, self.traces, self.pool)
 

@@ -275,6 +275,8 @@ class StorageSettings(BaseModel):
     """Workflow and activity payloads at least this large travel by reference, not in history."""
     max_snapshot_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES
     """A workspace snapshot larger than this is refused with an explained, non-retryable error."""
+    cache_mib: int = Field(default=256, ge=1)
+    """Memory a worker keeps for transcripts and for token traces read or written (each, estimated): every model turn reads its rollout's whole transcript, so a cache short of what the rollouts in flight hold sends each turn back to storage for all of it."""
 
 
 class WorkerSettings(BaseModel):

@@ -31,26 +31,57 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:DIGEST_HEX]
 
 
-class _Lru(OrderedDict):
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
+ENTRY_OVERHEAD_BYTES = 1024
+"""What a parsed object costs in memory beyond its stored bytes (a pydantic model and its dict), roughly."""
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
-    def put(self, key: str, value: object) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.capacity:
-            self.popitem(last=False)
+
+class _Lru:
+    """Parsed objects, least recently used dropped first once their estimated size passes `capacity_bytes`.
+
+    Bounded by size, not count: every rollout in flight reads its whole transcript each turn, so a
+    cache that holds fewer objects than the rollouts in flight have drops each one just before it is
+    read again, and every turn goes back to storage for all of it."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._entries: OrderedDict[str, tuple[object, int]] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> object | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: str, value: object, stored_bytes: int) -> None:
+        cost = stored_bytes + ENTRY_OVERHEAD_BYTES
+        previous = self._entries.pop(key, None)
+        if previous is not None:
+            self.size_bytes -= previous[1]
+        self._entries[key] = (value, cost)
+        self.size_bytes += cost
+        while self.size_bytes > self.capacity_bytes and len(self._entries) > 1:
+            self.size_bytes -= self._entries.popitem(last=False)[1][1]
 
 
 class ContentStore:
     """Content-addressed objects under `prefix/kind/digest` in one bucket."""
 
-    def __init__(self, objects: S3StorageDriverClient, bucket: str, prefix: str, cache_entries: int = 20_000) -> None:
+    def __init__(
+        self, objects: S3StorageDriverClient, bucket: str, prefix: str, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
         self._objects = objects
         self._bucket = bucket
         self._prefix = prefix
-        self._cache = _Lru(cache_entries)
+        self._cache = _Lru(cache_bytes)
 
     async def put(self, kind: str, data: bytes, value: object) -> str:
         """Store `data` (once per worker); returns its digest, the key that references carry. The worker
@@ -61,16 +92,16 @@ class ContentStore:
         # new, and writing the same bytes under the same key again is harmless.
         if path not in self._cache:
             await self._objects.put_object(bucket=self._bucket, key=path, data=data)
-        self._cache.put(path, value)
+        self._cache.put(path, value, len(data))
         return key
 
     async def get(self, kind: str, key: str, parse: Callable[[bytes], T]) -> T:
         path = f"{self._prefix}/{kind}/{key}"
         if (cached := self._cache.get(path)) is not None:
-            self._cache.move_to_end(path)
-            return cached
-        value = parse(await self._objects.get_object(bucket=self._bucket, key=path))
-        self._cache.put(path, value)
+            return cached  # type: ignore[return-value]
+        data = await self._objects.get_object(bucket=self._bucket, key=path)
+        value = parse(data)
+        self._cache.put(path, value, len(data))
         return value
 
     async def chain(self, kind: str, head: str, parse: Callable[[bytes], L]) -> list[L]:

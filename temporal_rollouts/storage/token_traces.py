@@ -13,7 +13,7 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 from temporal_rollouts.core.refs import TokenTraceRef
 from temporal_rollouts.core.token_trace import TokenTrace
-from temporal_rollouts.storage.content import ContentStore
+from temporal_rollouts.storage.content import DEFAULT_CACHE_BYTES, ContentStore
 
 PREFIX = "token-traces"
 
@@ -25,8 +25,8 @@ class _Segment(BaseModel):
 
 
 class TokenTraceStore:
-    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_entries: int = 4_096) -> None:
-        self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
+    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._store = ContentStore(objects, bucket, PREFIX, cache_bytes)
 
     async def append(
         self, parent: TokenTraceRef | None, added: TokenTrace, *, messages: int, restarts: int

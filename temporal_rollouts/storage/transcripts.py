@@ -18,7 +18,7 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 
 from temporal_rollouts.core.messages import Message, ToolSpec, estimate_tokens
 from temporal_rollouts.core.refs import TranscriptRef
-from temporal_rollouts.storage.content import ContentStore
+from temporal_rollouts.storage.content import DEFAULT_CACHE_BYTES, ContentStore
 
 PREFIX = "transcripts"
 
@@ -38,8 +38,8 @@ class RecordedTurn(BaseModel):
 
 
 class TranscriptStore:
-    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_entries: int = 20_000) -> None:
-        self._store = ContentStore(objects, bucket, PREFIX, cache_entries)
+    def __init__(self, objects: S3StorageDriverClient, bucket: str, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._store = ContentStore(objects, bucket, PREFIX, cache_bytes)
 
     async def put_tools(self, tools: list[ToolSpec]) -> str:
         return await self._store.put(
