@@ -72,9 +72,8 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
             "privileged": config.privileged,
             "args": server_config.argv(),
         }
-        if (
-            config.share_uid_claims
-        ):  # every server of the host claims slot uids from one folder (sandbox_server/uids.py)
+        # Every server of the host claims slot uids from one folder (sandbox_server/uids.py).
+        if config.share_uid_claims:
             claims = str(server_config.uid_claims_dir)
             task_config["volumes"] = [f"{claims}:{claims}"]
         env = {}
