@@ -32,6 +32,7 @@ from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.services import wait_for_port
 from temporal_rollouts.runtime.temporal import FAST_STEP_FLAGS, temporal_binary
+from temporal_rollouts.runtime.worker_processes import metrics_address_of
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 
@@ -65,11 +66,10 @@ async def workflow_cache_counts(metrics_address: str | None, processes: int = 1)
     `metrics_address` on (process k on port + k - 1, as `python worker.py` numbers them)."""
     if metrics_address is None:
         return {}
-    host, _, port = metrics_address.rpartition(":")
     counts = dict.fromkeys(CACHE_COUNTERS.values(), 0.0)
     async with httpx.AsyncClient(timeout=10) as http:
-        for k in range(processes):
-            text = (await http.get(f"http://{host}:{int(port) + k}/metrics")).text
+        for k in range(1, processes + 1):
+            text = (await http.get(f"http://{metrics_address_of(metrics_address, k)}/metrics")).text
             for line in text.splitlines():
                 name = line.partition("{")[0].split(" ")[0]
                 if name in CACHE_COUNTERS:

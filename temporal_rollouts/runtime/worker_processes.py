@@ -26,6 +26,13 @@ RESTART_PAUSE_S = 2.0
 STOP_MARGIN_S = 10.0
 
 
+def metrics_address_of(address: str, process: int) -> str:
+    """Where worker process `process` (1 is `python worker.py` itself) serves its metrics, when
+    `worker.metrics_address` is `address`: each process on its own port, counting up from it."""
+    host, _, port = address.rpartition(":")
+    return f"{host}:{int(port) + process - 1}"
+
+
 class WorkerProcesses:
     def __init__(self, settings: Settings, count: int, script: str) -> None:
         self._settings = settings
@@ -40,9 +47,10 @@ class WorkerProcesses:
             "ROLLOUTS_WORKER__PROCESSES": "1",
             "ROLLOUTS_DEMO_POLICY__START_LOCAL": "false",
         }
-        if self._settings.worker.metrics_address is not None:  # each process serves its own metrics
-            host, _, port = self._settings.worker.metrics_address.rpartition(":")
-            env["ROLLOUTS_WORKER__METRICS_ADDRESS"] = f"{host}:{int(port) + index + 1}"
+        if self._settings.worker.metrics_address is not None:  # process index + 2: the first is this one
+            env["ROLLOUTS_WORKER__METRICS_ADDRESS"] = metrics_address_of(
+                self._settings.worker.metrics_address, index + 2
+            )
         return env
 
     async def _start(self, index: int) -> None:

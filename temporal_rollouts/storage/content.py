@@ -51,9 +51,6 @@ class _Lru:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def get(self, key: str) -> object | None:
         entry = self._entries.get(key)
         if entry is None:

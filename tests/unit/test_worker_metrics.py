@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.procs import free_port
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import metrics_runtime
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
+from tests.support.servers.process import free_port
 
 
 def test_no_address_no_runtime_of_its_own():
