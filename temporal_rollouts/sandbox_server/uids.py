@@ -34,7 +34,6 @@ class UidClaims:
         self.directory, self.first, self.count = directory, first, count
         self._held: dict[int, int] = {}
         self._next = 0  # where the next search starts, so n claims cost O(n + uids held elsewhere), not O(n^2)
-        self._user_uids = {entry.pw_uid for entry in pwd.getpwall()}
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as err:
@@ -62,7 +61,7 @@ class UidClaims:
         )
 
     def _take(self, uid: int) -> bool:
-        if uid in self._held or uid in self._user_uids:
+        if uid in self._held or _names_a_user(uid):
             return False
         fd = os.open(self.directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -90,3 +89,13 @@ def saved_uid(slot_dir: Path) -> int | None:
 def save_uid(slot_dir: Path, uid: int) -> None:
     slot_dir.mkdir(parents=True, exist_ok=True)
     (slot_dir / "uid").write_text(str(uid))
+
+
+def _names_a_user(uid: int) -> bool:
+    """Asked per uid (not listed once with getpwall): a name service that does not enumerate its
+    users (LDAP, sssd) still answers for one."""
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
