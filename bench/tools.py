@@ -5,7 +5,9 @@ it), through the same SandboxPool the activities use; no Temporal. A one-shot co
 sandbox of its own pays for a new sandbox each time (setup and verify hooks run so); a resident
 one-shot command (an agent's `terminal` call) is forked from the slot's resident launcher
 (`sandbox_server.launcher`); a stateful call types into a shell that is already running.
-Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
+The resident calls run again in a workspace the size of an SWE checkout (`--tree-files` small files in
+folders of 100), where the server's walk of the workspace after a command (`sandbox_server.disk_watch`)
+would otherwise dominate. Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
 each way and the server's peak RSS growth while they ran. Each kind of call also reports the
 CPU it cost the sandbox server: with its sandboxes (bubblewrap, the launcher, bash), and in the
 server process alone. Last, short leases of one call each show what a lease's launcher costs.
@@ -95,7 +97,16 @@ async def short_leases(pool: SandboxPool, leases: int, resident: bool, server_pi
     return round((cpu_seconds(server_pid) - cpu_before) * 1000 / leases, 1)
 
 
-async def main(rounds: int, megabytes: int) -> dict:
+def checkout_like(folder: Path, files: int) -> Path:
+    """A folder of `files` small source files, 100 to a subfolder, as an SWE checkout has thousands."""
+    for index in range(files):
+        path = folder / f"pkg{index // 100}" / f"module{index % 100}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"VALUE = {index}\n" * 20)
+    return folder
+
+
+async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         root = Path(scratch)
         backend = LocalBackend(root / "data", slots_per_container=1)
@@ -110,6 +121,10 @@ async def main(rounds: int, megabytes: int) -> dict:
                 )
                 stateful = await round_trips(
                     pool, lease, rounds, lambda: SessionOp(action="run", text="echo ping"), info.pid
+                )
+                await pool.lease(lease).upload(checkout_like(root / "tree", tree_files), "tree")
+                in_tree = await round_trips(
+                    pool, lease, rounds, lambda: ExecOp(command="echo ping", resident=True), info.pid
                 )
 
                 source = root / "payload.bin"
@@ -139,6 +154,8 @@ async def main(rounds: int, megabytes: int) -> dict:
         "one_shot": one_shot,
         "one_shot_resident": resident,
         "stateful": stateful,
+        "tree_files": tree_files,
+        "one_shot_resident_in_tree": in_tree,
         "stateful_speedup": round(one_shot["median_ms"] / stateful["median_ms"], 2),
         "lease_of_one_call_cpu_ms": {"own_sandbox": lease_own, "resident": lease_resident},
         "transfer_mb": megabytes,
@@ -153,14 +170,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, help="calls of each kind (default 30; 10 with --quick)")
+    parser.add_argument("--tree-files", type=int, default=3000, help="files in the checkout-sized workspace")
     quiet.add_argument(parser)
     args = parser.parse_args()
     host = quiet.check_host(args.allow_busy)
-    figures = asyncio.run(main(args.rounds or (10 if args.quick else 30), 16 if args.quick else 64))
+    figures = asyncio.run(main(args.rounds or (10 if args.quick else 30), 16 if args.quick else 64, args.tree_files))
     for name, kind in (
         ("one-shot, own sandbox", "one_shot"),
         ("one-shot, resident", "one_shot_resident"),
         ("stateful terminal", "stateful"),
+        (f"resident, {figures['tree_files']} files", "one_shot_resident_in_tree"),
     ):
         row = figures[kind]
         print(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
 from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
@@ -39,6 +40,8 @@ class Slot:
     """This lease's narrower limits (`SlotManager.narrow`); None: the server's."""
     running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    disk: DiskWatch = field(default_factory=DiskWatch)
+    """When the workspace is walked for its disk use; changed by uploads and copies, renewed by a reset."""
 
     @property
     def free(self) -> bool:
@@ -102,6 +105,7 @@ class CallRunner:
                 slot.index,
                 self.cache,
                 launcher,
+                slot.disk,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
@@ -114,7 +118,7 @@ class CallRunner:
                     request.operation,
                     context.confinement,
                 )
-                if over_disk := await settle_after_command(context):
+                if over_disk := await settle_after_command(context, time.monotonic() - clock):
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             else:
                 output = await run_operation(request.call_id, request.operation, context)

@@ -36,6 +36,7 @@ from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, Sandbox
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
 from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
 from temporal_rollouts.sandbox_server.output import BoundedOutput
+from temporal_rollouts.sandbox_server import syscall_filter
 from temporal_rollouts.sandbox_server.reaper import reap_orphans
 
 if TYPE_CHECKING:
@@ -86,10 +87,12 @@ def bubblewrap_argv(
     tmp_bytes: int = 0,
     cache: Sequence[Path] = (),
     as_pid_1: bool = False,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
     bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev.
+    `seccomp_fd`: a descriptor of `syscall_filter`'s program, which bwrap loads before the command runs.
     `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
     bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle."""
     as_root = running_as_root() if as_root is None else as_root
@@ -122,6 +125,8 @@ def bubblewrap_argv(
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
     argv += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, *command]
 
 
@@ -212,6 +217,11 @@ def warn_root_once() -> None:
     log.warning("!!! the sandbox server runs as root and cannot drop slots to another uid: commands run AS ROOT !!!")
 
 
+def setuid_bits_refused() -> bool:
+    """Whether commands run where no setuid or setgid bit can be set: in bubblewrap, under `syscall_filter`."""
+    return bubblewrap_path() is not None and syscall_filter.active()
+
+
 def isolation_mode(require_isolation: bool) -> IsolationMode:
     if bubblewrap_path() is not None:
         return "bubblewrap"
@@ -232,6 +242,7 @@ def command_launch(
     cache: Sequence[Path] = (),
     part: str = "command",
     as_pid_1: bool = False,
+    seccomp_fd: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
@@ -270,6 +281,7 @@ def command_launch(
                 tmp_bytes=confinement.limits.tmp_bytes,
                 cache=cache,
                 as_pid_1=as_pid_1,
+                seccomp_fd=seccomp_fd,
             )
         )
         return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
@@ -288,18 +300,25 @@ async def start_sandboxed(
     **launch: object,
 ) -> asyncio.subprocess.Process:
     """Start `script` as `command_launch` builds it (`launch`: its keyword options), in the workspace and
-    in a session of its own, as every caller must: one-shot commands, the launcher, the terminal."""
-    argv, env = command_launch(script, workspace, **launch)  # type: ignore[arg-type]
-    return await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=workspace,
-        env=env,
-        start_new_session=True,
-        pass_fds=tuple(pass_fds),
-    )
+    in a session of its own, as every caller must: one-shot commands, the launcher, the terminal. A bubblewrap
+    sandbox runs under `syscall_filter` (no setuid or setgid bit can be set in it)."""
+    sandboxed = isolation_mode(bool(launch.get("require_isolation", True))) == "bubblewrap"
+    filter_fd = syscall_filter.descriptor() if sandboxed else None
+    try:
+        argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=workspace,
+            env=env,
+            start_new_session=True,
+            pass_fds=(*pass_fds, *([] if filter_fd is None else [filter_fd])),
+        )
+    finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
 
 
 def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, str]:

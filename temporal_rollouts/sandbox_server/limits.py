@@ -16,7 +16,7 @@ Limits use the best mechanism the host has, and `/health` says which one is in f
 | cpu time         | RLIMIT_CPU on every process of the command                         |
 | file size        | RLIMIT_FSIZE on every process of the command                       |
 | /tmp             | a tmpfs of that size, private to each command                      |
-| workspace disk   | checked after every command and before every file write (see below)|
+| workspace disk   | checked after commands and before every file write (see below)     |
 | wall time        | the command timeout; the whole tree is killed (process group, pid  |
 |                  | namespace, and every process left in the command's part of the     |
 |                  | slot's cgroup: the slot's session and other commands run on)       |
@@ -24,7 +24,8 @@ Limits use the best mechanism the host has, and `/health` says which one is in f
 The workspace disk limit is not a filesystem quota: one command can write past it
 (each file is capped at the file size limit, and the command at its timeout); the
 command is then reported failed with a notice, and file writes are refused until the
-agent frees space. A reset always empties the workspace.
+agent frees space. The check walks the workspace; `disk_watch` says when. A reset always
+empties the workspace.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from pathlib import Path
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
-from temporal_rollouts.sandbox_server.files import read_text, settle, write_text
-from temporal_rollouts.sandbox_server.isolation import run_command
+from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.files import read_text, write_text
+from temporal_rollouts.sandbox_server.isolation import run_command, setuid_bits_refused
 from temporal_rollouts.sandbox_server.config import MIB
 from temporal_rollouts.sandbox_server.launcher import Launcher
 from temporal_rollouts.sandbox_server.limits import Confinement
@@ -39,6 +40,8 @@ class SlotContext:
     cache: SharedCache | None = None
     launcher: Launcher | None = None
     """The slot's resident launcher, for an ExecOp that asked for it (`launcher`)."""
+    disk: DiskWatch | None = None
+    """When the slot's workspace is walked for its disk use; None: after every operation."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -86,7 +89,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         cache=cache,
         launcher=slot.launcher,
     )
-    output, over_disk = result.output, await settle_after_command(slot)
+    output, over_disk = result.output, await settle_after_command(slot, result.duration_s)
     if over_disk:
         output += over_disk
     return ToolOutput(
@@ -127,6 +130,8 @@ async def _write_file(call_id: str, op: WriteFileOp, slot: SlotContext) -> ToolO
         if refused(err):
             raise BadToolRequest(f"cannot write {path.shown}: {describe(err)}") from None
         return _failed(call_id, f"cannot write {path.shown}: {describe(err)}")
+    if slot.disk is not None:
+        slot.disk.wrote(written)
     return ToolOutput(call_id=call_id, ok=True, output=f"wrote {written} bytes to {path.shown}")
 
 
@@ -160,18 +165,23 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
     return ToolOutput(call_id=call_id, ok=True, output="\n".join(shown), exit_code=0, truncated=truncated)
 
 
-async def settle_after_command(slot: SlotContext) -> str:
-    """After the slot's commands ran: strip privilege bits from what they left (`files.settle`); a notice
-    when the workspace is over the slot's disk limit, else ""."""
-    used = await asyncio.to_thread(settle, slot.workspace)
-    return _disk_notice(slot, used)
+async def settle_after_command(slot: SlotContext, ran_s: float) -> str:
+    """After the slot's commands ran for `ran_s`: a notice when the workspace is over the slot's disk
+    limit, else "". The walk that counts it also strips setuid and setgid bits (`files.settle`), and
+    runs after every command unless the sandbox refuses those bits (`disk_watch`)."""
+    return _disk_notice(slot, await _usage(slot, ran_s))
 
 
 async def _over_disk(slot: SlotContext, adding: int) -> str:
     """A notice when the workspace plus `adding` bytes would be over the slot's disk limit, else ""."""
     if not slot.disk_bytes:
         return ""
-    return _disk_notice(slot, await asyncio.to_thread(settle, slot.workspace) + adding)
+    return _disk_notice(slot, await _usage(slot, 0.0) + adding)
+
+
+async def _usage(slot: SlotContext, ran_s: float) -> int:
+    watch = slot.disk if slot.disk is not None else DiskWatch()
+    return await watch.usage(slot.workspace, ran_s, bits_refused=setuid_bits_refused(), limit=slot.disk_bytes)
 
 
 def _disk_notice(slot: SlotContext, used: int) -> str:

@@ -279,7 +279,7 @@ class HealthStatus(BaseModel):
     limits: dict[str, str] = Field(
         default_factory=dict,
         description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, "
-        "wall_time) and the mechanism enforcing it here, or `off`.",
+        "wall_time, setuid_bits) and the mechanism enforcing it here, or `off`.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
     slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.reaper import reap_orphans
 from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
 from temporal_rollouts.sandbox_server.files import (
@@ -229,6 +230,7 @@ class SlotManager:
                 slot.limits = None
                 await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
             trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
+            slot.disk = DiskWatch()
         except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
             log.error("slot %d cannot be reset and is quarantined: %s", slot.index, slot.quarantined)
@@ -294,7 +296,10 @@ class SlotManager:
             draining=self._draining,
             require_isolation=self.require_isolation,
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
-            limits=self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+            limits={
+                **self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+                "setuid_bits": "refused-by-seccomp" if isolation.setuid_bits_refused() else "stripped-after-command",
+            },
             network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
             slot_limits=self.confinement.limits,
             slot_uids=dict(self.confinement.slot_uids),

@@ -76,6 +76,7 @@ async def receive(
     try:
         received = await spool_body(body, fd, limit, f"the upload to {target.shown!r}")
         async with slot.lock:
+            slot.disk.changed()
             if query.format == "file":
                 await asyncio.to_thread(_place_file, spools, Path(spool).name, slot.workspace, target, owner)
                 entries = 1
@@ -138,6 +139,7 @@ async def copy_workspace(
             os.close(root)
         size = os.path.getsize(spool)
         async with target.lock:
+            target.disk.changed()
             entries = await asyncio.to_thread(
                 _unpack, Path(spool), target.workspace, ToolPath.parse("."), "tar", max_bytes, True, owner
             )

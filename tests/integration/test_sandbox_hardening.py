@@ -192,12 +192,13 @@ async def test_a_setuid_copy_never_gives_root(slots):
     lease = await slots.take()
     result = await slots.run(
         lease,
-        "id -u; cp /bin/bash rootshell && chmod 4755 rootshell && ./rootshell -p -c 'echo euid=$(id -u)'; "
+        "id -u; cp /bin/bash rootshell; chmod 4755 rootshell; ./rootshell -p -c 'echo euid=$(id -u)'; "
         "grep ' /workspace ' /proc/self/mountinfo",
     )
     lines = result.output.splitlines()
     assert lines[0] != "0", result.output
     assert "euid=0" not in result.output and "euid=" in result.output
+    assert "Operation not permitted" in result.output  # the bit is refused at chmod (syscall_filter)
     mount = next(line for line in lines if " /workspace " in line)
     assert "nosuid" in mount and "nodev" in mount
     copied = (slots.workspace(lease) / "rootshell").stat()
@@ -225,6 +226,7 @@ async def test_health_says_which_limits_are_in_force(slots):
     assert health.require_isolation and health.isolation == "bubblewrap"
     for limit in ("memory", "processes", "cpu_time", "file_size", "tmp", "disk"):
         assert health.limits[limit] != "off", health.limits
+    assert health.limits["setuid_bits"] == "refused-by-seccomp"
     assert health.network == "refused"
 
 
@@ -315,20 +317,35 @@ async def test_one_shot_commands_never_end_the_slots_session_without_cgroups(rli
     await session_outlives_one_shot_commands(Slots(*rlimit_server))
 
 
-async def test_no_setuid_or_setgid_bit_a_slot_sets_stays_on_the_host_disk(slots):
+SET_PRIVILEGE_BITS = (
+    "cp /bin/true suid; chmod 4755 suid; mkdir sgid; chmod 2775 sgid; install -m 6755 /bin/true both; "
+    "python3 -c 'import os; os.close(os.open(\"made\", os.O_CREAT | os.O_WRONLY, 0o4755))'; "
+    "python3 -c 'import ctypes; ctypes.CDLL(None).syscall(452, -100, b\"suid\", 0o6755, 0)'; "  # fchmodat2
+    "stat -c '%n %a' suid sgid both made"
+)
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["own-sandbox", "resident"])
+async def test_no_setuid_or_setgid_bit_can_be_set_in_a_slot(slots, resident):
+    """Refused at the syscall (chmod, install, open with a mode, fchmodat2, the stateful terminal), so
+    the bits never reach the host's disk, not even while the command runs."""
     lease = await slots.take()
-    made = await slots.run(
-        lease,
-        "cp /bin/true suid && chmod 4755 suid && mkdir sgid && chmod 2775 sgid "
-        "&& cp /bin/true sgid/both && chmod 6755 sgid/both && stat -c %a suid",
+    made = await slots.client.send(
+        execute_in(lease, uuid.uuid4().hex, ExecOp(command=SET_PRIVILEGE_BITS, resident=resident))
     )
-    assert made.ok, made.output
+    assert made.output.count("Operation not permitted") >= 3, made.output
+    assert {"suid 755", "sgid 755"} <= set(made.output.splitlines()), made.output
     session = await slots.client.send(
-        execute_in(lease, "s", SessionOp(action="run", text="cp /bin/true later && chmod u+s later"))
+        execute_in(
+            lease,
+            uuid.uuid4().hex,
+            SessionOp(action="run", text="cp /bin/true later; chmod u+s later; stat -c %a later"),
+        )
     )
-    assert session.ok, session.output
+    assert "Operation not permitted" in session.output and "755" in session.output, session.output
     workspace = slots.workspace(lease)
-    for name in ("suid", "sgid", "sgid/both", "later"):
+    assert not (workspace / "made").exists()  # open with such a mode is refused before it creates anything
+    for name in ("suid", "sgid", "both", "later"):
         assert not (workspace / name).lstat().st_mode & 0o6000, f"{name}: {oct((workspace / name).lstat().st_mode)}"
     assert (workspace / "suid").lstat().st_mode & 0o777 == 0o755  # the rest of the mode is kept
     await slots.after_break()
@@ -706,7 +723,7 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
 
         prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
         result = await isolation.run_command(
-            "id -u; cp /bin/bash sh4 && chmod 4755 sh4 && ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
+            "id -u; cp /bin/bash sh4; chmod 4755 sh4; ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
             workspace,
             timeout_s=30,
             max_output_chars=10_000,
@@ -715,6 +732,7 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
         )
         assert result.output.splitlines()[0] == str(UID_BASE + 2), result.output
         assert f"euid={UID_BASE + 2}" in result.output
+        assert "Operation not permitted" in result.output  # in a user namespace too (syscall_filter)
         assert (workspace / "sh4").stat().st_uid == UID_BASE + 2
         assert " 8192 " in result.output
 

@@ -50,7 +50,7 @@ TUNNEL_DOMAIN = ".modal.host"
 """Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.hosts`)."""
 POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
-SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7")
+SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7", "pyseccomp>=0.1.2")
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,10 @@ class ModalBackend(RemoteBackend):
     # What a sandbox is made of -------------------------------------------------------------------
 
     def image(self) -> Any:
-        """The configured image plus bubblewrap, the server's three requirements and its package alone."""
+        """The configured image plus bubblewrap and libseccomp, the server's requirements and its package alone."""
         return (
             self.modal.Image.from_registry(self.config.image)
-            .apt_install("bubblewrap")
+            .apt_install("bubblewrap", "libseccomp2")
             .pip_install(*SERVER_REQUIREMENTS)
             .add_local_dir(SERVER_PACKAGE, f"{REMOTE_ROOT}/temporal_rollouts/sandbox_server")
         )
