@@ -162,28 +162,56 @@ def bubblewrap_strategy() -> BubblewrapStrategy | None:
     return None
 
 
-def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None) -> bool:
+def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None, seccomp_fd: int | None = None) -> bool:
     with tempfile.TemporaryDirectory() as probe_dir:
         if drop:
             os.chmod(probe_dir, 0o755)
             os.chown(probe_dir, PROBE_UID, PROBE_UID)
-        sandbox = bubblewrap_argv(bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root)
+        sandbox = bubblewrap_argv(
+            bwrap, Path(probe_dir), ["true"], allow_network=False, as_root=as_root, seccomp_fd=seccomp_fd
+        )
         argv = [*(drop or []), *sandbox]
         try:
             probe = subprocess.run(
-                argv, capture_output=True, timeout=15, env=sandbox_environment(WORKSPACE_MOUNT), check=False
+                argv,
+                capture_output=True,
+                timeout=15,
+                env=sandbox_environment(WORKSPACE_MOUNT),
+                check=False,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             log.warning("bubblewrap is installed but cannot be started: %s", err)
             return False
     if probe.returncode != 0:
         log.warning(
-            "bubblewrap cannot build a sandbox here (%s): %s",
+            "bubblewrap cannot build a sandbox here (%s%s): %s",
             "as root" if as_root else "in a user namespace",
+            "" if seccomp_fd is None else ", with the seccomp filter",
             probe.stderr.decode(errors="replace").strip(),
         )
         return False
     return True
+
+
+@functools.cache
+def bubblewrap_loads_syscall_filter() -> bool:
+    """Whether sandboxes here run under `syscall_filter`: libseccomp built it and bwrap loads it (a
+    platform may refuse seccomp filters). Where not, sandboxes run without it and the server strips
+    setuid and setgid bits after every command instead."""
+    strategy, bwrap = bubblewrap_strategy(), shutil.which("bwrap")
+    if strategy is None or bwrap is None or syscall_filter.compiled() is None:
+        return False
+    setpriv = shutil.which("setpriv")
+    drop = None
+    if running_as_root() and strategy == "userns" and setpriv:
+        drop = [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"]
+    fd = syscall_filter.descriptor()
+    try:
+        return _probe(bwrap, as_root=strategy == "as-root", drop=drop, seccomp_fd=fd)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 @functools.cache
@@ -219,7 +247,7 @@ def warn_root_once() -> None:
 
 def setuid_bits_refused() -> bool:
     """Whether commands run where no setuid or setgid bit can be set: in bubblewrap, under `syscall_filter`."""
-    return bubblewrap_path() is not None and syscall_filter.active()
+    return bubblewrap_path() is not None and bubblewrap_loads_syscall_filter()
 
 
 def isolation_mode(require_isolation: bool) -> IsolationMode:
@@ -303,7 +331,7 @@ async def start_sandboxed(
     in a session of its own, as every caller must: one-shot commands, the launcher, the terminal. A bubblewrap
     sandbox runs under `syscall_filter` (no setuid or setgid bit can be set in it)."""
     sandboxed = isolation_mode(bool(launch.get("require_isolation", True))) == "bubblewrap"
-    filter_fd = syscall_filter.descriptor() if sandboxed else None
+    filter_fd = syscall_filter.descriptor() if sandboxed and bubblewrap_loads_syscall_filter() else None
     try:
         argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
         return await asyncio.create_subprocess_exec(

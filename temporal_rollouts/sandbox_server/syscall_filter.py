@@ -11,9 +11,9 @@ chmod, fchmod, fchmodat, fchmodat2, creat, open, openat, mknod, mknodat. Calls w
 cannot read (openat2 keeps it in a struct; io_uring submits opens from a ring) answer ENOSYS, so
 libraries fall back to the calls above. Syscalls of another ABI (i386 or x32 on x86_64) answer
 ENOSYS too, so the filter cannot be stepped around. mkdir needs no rule: the kernel drops those bits
-from its mode. The filter is built with libseccomp (through `pyseccomp`) once per server; a host
-without libseccomp gets no filter, and the server then walks the workspace after every command as
-before (`active()` says which).
+from its mode. The filter is built with libseccomp (through `pyseccomp`) once per server. Where libseccomp is
+missing or bwrap cannot load the filter (`isolation.bubblewrap_loads_syscall_filter` tries it once),
+sandboxes run without it and the server strips the bits after every command as before.
 """
 
 from __future__ import annotations
@@ -67,11 +67,6 @@ def compiled() -> bytes | None:
         program.export_bpf(out)
         out.seek(0)
         return out.read()
-
-
-def active() -> bool:
-    """Whether sandboxes run under the filter (bubblewrap sandboxes only: an unisolated command has none)."""
-    return compiled() is not None
 
 
 def descriptor() -> int | None:

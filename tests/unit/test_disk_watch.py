@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
+
+from temporal_rollouts.sandbox_server import isolation, syscall_filter
 from temporal_rollouts.sandbox_server.disk_watch import PACE, DiskWatch
 
 KIB = 1024
@@ -72,3 +75,18 @@ async def test_where_the_bits_are_not_refused_the_walk_strips_them(tmp_path):
     await DiskWatch().usage(tmp_path, 0.0, bits_refused=False, limit=0)
     modes = {name: stat.S_IMODE((tmp_path / name).lstat().st_mode) for name in ("suid", "sub/sgid", "both")}
     assert modes == {"suid": 0o755, "sub/sgid": 0o755, "both": 0o711}
+
+
+def test_a_filter_bubblewrap_cannot_load_is_left_out_and_the_bits_are_stripped_instead(monkeypatch):
+    """A platform that refuses seccomp filters must not lose every command: the probe finds out once."""
+    if isolation.bubblewrap_strategy() is None:
+        pytest.skip("bubblewrap cannot build a sandbox here")
+    monkeypatch.setattr(syscall_filter, "compiled", lambda: b"\x06\x00\x00\x00")  # half an instruction
+    isolation.bubblewrap_loads_syscall_filter.cache_clear()
+    try:
+        assert not isolation.bubblewrap_loads_syscall_filter()
+        assert not isolation.setuid_bits_refused()
+    finally:
+        monkeypatch.undo()
+        isolation.bubblewrap_loads_syscall_filter.cache_clear()
+    assert isolation.bubblewrap_loads_syscall_filter() and isolation.setuid_bits_refused()
