@@ -1,15 +1,16 @@
-"""When a slot's workspace is walked for its disk use: after every command while that is cheap, paced when not.
+"""When a slot's workspace is walked: after every command that could set setuid bits, paced after the rest.
 
 The walk (`files.settle`: one stat per entry, by descriptor) counts the bytes the workspace holds
 for the disk limit and strips setuid and setgid bits. Its cost grows with the workspace: about
 4 us of stat calls per entry here, so 15 CPU-ms after every `ls` on a checkout of 3,400 files.
-Where the sandbox refuses those bits at the syscall (`syscall_filter`), the walk is needed only
-for the disk limit, which was never a quota (one command can write past it before any check), so
-it can be paced by its own cost: a slot's workspace is walked again once its operations have run
-for `PACE` times as long as the last walk took, which keeps walks under 1/PACE of the slot's
-time. It is walked after every operation when the sandbox does not refuse the bits, while the
-workspace is over its limit (so the notice goes as soon as the agent deletes), before the first
-use, and after anything changed the workspace from outside a command (an upload, a copy).
+After a command run where those bits are refused at the syscall (the agent's sandboxes, under
+`syscall_filter`), the walk is needed only for the disk limit, which was never a quota (one command
+can write past it before any check), so it is paced by its own cost: the workspace is walked again
+once the slot's operations have run `PACE` times as long as the last walk took, which keeps walks
+under 1/PACE of the slot's time. It is walked after every command that could set the bits (hooks,
+or any command where the filter is not loaded), while the workspace is over its limit (so the
+notice goes as soon as the agent deletes), on first use, and after anything changed the workspace
+from outside a command (an upload, a copy).
 """
 
 from __future__ import annotations

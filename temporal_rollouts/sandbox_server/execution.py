@@ -18,6 +18,7 @@ from pathlib import Path
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
+from temporal_rollouts.sandbox_server.isolation import setuid_bits_refused
 from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
@@ -118,7 +119,8 @@ class CallRunner:
                     request.operation,
                     context.confinement,
                 )
-                if over_disk := await settle_after_command(context, time.monotonic() - clock):
+                ran_s, refused = time.monotonic() - clock, setuid_bits_refused()
+                if over_disk := await settle_after_command(context, ran_s, refused):
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             else:
                 output = await run_operation(request.call_id, request.operation, context)

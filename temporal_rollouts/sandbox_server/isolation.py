@@ -71,6 +71,8 @@ class CommandResult:
     timed_out: bool
     truncated: bool
     duration_s: float
+    bits_refused: bool = False
+    """Whether it ran under `syscall_filter` (forked from the resident launcher), so it set no setuid bit."""
 
 
 def sandbox_environment(home: str) -> dict[str, str]:
@@ -154,12 +156,17 @@ def bubblewrap_strategy() -> BubblewrapStrategy | None:
         return "userns" if _probe(bwrap, as_root=False) else None
     if _probe(bwrap, as_root=True):
         return "as-root"
-    setpriv = shutil.which("setpriv")
-    drop = [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"] if setpriv else []
+    drop = _probe_drop()
     if drop and _probe(bwrap, as_root=False, drop=drop):
         log.warning("root cannot run bubblewrap here without a user namespace; slots drop their uid before it")
         return "userns"
     return None
+
+
+def _probe_drop() -> list[str]:
+    """The argv prefix that drops a root-run probe to an unprivileged uid ([] without setpriv)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"] if setpriv else []
 
 
 def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None, seccomp_fd: int | None = None) -> bool:
@@ -202,10 +209,7 @@ def bubblewrap_loads_syscall_filter() -> bool:
     strategy, bwrap = bubblewrap_strategy(), shutil.which("bwrap")
     if strategy is None or bwrap is None or syscall_filter.compiled() is None:
         return False
-    setpriv = shutil.which("setpriv")
-    drop = None
-    if running_as_root() and strategy == "userns" and setpriv:
-        drop = [setpriv, "--reuid", str(PROBE_UID), "--regid", str(PROBE_UID), "--clear-groups", "--"]
+    drop = _probe_drop() if running_as_root() and strategy == "userns" else None
     fd = syscall_filter.descriptor()
     try:
         return _probe(bwrap, as_root=strategy == "as-root", drop=drop, seccomp_fd=fd)
@@ -246,7 +250,8 @@ def warn_root_once() -> None:
 
 
 def setuid_bits_refused() -> bool:
-    """Whether commands run where no setuid or setgid bit can be set: in bubblewrap, under `syscall_filter`."""
+    """Whether the agent's sandboxes (its launcher and terminal) run where no setuid or setgid bit can be
+    set: in bubblewrap, under `syscall_filter`."""
     return bubblewrap_path() is not None and bubblewrap_loads_syscall_filter()
 
 
@@ -325,13 +330,15 @@ async def start_sandboxed(
     stdout: int,
     stderr: int,
     pass_fds: Sequence[int] = (),
+    filtered: bool = False,
     **launch: object,
 ) -> asyncio.subprocess.Process:
     """Start `script` as `command_launch` builds it (`launch`: its keyword options), in the workspace and
-    in a session of its own, as every caller must: one-shot commands, the launcher, the terminal. A bubblewrap
-    sandbox runs under `syscall_filter` (no setuid or setgid bit can be set in it)."""
+    in a session of its own, as every caller must: one-shot commands, the launcher, the terminal.
+    `filtered`: the sandbox runs under `syscall_filter` (no setuid or setgid bit can be set in it) where
+    bubblewrap loads it; the agent's own sandboxes (its launcher, its terminal) ask for it."""
     sandboxed = isolation_mode(bool(launch.get("require_isolation", True))) == "bubblewrap"
-    filter_fd = syscall_filter.descriptor() if sandboxed and bubblewrap_loads_syscall_filter() else None
+    filter_fd = syscall_filter.descriptor() if filtered and sandboxed and bubblewrap_loads_syscall_filter() else None
     try:
         argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
         return await asyncio.create_subprocess_exec(
@@ -446,6 +453,7 @@ async def run_command(
         timed_out=timed_out,
         truncated=truncated,
         duration_s=time.monotonic() - started,
+        bits_refused=not isinstance(running, OwnSandbox) and setuid_bits_refused(),
     )
 
 

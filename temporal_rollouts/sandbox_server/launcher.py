@@ -133,6 +133,7 @@ class Launcher:
                 slot=slot,
                 part=LAUNCHER_PART,
                 as_pid_1=True,
+                filtered=True,
             )
         except BaseException:
             ours.close()

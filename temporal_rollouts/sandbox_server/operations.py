@@ -19,7 +19,7 @@ from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
 from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.files import read_text, write_text
-from temporal_rollouts.sandbox_server.isolation import run_command, setuid_bits_refused
+from temporal_rollouts.sandbox_server.isolation import run_command
 from temporal_rollouts.sandbox_server.config import MIB
 from temporal_rollouts.sandbox_server.launcher import Launcher
 from temporal_rollouts.sandbox_server.limits import Confinement
@@ -89,7 +89,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         cache=cache,
         launcher=slot.launcher,
     )
-    output, over_disk = result.output, await settle_after_command(slot, result.duration_s)
+    output, over_disk = result.output, await settle_after_command(slot, result.duration_s, result.bits_refused)
     if over_disk:
         output += over_disk
     return ToolOutput(
@@ -165,23 +165,23 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
     return ToolOutput(call_id=call_id, ok=True, output="\n".join(shown), exit_code=0, truncated=truncated)
 
 
-async def settle_after_command(slot: SlotContext, ran_s: float) -> str:
-    """After the slot's commands ran for `ran_s`: a notice when the workspace is over the slot's disk
-    limit, else "". The walk that counts it also strips setuid and setgid bits (`files.settle`), and
-    runs after every command unless the sandbox refuses those bits (`disk_watch`)."""
-    return _disk_notice(slot, await _usage(slot, ran_s))
+async def settle_after_command(slot: SlotContext, ran_s: float, bits_refused: bool) -> str:
+    """After a command ran for `ran_s`: a notice when the workspace is over the slot's disk limit, else "".
+    The walk that counts it also strips setuid and setgid bits (`files.settle`); it runs after every
+    command that could set them, and is paced after those that could not (`bits_refused`: `disk_watch`)."""
+    return _disk_notice(slot, await _usage(slot, ran_s, bits_refused))
 
 
 async def _over_disk(slot: SlotContext, adding: int) -> str:
     """A notice when the workspace plus `adding` bytes would be over the slot's disk limit, else ""."""
     if not slot.disk_bytes:
         return ""
-    return _disk_notice(slot, await _usage(slot, 0.0) + adding)
+    return _disk_notice(slot, await _usage(slot, 0.0, True) + adding)  # the server writes no such bits
 
 
-async def _usage(slot: SlotContext, ran_s: float) -> int:
+async def _usage(slot: SlotContext, ran_s: float, bits_refused: bool) -> int:
     watch = slot.disk if slot.disk is not None else DiskWatch()
-    return await watch.usage(slot.workspace, ran_s, bits_refused=setuid_bits_refused(), limit=slot.disk_bytes)
+    return await watch.usage(slot.workspace, ran_s, bits_refused=bits_refused, limit=slot.disk_bytes)
 
 
 def _disk_notice(slot: SlotContext, used: int) -> str:

@@ -254,6 +254,7 @@ class SlotSessions:
             confinement=confinement,
             slot=index,
             part=SESSION_PART,
+            filtered=True,
         )
         session = Session(process=process, lease_id=lease_id, confinement=confinement)
         if confinement is not None:

@@ -300,7 +300,9 @@ class SlotManager:
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
             limits={
                 **self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
-                "setuid_bits": "refused-by-seccomp" if isolation.setuid_bits_refused() else "stripped-after-command",
+                "setuid_bits": "refused-in-agent-sandboxes"
+                if isolation.setuid_bits_refused()
+                else "stripped-after-command",
             },
             network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
             slot_limits=self.confinement.limits,

@@ -1,10 +1,13 @@
-"""The seccomp filter every bubblewrap sandbox runs under: no process in a slot can set a setuid or setgid bit.
+"""The seccomp filter the agent's sandboxes run under: no process of theirs can set a setuid or setgid bit.
 
 Stripping the bits after each command (`files.settle`) left them on the host's disk while the
 command ran, and cost a walk of the whole workspace per command: on an SWE checkout of a few
 thousand files that walk is 10-20 CPU-ms of stat calls, several times the rest of a tool call.
-Refused at the syscall, the bits never exist, so the walk is needed only for the disk limit and
-can be paced (`operations.DiskWatch`).
+Refused at the syscall, the bits never exist, so after the agent's commands the walk is needed
+only for the disk limit and can be paced (`disk_watch`). The agent's sandboxes are its resident
+launcher (and every command it forks) and its stateful terminal. Hooks (setup, verification) keep
+sandboxes of their own without the filter, walked after every command as before: a verifier's
+tests must pass or fail as they would anywhere, and some test suites set those bits on purpose.
 
 Every call that takes a mode is refused with EPERM when the mode carries S_ISUID or S_ISGID:
 chmod, fchmod, fchmodat, fchmodat2, creat, open, openat, mknod, mknodat. Calls whose mode seccomp
