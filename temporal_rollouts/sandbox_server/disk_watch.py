@@ -41,6 +41,7 @@ class DiskWatch:
         self.fresh = False
 
     def due(self, ran_s: float, bits_refused: bool, limit: int) -> bool:
+        """Whether to walk after an operation that ran `ran_s`; `bits_refused`: it could set no setuid bit."""
         self.ran_s += ran_s
         if not bits_refused:  # the walk strips whatever bits the command may have set
             return True
