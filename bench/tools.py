@@ -7,7 +7,8 @@ one-shot command (an agent's `terminal` call) is forked from the slot's resident
 (`sandbox_server.launcher`); a stateful call types into a shell that is already running.
 The resident calls run again in a workspace the size of an SWE checkout (`--tree-files` small files in
 folders of 100), where the server's walk of the workspace after a command (`sandbox_server.disk_watch`)
-would otherwise dominate. Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
+would otherwise dominate, and the agent's `search` (grep from the same launcher) over a folder of 100
+of those files. Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
 each way and the server's peak RSS growth while they ran. Each kind of call also reports the
 CPU it cost the sandbox server: with its sandboxes (bubblewrap, the launcher, bash), and in the
 server process alone. Last, short leases of one call each show what a lease's launcher costs.
@@ -37,7 +38,7 @@ from bench.procs import cpu_seconds  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox_server.isolation import bubblewrap_path  # noqa: E402
-from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, SessionOp  # noqa: E402
+from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, SearchOp, SessionOp  # noqa: E402
 
 
 def peak_rss(pid: int) -> int:
@@ -64,7 +65,9 @@ def own_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def round_trips(pool: SandboxPool, lease, rounds: int, make, server_pid: int) -> dict[str, float]:
+async def round_trips(
+    pool: SandboxPool, lease, rounds: int, make, server_pid: int, expect: str = "ping\n"
+) -> dict[str, float]:
     """Each call's wall time, and the server's CPU-ms per call over all of them: with its sandboxes
     (bubblewrap, the resident launcher, bash) and alone."""
     await pool.lease(lease).execute(uuid.uuid4().hex, make())  # a resident launcher starts on the first call
@@ -74,7 +77,7 @@ async def round_trips(pool: SandboxPool, lease, rounds: int, make, server_pid: i
         started = time.perf_counter()
         output = await pool.lease(lease).execute(uuid.uuid4().hex, make())
         times.append(time.perf_counter() - started)
-        assert output.ok and output.output == "ping\n", output
+        assert output.ok and output.output.startswith(expect), output
     ordered = sorted(times)
     return {
         "median_ms": round(statistics.median(ordered) * 1000, 2),
@@ -126,6 +129,9 @@ async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
                 in_tree = await round_trips(
                     pool, lease, rounds, lambda: ExecOp(command="echo ping", resident=True), info.pid
                 )
+                search = await round_trips(  # one folder of 100 files: the call's cost more than grep's
+                    pool, lease, rounds, lambda: SearchOp(pattern="VALUE = 7$", path="tree/pkg0"), info.pid, "tree/"
+                )
 
                 source = root / "payload.bin"
                 with open(source, "wb") as out:
@@ -156,6 +162,7 @@ async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
         "stateful": stateful,
         "tree_files": tree_files,
         "one_shot_resident_in_tree": in_tree,
+        "search": search,
         "stateful_speedup": round(one_shot["median_ms"] / stateful["median_ms"], 2),
         "lease_of_one_call_cpu_ms": {"own_sandbox": lease_own, "resident": lease_resident},
         "transfer_mb": megabytes,
@@ -180,6 +187,7 @@ if __name__ == "__main__":
         ("one-shot, resident", "one_shot_resident"),
         ("stateful terminal", "stateful"),
         (f"resident, {figures['tree_files']} files", "one_shot_resident_in_tree"),
+        ("search, 100 files", "search"),
     ):
         row = figures[kind]
         print(

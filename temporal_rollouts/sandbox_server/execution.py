@@ -23,7 +23,7 @@ from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
-from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SearchOp, SessionOp, SlotLease, ToolOutput
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
 
 
@@ -93,7 +93,9 @@ class CallRunner:
         async with slot.lock:
             confinement = self.confinement.with_limits(slot.limits)
             operation, launcher = request.operation, None
-            if isinstance(operation, ExecOp) and operation.resident and not operation.cache:
+            if (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or isinstance(
+                operation, SearchOp
+            ):  # the agent's own commands: its terminal calls and its searches
                 launcher = await self.launchers.for_command(
                     slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
                 )

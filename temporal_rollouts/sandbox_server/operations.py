@@ -39,7 +39,7 @@ class SlotContext:
     slot: int = 0
     cache: SharedCache | None = None
     launcher: Launcher | None = None
-    """The slot's resident launcher, for an ExecOp that asked for it (`launcher`)."""
+    """The slot's resident launcher (`launcher`), for an ExecOp that asked for it and for a search."""
     disk: DiskWatch | None = None
     """When the slot's workspace is walked for its disk use; None: after every operation."""
 
@@ -150,6 +150,7 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
         require_isolation=slot.require_isolation,
         confinement=slot.confinement,
         slot=slot.slot,
+        launcher=slot.launcher,
     )
     if result.timed_out:
         return _failed(call_id, f"search timed out after {SEARCH_TIMEOUT_S:.0f}s", timed_out=True)

@@ -20,7 +20,7 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
-from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, SearchOp, SessionOp, SlotLease, ToolOutput
 from tests.support.sandbox import (
     execute_in,
     fork_bomb,
@@ -114,6 +114,14 @@ async def test_the_command_runs_in_its_own_part_of_the_slots_cgroups(client, lea
         pytest.skip("no cgroups")
     placed = await run(client, lease, "grep -E ':(pids|memory):' /proc/self/cgroup")
     assert placed.output.count(":/../resident\n") == 2, placed.output  # beside the launcher's own part
+
+
+async def test_the_agents_searches_run_from_its_launcher(client, lease):
+    """A search is the agent's own command: it runs where its terminal calls run (no sandbox of its own
+    per search), which the lease's /tmp shows, seen through a link the agent made."""
+    assert (await run(client, lease, "echo needle > /tmp/planted.txt && ln -s /tmp tmplink")).ok
+    found = await client.send(execute_in(lease, uuid.uuid4().hex, SearchOp(pattern="needle", path="tmplink")))
+    assert found.ok and found.output == "tmplink/planted.txt:1:needle", found.output
 
 
 async def test_tmp_lasts_for_the_lease_and_never_reaches_a_hook_or_the_next_lease(client):
