@@ -130,7 +130,12 @@ async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
                     pool, lease, rounds, lambda: ExecOp(command="echo ping", resident=True), info.pid
                 )
                 search = await round_trips(  # one folder of 100 files: the call's cost more than grep's
-                    pool, lease, rounds, lambda: SearchOp(pattern="VALUE = 7$", path="tree/pkg0"), info.pid, "tree/"
+                    pool,
+                    lease,
+                    rounds,
+                    lambda: SearchOp(pattern="VALUE = 7$", path="tree/pkg0", resident=True),
+                    info.pid,
+                    "tree/",
                 )
 
                 source = root / "payload.bin"

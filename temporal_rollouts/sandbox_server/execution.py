@@ -93,9 +93,10 @@ class CallRunner:
         async with slot.lock:
             confinement = self.confinement.with_limits(slot.limits)
             operation, launcher = request.operation, None
-            if (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or isinstance(
-                operation, SearchOp
-            ):  # the agent's own commands: its terminal calls and its searches
+            resident = (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or (
+                isinstance(operation, SearchOp) and operation.resident
+            )
+            if resident:  # the agent's own commands (its terminal calls, its searches); hooks' get their own sandboxes
                 launcher = await self.launchers.for_command(
                     slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
                 )

@@ -39,7 +39,7 @@ class SlotContext:
     slot: int = 0
     cache: SharedCache | None = None
     launcher: Launcher | None = None
-    """The slot's resident launcher (`launcher`), for an ExecOp that asked for it and for a search."""
+    """The slot's resident launcher (`launcher`), for an ExecOp or a SearchOp that asked for it."""
     disk: DiskWatch | None = None
     """When the slot's workspace is walked for its disk use; None: after every operation."""
 

@@ -157,6 +157,11 @@ class SearchOp(BaseModel):
     pattern: str
     path: str = "."
     max_matches: int = 200
+    resident: bool = Field(
+        default=False,
+        description="Run grep from the slot's resident launcher, as the agent's terminal calls run (its own "
+        "search tool); False: in a sandbox of its own, as a hook's search, which never sees the agent's /tmp.",
+    )
 
 
 SessionAction = Literal["start", "run", "send_keys", "screen", "read", "stop"]

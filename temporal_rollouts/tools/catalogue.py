@@ -220,7 +220,7 @@ def parse_tool_call(
         return ReadFileOp(path=arguments["path"])
     if tool.name == "write_file":
         return WriteFileOp(path=arguments["path"], content=arguments["content"])
-    return SearchOp(pattern=arguments["pattern"], path=arguments.get("path") or ".")
+    return SearchOp(pattern=arguments["pattern"], path=arguments.get("path") or ".", resident=True)
 
 
 def tool_result_message(call_id: str, output: ToolOutput | ToolCallProblem) -> Message:

@@ -116,12 +116,15 @@ async def test_the_command_runs_in_its_own_part_of_the_slots_cgroups(client, lea
     assert placed.output.count(":/../resident\n") == 2, placed.output  # beside the launcher's own part
 
 
-async def test_the_agents_searches_run_from_its_launcher(client, lease):
-    """A search is the agent's own command: it runs where its terminal calls run (no sandbox of its own
-    per search), which the lease's /tmp shows, seen through a link the agent made."""
+async def test_the_agents_searches_run_from_its_launcher_and_a_hooks_never_do(client, lease):
+    """The agent's search runs where its terminal calls run (no sandbox of its own per search), which the
+    lease's /tmp shows through a link the agent made; a hook's search still never sees that /tmp."""
     assert (await run(client, lease, "echo needle > /tmp/planted.txt && ln -s /tmp tmplink")).ok
-    found = await client.send(execute_in(lease, uuid.uuid4().hex, SearchOp(pattern="needle", path="tmplink")))
+    agents = SearchOp(pattern="needle", path="tmplink", resident=True)
+    found = await client.send(execute_in(lease, uuid.uuid4().hex, agents))
     assert found.ok and found.output == "tmplink/planted.txt:1:needle", found.output
+    hooks = await client.send(execute_in(lease, uuid.uuid4().hex, SearchOp(pattern="needle", path="tmplink")))
+    assert hooks.ok and hooks.output == "no matches", hooks.output
 
 
 async def test_tmp_lasts_for_the_lease_and_never_reaches_a_hook_or_the_next_lease(client):

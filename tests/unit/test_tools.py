@@ -64,15 +64,17 @@ def test_well_formed_calls_become_operations() -> None:
     )
     assert parse("read_file", {"path": "src/a.py"}) == ReadFileOp(path="src/a.py")
     assert parse("write_file", {"path": "b.txt", "content": "x\n"}) == WriteFileOp(path="b.txt", content="x\n")
-    assert parse("search", {"pattern": "def \\w+", "path": "src"}) == SearchOp(pattern="def \\w+", path="src")
-    assert parse("search", {"pattern": "TODO"}) == SearchOp(pattern="TODO", path=".")
+    assert parse("search", {"pattern": "def \\w+", "path": "src"}) == SearchOp(
+        pattern="def \\w+", path="src", resident=True
+    )
+    assert parse("search", {"pattern": "TODO"}) == SearchOp(pattern="TODO", path=".", resident=True)
 
 
 def test_unknown_keys_are_ignored_and_null_optionals_are_defaults() -> None:
     assert parse("terminal", {"command": "pwd", "cwd": "/tmp", "timeout": None}) == ExecOp(
         command="pwd", timeout_s=60, resident=True
     )
-    assert parse("search", {"pattern": "x", "path": None}) == SearchOp(pattern="x", path=".")
+    assert parse("search", {"pattern": "x", "path": None}) == SearchOp(pattern="x", path=".", resident=True)
 
 
 def test_double_encoded_arguments_are_decoded_twice() -> None:
@@ -94,7 +96,7 @@ def test_bare_string_is_the_terminal_command() -> None:
 
 def test_bare_string_fills_a_sole_required_string_parameter() -> None:
     assert parse("read_file", "  notes/todo.md\n") == ReadFileOp(path="notes/todo.md")
-    assert parse("search", "class \\w+") == SearchOp(pattern="class \\w+")
+    assert parse("search", "class \\w+") == SearchOp(pattern="class \\w+", resident=True)
 
 
 def test_bare_string_for_write_file_is_a_problem_naming_its_arguments() -> None:
