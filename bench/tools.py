@@ -77,7 +77,7 @@ async def round_trips(
         started = time.perf_counter()
         output = await pool.lease(lease).execute(uuid.uuid4().hex, make())
         times.append(time.perf_counter() - started)
-        assert output.ok and output.output.startswith(expect), output
+        assert output.ok and output.output == expect, output
     ordered = sorted(times)
     return {
         "median_ms": round(statistics.median(ordered) * 1000, 2),
@@ -135,7 +135,7 @@ async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
                     rounds,
                     lambda: SearchOp(pattern="VALUE = 7$", path="tree/pkg0", resident=True),
                     info.pid,
-                    "tree/",
+                    "\n".join(f"tree/pkg0/module7.py:{line}:VALUE = 7" for line in range(1, 21)),
                 )
 
                 source = root / "payload.bin"

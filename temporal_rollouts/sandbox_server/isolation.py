@@ -202,13 +202,15 @@ def _probe(bwrap: str, *, as_root: bool, drop: list[str] | None = None, seccomp_
 
 
 @functools.cache
-def bubblewrap_loads_syscall_filter() -> bool:
-    """Whether sandboxes here run under `syscall_filter`: libseccomp built it and bwrap loads it (a
-    platform may refuse seccomp filters). Where not, sandboxes run without it and the server strips
-    setuid and setgid bits after every command instead."""
-    strategy, bwrap = bubblewrap_strategy(), shutil.which("bwrap")
-    if strategy is None or bwrap is None or syscall_filter.compiled() is None:
+def setuid_bits_refused() -> bool:
+    """Whether the agent's sandboxes (its launcher and terminal) run where no setuid or setgid bit can be
+    set: libseccomp built `syscall_filter` and this bwrap loads it (a platform may refuse seccomp
+    filters; tried once). Where not, they run without it and the server strips the bits after every
+    command instead."""
+    bwrap = bubblewrap_path()
+    if bwrap is None or syscall_filter.compiled() is None:
         return False
+    strategy = bubblewrap_strategy()
     drop = _probe_drop() if running_as_root() and strategy == "userns" else None
     fd = syscall_filter.descriptor()
     try:
@@ -247,12 +249,6 @@ def warn_unisolated() -> None:
 @functools.cache
 def warn_root_once() -> None:
     log.warning("!!! the sandbox server runs as root and cannot drop slots to another uid: commands run AS ROOT !!!")
-
-
-def setuid_bits_refused() -> bool:
-    """Whether the agent's sandboxes (its launcher and terminal) run where no setuid or setgid bit can be
-    set: in bubblewrap, under `syscall_filter`."""
-    return bubblewrap_path() is not None and bubblewrap_loads_syscall_filter()
 
 
 def isolation_mode(require_isolation: bool) -> IsolationMode:
@@ -337,8 +333,7 @@ async def start_sandboxed(
     in a session of its own, as every caller must: one-shot commands, the launcher, the terminal.
     `filtered`: the sandbox runs under `syscall_filter` (no setuid or setgid bit can be set in it) where
     bubblewrap loads it; the agent's own sandboxes (its launcher, its terminal) ask for it."""
-    sandboxed = isolation_mode(bool(launch.get("require_isolation", True))) == "bubblewrap"
-    filter_fd = syscall_filter.descriptor() if filtered and sandboxed and bubblewrap_loads_syscall_filter() else None
+    filter_fd = syscall_filter.descriptor() if filtered and setuid_bits_refused() else None
     try:
         argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
         return await asyncio.create_subprocess_exec(

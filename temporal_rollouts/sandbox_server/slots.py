@@ -164,7 +164,7 @@ class SlotManager:
             if blocked:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         if self.isolation_mode == "bubblewrap":  # tried once now, so a refused filter is logged at start
-            await asyncio.to_thread(isolation.bubblewrap_loads_syscall_filter)
+            await asyncio.to_thread(isolation.setuid_bits_refused)
         if self.confinement.dedicated_uids:
             await asyncio.to_thread(self._claim_uids)
         await asyncio.to_thread(self._prepare_cgroups)

@@ -15,8 +15,8 @@ cannot read (openat2 keeps it in a struct; io_uring submits opens from a ring) a
 libraries fall back to the calls above. Syscalls of another ABI (i386 or x32 on x86_64) answer
 ENOSYS too, so the filter cannot be stepped around. mkdir needs no rule: the kernel drops those bits
 from its mode. The filter is built with libseccomp (through `pyseccomp`) once per server. Where
-libseccomp is missing or bwrap cannot load the filter (`isolation.bubblewrap_loads_syscall_filter`
-tries it once), sandboxes run without it and the server strips the bits after every command.
+libseccomp is missing or bwrap cannot load the filter (`isolation.setuid_bits_refused` tries it
+once), sandboxes run without it and the server strips the bits after every command.
 """
 
 from __future__ import annotations
