@@ -317,6 +317,7 @@ async def serve(config: ServerConfig) -> None:
         app,
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # nothing here reads the client's address: no per-request header rewrite
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # Longer than the sandbox client's keep-alive (15 s), so a client never reuses a connection the server is closing.

@@ -70,6 +70,10 @@ class CallRunner:
         self.sessions = SlotSessions(max_output_chars, require_isolation, confinement)
         self.launchers = SlotLaunchers(require_isolation)
 
+    def close_files(self) -> None:
+        self._journal.close()
+        self._executions.close()
+
     async def execute(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         """Run one operation in a slot already checked to be leased under `request.lease_id`, or answer
         a repeated call id from its stored result; `ran(slot, lease_id)` is called after a real run."""

@@ -416,23 +416,22 @@ async def run_command(
         os.close(write_fd)
         os.close(script_fd)
         os.close(started_write)
-    transport, reader = await _open_reader(read_fd)
-    pump = asyncio.create_task(_pump(reader, output))
+    drain = PipeDrain(read_fd, output)
     timed_out = False
     try:
         with confinement.watched(slot, running.pid):
             try:
-                await asyncio.wait_for(running.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # no task of its own, as wait_for would make
+                    await running.wait()
             except TimeoutError:
                 timed_out = True
             await running.kill()
             returncode = await running.wait()
         await running.finish()
-        await asyncio.wait({pump}, timeout=OUTPUT_DRAIN_S)
+        await asyncio.wait({drain.ended}, timeout=OUTPUT_DRAIN_S)
     finally:
         await running.kill()
-        pump.cancel()
-        transport.close()
+        drain.close()
         reap_orphans()
     text, truncated = output.text()
     started_ok = _read_started(started_read)
@@ -540,17 +539,42 @@ def _script_file(command: str) -> int:
     return fd
 
 
-async def _open_reader(read_fd: int) -> tuple[asyncio.BaseTransport, asyncio.StreamReader]:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_CHUNK_BYTES)
-    pipe = os.fdopen(read_fd, "rb", buffering=0)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    return transport, reader
+class PipeDrain:
+    """Reads a command's output pipe into `output` from the event loop's readiness callback until every
+    writer has closed it (`ended`). No transport, stream or task: a short command's output comes in one
+    read and the end in the next, so a call costs two callbacks; `output` bounds what is kept."""
 
+    def __init__(self, fd: int, output: BoundedOutput) -> None:
+        self._fd, self._output = fd, output
+        self._loop = asyncio.get_running_loop()
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        try:
+            os.set_blocking(fd, False)
+            self._loop.add_reader(fd, self._readable)
+        except BaseException:
+            os.close(fd)
+            raise
 
-async def _pump(reader: asyncio.StreamReader, output: BoundedOutput) -> None:
-    while chunk := await reader.read(READ_CHUNK_BYTES):
-        output.feed(chunk)
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, READ_CHUNK_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._output.feed(chunk)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading (what is still unread is dropped) and close the pipe; idempotent."""
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if not self.ended.done():
+            self.ended.set_result(None)
 
 
 def _kill_group(pgid: int) -> None:

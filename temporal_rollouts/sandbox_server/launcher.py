@@ -107,6 +107,9 @@ class Launcher:
         self.idle = True
         """False from a command's start until its exit is read: a launcher left otherwise is replaced."""
         self._own_pid: int | None = None
+        self.part_seen_empty = False
+        """COMMAND_PART was found empty after the last command ended: nothing can have entered it since
+        (only the server moves processes there), so the next command need not look again."""
         asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
 
     @classmethod
@@ -185,7 +188,8 @@ class Launcher:
         """The launcher's next message, with the sender's pid and uid as the kernel gave them (b"": it ended)."""
         if self._closed and self._messages.empty():
             return b"", None, None
-        return await asyncio.wait_for(self._messages.get(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await self._messages.get()
 
     async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement) -> LaunchedCommand:
         """Start `argv` (`isolation.bash_script` with `report`) from the launcher with `fds` (output, script,
@@ -238,8 +242,9 @@ class Launcher:
             await self.stop(confinement)
             raise LauncherBroken(f"the launcher's child {pid} is gone: {err}") from None
         try:
-            if not confinement.part_is_empty(self.slot, COMMAND_PART):  # the last command's, being killed
-                await asyncio.to_thread(confinement.kill_part, self.slot, COMMAND_PART)
+            if not self.part_seen_empty and not confinement.part_is_empty(self.slot, COMMAND_PART):
+                await asyncio.to_thread(confinement.kill_part, self.slot, COMMAND_PART)  # the last command's
+            self.part_seen_empty = False
             confinement.move_into_part(self.slot, COMMAND_PART, pid)  # a few small writes: not worth a thread
             # The child cannot have been reaped and its pid reused while the pidfd still says it lives.
             if _readable(pidfd):
@@ -337,7 +342,9 @@ class LaunchedCommand:
 
     async def finish(self) -> None:
         """Kill what the command left running (its part is kept for the next command)."""
-        if not self._confinement.part_is_empty(self.launcher.slot, COMMAND_PART):
+        if self._confinement.part_is_empty(self.launcher.slot, COMMAND_PART):
+            self.launcher.part_seen_empty = True
+        else:
             await asyncio.to_thread(self._confinement.kill_part, self.launcher.slot, COMMAND_PART)
 
 

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KILL_ROUNDS = 50
+MAX_REMEMBERED_PARTS = 4096
+PROCS_PEEK_BYTES = 64
+"""Enough of a cgroup.procs file to tell whether it lists any pid."""
 
 
 @dataclass
@@ -145,6 +148,9 @@ class Confinement:
     """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
     slot_uids: dict[int, int] = field(default_factory=dict)
     """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
+    _part_folders: dict[tuple[int, str], tuple[Path, ...]] = field(default_factory=dict, repr=False, compare=False)
+    """(slot, part) -> the part's distinct folders, sorted: a resident command asks three times per call,
+    and building the paths cost more than the cgroup writes themselves."""
 
     @classmethod
     def detect(
@@ -282,23 +288,39 @@ class Confinement:
         )
         return ["/bin/sh", "-c", f'{joins}; exec "$@"', "sandbox-limits"]
 
+    def _folders_of_part(self, slot: int, part: str) -> tuple[Path, ...]:
+        """The part's folders, one per hierarchy (v2: one), remembered for the parts a slot keeps."""
+        key = (slot, part)
+        if (folders := self._part_folders.get(key)) is None:
+            folders = tuple(sorted(set(self._cgroup_dirs(slot, part).values())))
+            if len(self._part_folders) >= MAX_REMEMBERED_PARTS:  # parts named per command come and go
+                self._part_folders.clear()
+            self._part_folders[key] = folders
+        return folders
+
     def move_into_part(self, slot: int, part: str, pid: int) -> None:
         """Move a running process (a resident command, still waiting to start) into a part of the slot's
         cgroups, making the part's folders if need be; raises OSError if it cannot."""
-        for directory in set(self._cgroup_dirs(slot, part).values()):
+        for directory in self._folders_of_part(slot, part):
             try:
-                _write_pid(directory / "cgroup.procs", pid)
+                _write_pid(f"{directory}/cgroup.procs", pid)
             except FileNotFoundError:
                 directory.mkdir(exist_ok=True)
-                _write_pid(directory / "cgroup.procs", pid)
+                _write_pid(f"{directory}/cgroup.procs", pid)
 
     def part_is_empty(self, slot: int, part: str) -> bool:
         """Whether no process is left in a part (one hierarchy tells: under v1 each holds every process)."""
-        dirs = sorted(set(self._cgroup_dirs(slot, part).values()))
+        folders = self._folders_of_part(slot, part)
+        if not folders:
+            return True
         try:
-            return not dirs or not (dirs[0] / "cgroup.procs").read_bytes().strip()
+            fd = os.open(f"{folders[0]}/cgroup.procs", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return True
+        try:
+            return not os.read(fd, PROCS_PEEK_BYTES).strip()
+        finally:
+            os.close(fd)
 
     def kill_part(self, slot: int, part: str) -> int:
         """SIGKILL what is left in a part and keep the part for the next command; how many were signalled."""
@@ -432,7 +454,7 @@ def _kill_cgroup(directory: Path) -> int:
     return killed
 
 
-def _write_pid(procs: Path, pid: int) -> None:
+def _write_pid(procs: str | Path, pid: int) -> None:
     fd = os.open(procs, os.O_WRONLY)
     try:
         os.write(fd, str(pid).encode())

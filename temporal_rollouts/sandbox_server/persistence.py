@@ -35,6 +35,29 @@ def write_json_atomically(path: Path, data: Any) -> None:
         raise
 
 
+class AppendFile:
+    """A journal file kept open for appending, unbuffered: a line costs one write(2), not an open, a write
+    and a close (every tool call appends two lines). A crash can lose or tear only the last line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def append(self, line: str) -> None:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        data = memoryview(line.encode("utf-8"))
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+    def close(self) -> None:
+        """Before the file is replaced (a compaction) and at shutdown; the next line opens it again."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class StoredResult(BaseModel):
     call_id: str
     slot: int
@@ -54,6 +77,7 @@ class ResultJournal:
         self._chars = 0
         self._lines_in_file = 0
         self._chars_in_file = 0
+        self._file = AppendFile(path)
         self._load()
 
     def get(self, call_id: str) -> ToolOutput | None:
@@ -62,8 +86,7 @@ class ResultJournal:
 
     def put(self, record: StoredResult) -> None:
         self._remember(record)
-        with self.path.open("a", encoding="utf-8") as file:
-            file.write(record.model_dump_json() + "\n")
+        self._file.append(record.model_dump_json() + "\n")
         self._lines_in_file += 1
         self._chars_in_file += len(record.output.output)
         if self._lines_in_file > 2 * self.limit or self._chars_in_file > 2 * self.max_chars:
@@ -71,6 +94,9 @@ class ResultJournal:
 
     def __len__(self) -> int:
         return len(self._results)
+
+    def close(self) -> None:
+        self._file.close()
 
     def _remember(self, record: StoredResult) -> None:
         if (replaced := self._results.pop(record.call_id, None)) is not None:
@@ -100,6 +126,7 @@ class ResultJournal:
             self._compact()
 
     def _compact(self) -> None:
+        self._file.close()
         temporary = self.path.with_name(self.path.name + ".tmp")
         with temporary.open("w", encoding="utf-8") as file:
             for record in self._results.values():
@@ -114,6 +141,10 @@ class ExecutionLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._file = AppendFile(path)
+
+    def close(self) -> None:
+        self._file.close()
 
     def record(
         self, *, call_id: str, slot: int, op: str, started: float, duration: float, exit_code: int | None
@@ -126,8 +157,7 @@ class ExecutionLog:
             "duration": round(duration, 6),
             "exit_code": exit_code,
         }
-        with self.path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(entry) + "\n")
+        self._file.append(json.dumps(entry) + "\n")
 
 
 class StoredLease(BaseModel):

@@ -274,6 +274,7 @@ class SlotManager:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
         if self._claims is not None:
             self._claims.close()
+        self._runner.close_files()
 
     async def __aenter__(self) -> SlotManager:
         await self.start()
