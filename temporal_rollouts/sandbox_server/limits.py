@@ -290,6 +290,8 @@ class Confinement:
 
     def _folders_of_part(self, slot: int, part: str) -> tuple[Path, ...]:
         """The part's folders, one per hierarchy (v2: one), remembered for the parts a slot keeps."""
+        if not self.cgroups:  # none, or given up at start (`SlotManager._prepare_cgroups`)
+            return ()
         key = (slot, part)
         if (folders := self._part_folders.get(key)) is None:
             folders = tuple(sorted(set(self._cgroup_dirs(slot, part).values())))

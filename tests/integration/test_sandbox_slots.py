@@ -240,6 +240,20 @@ def test_result_journal_is_bounded_by_output_size_and_reloads(tmp_path):
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
+def test_results_stored_after_a_compaction_reach_the_new_file(tmp_path):
+    """The journal keeps its file open for appending; a compaction replaces the file, and what is
+    stored after it must land in the new one (not the replaced inode) for a restart to find it."""
+    path = tmp_path / "results.jsonl"
+    journal = ResultJournal(path, limit=2)
+    for n in range(12):  # compacts whenever the file passes twice the limit
+        journal.put(StoredResult(call_id=f"c{n}", slot=0, lease_id="l", output=ToolOutput(call_id=f"c{n}", ok=True, output="")))
+    reloaded = ResultJournal(path, limit=2)
+    assert reloaded.get("c11") is not None and reloaded.get("c10") is not None and reloaded.get("c9") is None
+    journal.close()
+    journal.put(StoredResult(call_id="c12", slot=0, lease_id="l", output=ToolOutput(call_id="c12", ok=True, output="")))
+    assert ResultJournal(path, limit=2).get("c12") is not None  # a closed journal opens its file again
+
+
 async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_lease(tmp_path, monkeypatch):
     """The journal holds an expiry a quarter TTL ahead of the real one; renewals within that
     margin write nothing, and a restart right after any renewal still finds the lease alive."""
