@@ -246,7 +246,9 @@ def test_results_stored_after_a_compaction_reach_the_new_file(tmp_path):
     path = tmp_path / "results.jsonl"
     journal = ResultJournal(path, limit=2)
     for n in range(12):  # compacts whenever the file passes twice the limit
-        journal.put(StoredResult(call_id=f"c{n}", slot=0, lease_id="l", output=ToolOutput(call_id=f"c{n}", ok=True, output="")))
+        journal.put(
+            StoredResult(call_id=f"c{n}", slot=0, lease_id="l", output=ToolOutput(call_id=f"c{n}", ok=True, output=""))
+        )
     reloaded = ResultJournal(path, limit=2)
     assert reloaded.get("c11") is not None and reloaded.get("c10") is not None and reloaded.get("c9") is None
     journal.close()
