@@ -326,7 +326,7 @@ class Confinement:
 
     def kill_part(self, slot: int, part: str) -> int:
         """SIGKILL what is left in a part and keep the part for the next command; how many were signalled."""
-        return sum(_kill_cgroup(directory) for directory in set(self._cgroup_dirs(slot, part).values()))
+        return sum(_kill_cgroup(directory) for directory in self._folders_of_part(slot, part))
 
     def end_part(self, slot: int, part: str) -> int:
         """SIGKILL what a finished command (or a stopped session) left running and remove its part;
