@@ -269,8 +269,10 @@ async def services(
     policy_args: tuple[str, ...] = (),
     worker_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
-    """`policy_args` go to the demo policy's command line (e.g. `--delay-s 2`); `worker_env` adds
-    ROLLOUTS_* variables to the worker process (settings under test)."""
+    """`worker` is `process` (`python worker.py`), `inproc` (the same worker in this process) or
+    `none` (the caller starts its own). `policy_args` go to the demo policy's command line
+    (e.g. `--delay-s 2`); `worker_env` adds ROLLOUTS_* variables to the worker process (settings
+    under test)."""
     async with contextlib.AsyncExitStack() as stack:
         port = free_port()
         policy = _spawn(
@@ -299,13 +301,27 @@ async def services(
         pids = {"policy": policy.pid, "sandbox": container.pid or 0, "temporal": server_pid}
 
         if worker == "process":
-            log_path = data_dir / "worker.log"
-            proc = _spawn([sys.executable, "worker.py"], log_path, env={**_env_vars(settings), **(worker_env or {})})
-            stack.callback(_stop, proc)
-            await _wait_for_line(log_path, "worker polling", proc)
-            pids["worker"] = proc.pid
-        else:  # exactly what `python worker.py` runs, in this process
+            pids["worker"] = await worker_process(stack, settings, data_dir / "worker.log", worker_env)
+        elif worker == "inproc":  # exactly what `python worker.py` runs, in this process
             from worker import running_worker
 
             await stack.enter_async_context(running_worker(settings))
         yield Stack(settings, env.client, pool, pids)
+
+
+async def worker_process(
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    log_path: Path,
+    worker_env: dict[str, str] | None = None,
+    tree: Path = REPO,
+) -> int:
+    """`python worker.py` of the checkout at `tree` for `settings`, with `worker_env` added, stopped
+    when `stack` closes; its pid once it polls."""
+    env = {**_env_vars(settings), **(worker_env or {})}
+    if tree != REPO:  # that checkout's modules, not this one's
+        env["PYTHONPATH"] = str(tree)
+    proc = _spawn([sys.executable, str(tree / "worker.py")], log_path, env=env)
+    stack.callback(_stop, proc)
+    await _wait_for_line(log_path, "worker polling", proc)
+    return proc.pid
