@@ -37,7 +37,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
-from bench.procs import cpu_seconds, host_cpu, run_in_data_dir, temporal_dev_server  # noqa: E402
+from bench.procs import busy_share, cpu_seconds, host_cpu, run_in_data_dir, temporal_dev_server  # noqa: E402
 from bench.quiet import HostBefore  # noqa: E402
 from bench.runs import SLOT_STEPS, Tally, run_bounded  # noqa: E402
 
@@ -147,7 +147,7 @@ async def amain(args, data_dir: Path, host: HostBefore) -> dict:
                 wall = time.perf_counter() - started
                 host_after = host_cpu()
                 cpu = {role: (cpu_seconds(pid) - before[role]) * 1000 / steps for role, pid in pids.items()}
-                busy = (host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9)
+                busy = busy_share(host_before, host_after)
                 eff = ideal / wall if ideal else float("nan")
                 print(
                     f"  {n:7d}{wall:8.1f}{100 * eff:5.0f}%{steps / wall:9.1f} |{cpu['server']:23.2f}"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import quiet  # noqa: E402
 from bench.quiet import HostBefore  # noqa: E402
 from bench.floor import FloorRunner  # noqa: E402
-from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
+from bench.procs import TASK_QUEUE, Stack, busy_share, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import SLOT_STEPS, AsyncioRunner, Tally, TemporalRunner  # noqa: E402
 
 ROLES = ("bench", "worker", "temporal", "sandbox", "policy")
@@ -79,7 +79,7 @@ async def measure(name: str, runner, stack: Stack, concurrency: int, trajectorie
     expected = trajectories * (2 * steps + 1)
     assert tally.steps == expected and tally.trajectories == trajectories, (tally.steps, expected)
     host_after = host_cpu()
-    host_busy = (host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9)
+    host_busy = busy_share(host_before, host_after)
     return Measured(name, wall, tally, {role: cpu_seconds(pid) - before[role] for role, pid in pids.items()}, host_busy)
 
 

@@ -122,6 +122,11 @@ def host_cpu() -> tuple[float, float]:
     return (sum(values) - idle) / CLOCK_TICKS, sum(values) / CLOCK_TICKS
 
 
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The share of the machine's CPU time in use between two `host_cpu()` readings."""
+    return (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
+
+
 def _my_children() -> dict[int, str]:
     found = {}
     for pid in _children_by_parent().get(os.getpid(), []):
@@ -314,14 +319,14 @@ async def worker_process(
     settings: Settings,
     log_path: Path,
     worker_env: dict[str, str] | None = None,
-    tree: Path = REPO,
+    tree: Path | None = None,
 ) -> int:
-    """`python worker.py` of the checkout at `tree` for `settings`, with `worker_env` added, stopped
-    when `stack` closes; its pid once it polls."""
+    """`python worker.py` of the checkout at `tree` (this one by default) for `settings`, with
+    `worker_env` added, stopped when `stack` closes; its pid once it polls."""
     env = {**_env_vars(settings), **(worker_env or {})}
-    if tree != REPO:  # that checkout's modules, not this one's
+    if tree is not None:  # that checkout's modules, not this one's
         env["PYTHONPATH"] = str(tree)
-    proc = _spawn([sys.executable, str(tree / "worker.py")], log_path, env=env)
+    proc = _spawn([sys.executable, str((tree or REPO) / "worker.py")], log_path, env=env)
     stack.callback(_stop, proc)
     await _wait_for_line(log_path, "worker polling", proc)
     return proc.pid

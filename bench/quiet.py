@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from bench.procs import host_cpu
+from bench.procs import busy_share, host_cpu
 
 MAX_LOAD = 1.5
 """The one-minute load average above which a 2-core host is busy before a run starts."""
@@ -70,10 +70,9 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
 def check_host(allow_busy: bool) -> HostBefore:
     """Sample the host before a run: refuse a busy one (SystemExit naming why) unless `allow_busy`."""
     load = os.getloadavg()
-    busy_before, total_before = host_cpu()
+    before = host_cpu()
     time.sleep(SAMPLE_S)
-    busy_after, total_after = host_cpu()
-    share = (busy_after - busy_before) / max(total_after - total_before, 1e-9)
+    share = busy_share(before, host_cpu())
     busy = load[0] > MAX_LOAD or share > MAX_BUSY
     probe = cpu_probe_ms()
     print(

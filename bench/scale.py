@@ -47,7 +47,7 @@ from temporalio.api.enums.v1 import TimeoutType
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
-from bench.procs import TASK_QUEUE, Stack, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
+from bench.procs import TASK_QUEUE, Stack, busy_share, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import limits_for  # noqa: E402
 from temporal_rollouts.core.records import BatchInput, BatchResult  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
@@ -226,7 +226,7 @@ async def run_level(
         failed=result.failed,
         cpu_s={role: cpu_seconds(pid) - before[role] for role, pid in pids.items()},
         peak_rss_mib={role: _peak_rss_mib(pid) for role, pid in pids.items()},
-        host_busy=(host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9),
+        host_busy=busy_share(host_before, host_after),
         requests=await _policy_requests(stack) - requests_before,
         turns=concurrency * (steps + 1),
         cache={name: n - cache_before[name] for name, n in (await stack.worker_cache(processes)).items()},

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
-from bench.procs import cpu_seconds, free_port, host_cpu, run_in_data_dir, services, worker_process  # noqa: E402
+from bench.procs import busy_share, cpu_seconds, free_port, host_cpu, run_in_data_dir, services, worker_process  # noqa: E402
 from bench.quiet import HostBefore  # noqa: E402
 from bench.runs import TemporalRunner  # noqa: E402
 
@@ -77,8 +77,7 @@ async def amain(args, data_dir: Path, host: HostBefore) -> dict:
                     **variant.env,
                 }
                 log_path = data_dir / f"worker-{variant.label}.log"
-                extra = {"tree": variant.tree} if variant.tree else {}
-                pids[variant.label] = await worker_process(workers, stack.settings, log_path, env, **extra)
+                pids[variant.label] = await worker_process(workers, stack.settings, log_path, env, variant.tree)
                 runners[variant.label] = TemporalRunner(stack.client, queue, "direct")
             print(
                 f"{len(variants)} workers, {args.per} rollouts at once each, {args.trajectories} rollouts of "
@@ -104,7 +103,7 @@ async def amain(args, data_dir: Path, host: HostBefore) -> dict:
                 for label, pid in pids.items():
                     rounds[label].append((cpu_seconds(pid) - before[label]) * 1000 / steps[label])
                 server_rounds.append((cpu_seconds(stack.pids["temporal"]) - server_before) * 1000 / sum(steps.values()))
-                busy = (host_after[0] - host_before[0]) / max(host_after[1] - host_before[1], 1e-9)
+                busy = busy_share(host_before, host_after)
                 print(
                     f"round {number}: {wall:.1f} s, host {100 * busy:.0f}% busy, dev server {server_rounds[-1]:.2f} "
                     "| worker CPU-ms per step: " + "  ".join(f"{label} {rounds[label][-1]:.2f}" for label in rounds),
