@@ -16,7 +16,7 @@ from envs.base import Env, SlotHandle
 from envs.registry import register_env
 from envs.swe_smith import grading
 from envs.swe_smith.config import SweSmithConfig
-from envs.swe_smith.grader.report import read_report
+from envs.swe_smith.grader.report import read_grading
 from envs.swe_smith.loader import read_instances, selected_ids
 from envs.swe_smith.model import SweInstance
 from envs.swe_smith.transfer import fetch_commands, local_bundle, share_entries
@@ -130,23 +130,31 @@ class SweSmithEnv(Env):
         timeout_s = settings.install_timeout_s + chunk_count * settings.test_timeout_s + GRADER_OVERHEAD_S
         entries = [entry for entry in (repository, wheels) if entry]
         run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries)
-        report = read_report(run.output, targets)
+        report = read_grading(run.output, targets, run.exit_code, run.timed_out)
         if report is None:
             raise TaskError(
                 f"grading {instance.instance_id} failed before it could report "
                 f"({'timed out' if run.timed_out else f'exit {run.exit_code}'}): {run.output[-OUTPUT_TAIL_CHARS:]}"
             )
-        installed = report.installed
+        installed, tampered = report.installed, report.tampered
         outcomes, messages = report.outcomes, report.messages
-        tests_passed = installed and bool(targets) and all(outcomes.get(nodeid) == "PASSED" for nodeid in targets)
-        if settings.reward == "shaped":
+        tests_passed = (
+            installed and not tampered and bool(targets) and all(outcomes.get(n) == "PASSED" for n in targets)
+        )
+        if tampered:
+            score = 0.0  # a grade the code under test rewrote or stopped: not even the shaped install step
+        elif settings.reward == "shaped":
             score = grading.shaped_reward(tool_calls, installed, tests_passed)
         else:
             score = 1.0 if tests_passed else 0.0
         details = _details(instance, settings, outcomes, messages, tool_calls, installed, tests_passed)
         details["changes"] = report.changes
+        if installed:
+            details["canary"], details["grader_tampered"] = report.canary, tampered
         if not installed:
             details["install_output"] = run.output[-OUTPUT_TAIL_CHARS:]
+        elif report.stopped:
+            details["grader_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         return Verdict(score=score, details=details)
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:

@@ -27,7 +27,7 @@ import shlex
 from collections.abc import Sequence
 
 from envs.swe_smith.grader import source_files
-from envs.swe_smith.grader.report import NOT_INSTALLED_LINE
+from envs.swe_smith.grader.report import INSTALLED_LINE, NOT_INSTALLED_LINE
 
 SETUP_FOLDER = ".swe"
 BASE_MARKER = ".git/swe-base-commit"
@@ -122,7 +122,7 @@ def grade_script(
         + f'{GIT_SOURCE} ls-tree -r -z --full-tree {q_commit} > "$G/base-tree"\n'
         + f'if ! timeout -s KILL {float(install_timeout_s)} bash "$G/install.sh" > "$G/install.log" 2>&1; then\n'
         + f'  tail -c 4000 "$G/install.log"; echo; echo {shlex.quote(NOT_INSTALLED_LINE)}; exit 0\nfi\n'
-        + "echo installed\n"
+        + f"echo {INSTALLED_LINE}\n"
         + run
     )
 

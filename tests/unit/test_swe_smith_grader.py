@@ -1,17 +1,30 @@
 """The swe_smith grader's in-slot parts on plain folders: which of the agent's files it takes onto
 a fresh checkout (and how it refuses links, FIFOs, tests and configuration), which pytest
-configuration file it pins, and the report line's round trip."""
+configuration file it pins, the report line's round trip, and the canary that shows a verdict the
+code under test rewrote (the whole grade run with this interpreter's pytest)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-from envs.swe_smith.grader import source_files
+import pytest
+
+from envs.swe_smith.grader import canary, grade, source_files
 from envs.swe_smith.grader.changes import BaseTree, take_changes, why_not_source
 from envs.swe_smith.grader.pytest_run import instance_config
-from envs.swe_smith.grader.report import read_report, report_line, summarize_changes
+from envs.swe_smith.grader.report import (
+    INSTALLED_LINE,
+    NOT_INSTALLED_LINE,
+    read_grading,
+    read_report,
+    report_line,
+    summarize_changes,
+)
 
 BASE = {
     "setup.py": "from setuptools import setup\nsetup(name='pkg')\n",
@@ -208,7 +221,113 @@ def test_the_in_slot_programs_use_the_standard_library_only() -> None:
                     "os",
                     "pathlib",
                     "re",
+                    "secrets",
                     "signal",
                     "stat",
+                    "string",
                     "subprocess",
                 }, (name, line)
+
+
+FORGING_PATCH = """
+import _pytest.reports as _reports
+
+_init = _reports.TestReport.__init__
+
+
+def _passed(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.outcome, self.longrepr = "passed", None
+
+
+_reports.TestReport.__init__ = _passed
+"""
+"""Library code that rewrites every verdict of the pytest process importing it."""
+
+
+def run_grade(tmp_path: Path, library_init: str, chunk_size: int = 1) -> tuple[str, str]:
+    """Grade an agent repository whose `pkg/__init__.py` is `library_init` (core.py fixed) with the
+    real grader programs and this interpreter's pytest; (the report line, the canary's file after)."""
+    agent, fresh, _ = trees(tmp_path)
+    (agent / "pkg/core.py").write_text("def answer():\n    return 42\n")
+    (agent / "pkg/__init__.py").write_text(library_init)
+    root = fresh.parent / "grader"
+    root.mkdir()
+    fresh.rename(root / "repo")
+    for folder in ("home", "tmp"):
+        (root / folder).mkdir()
+    (root / "targets").write_text("pkg/tests/test_core.py::test_answer\ntests/test_more.py::test_more\n")
+    (root / "test-files").write_text("pkg/tests/test_core.py\ntests/test_more.py\n")
+    listing = subprocess.run(
+        ["git", "-C", str(agent), "ls-tree", "-r", "-z", "--full-tree", "HEAD"], check=True, capture_output=True
+    )
+    (root / "base-tree").write_bytes(listing.stdout)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        argv = ["--agent-repo", str(agent), "--grader-root", str(root), "--python", sys.executable]
+        assert grade.main([*argv, "--chunk-size", str(chunk_size), "--timeout-s", "60"]) == 0
+    return printed.getvalue().strip(), (root / "repo/pkg/tests/test_core.py").read_text()
+
+
+def test_an_honest_fix_passes_and_the_canary_fails_in_every_run(tmp_path: Path) -> None:
+    line, test_file = run_grade(tmp_path, "")
+    report = read_report(line, ["pkg/tests/test_core.py::test_answer", "tests/test_more.py::test_more"])
+    assert report is not None and set(report.outcomes.values()) == {"PASSED"}, line
+    assert report.canary == "FF" and report.tampered is None  # two chunks, one canary run each
+    assert test_file.count("def test_") == 2 and test_file.rstrip().endswith("assert False")
+
+
+def test_library_code_that_rewrites_every_verdict_is_caught_by_the_canary(tmp_path: Path) -> None:
+    line, _ = run_grade(tmp_path, FORGING_PATCH, chunk_size=10)
+    report = read_report(line, ["pkg/tests/test_core.py::test_answer", "tests/test_more.py::test_more"])
+    assert report is not None and set(report.outcomes.values()) == {"PASSED"}, line  # what pytest was made to say
+    assert report.canary == "P" and "canary" in (report.tampered or "")
+
+
+def test_a_grading_command_counts_only_when_it_ends_as_the_grader_ends_it() -> None:
+    """After the install only the agent's code and the grader run: a command that then exits
+    non-zero, times out or holds other than one report was stopped or forged by that code."""
+    targets = ["t.py::test_a"]
+    line = report_line(targets, {"t.py::test_a": "PASSED"}, {}, {}, ["FAILED"])
+    honest = f"{INSTALLED_LINE}\n{line}\n"
+    report = read_grading(honest, targets, 0, False)
+    assert report is not None and report.outcomes == {"t.py::test_a": "PASSED"} and report.tampered is None
+    for output, exit_code, timed_out in [
+        (honest, 137, False),  # the grader killed after a report was written in its place
+        (honest, None, True),  # frozen until the command's timeout
+        (f"{INSTALLED_LINE}\n{line}\n{line}\n", 0, False),  # a second report, after the grader's
+        (f"{INSTALLED_LINE}\nKilled\n", 1, False),  # killed before it reported
+    ]:
+        stopped = read_grading(output, targets, exit_code, timed_out)
+        assert stopped is not None and stopped.installed and stopped.outcomes == {}, output
+        assert "did not end with its one report" in (stopped.tampered or ""), output
+    not_installed = read_grading(f"pip failed\n{NOT_INSTALLED_LINE}\n", targets, 0, False)
+    assert not_installed is not None and not not_installed.installed and not_installed.tampered is None
+    assert read_grading("bash: git: not found\n", targets, 127, False) is None  # before the install: not the agent
+
+
+@pytest.mark.parametrize(
+    ("config", "name"),
+    [
+        ("", "test_abc"),
+        ("[pytest]\npython_functions = check_* test_*\n", "check_abc"),
+        ("[tool.pytest.ini_options]\npython_functions = ['should_*']\n", "should_abc"),
+        ("[pytest]\npython_functions = it\n", "itabc"),
+        ("[pytest]\npython_functions = *_spec\n", "abc_spec"),
+        ("[pytest]\npython_functions = -\n", "test_abc"),
+    ],
+)
+def test_the_canary_is_named_so_the_instance_configuration_collects_it(config: str, name: str) -> None:
+    assert canary.canary_name(config, "abc") == name
+
+
+def test_the_canary_goes_into_a_regular_graded_test_file_only(tmp_path: Path) -> None:
+    repo = checkout(tmp_path / "repo", {"tests/test_a.py": "def test_a():\n    pass\n", "docs/x.txt": "x"})
+    (repo / "tests/test_link.py").symlink_to(repo / "tests/test_a.py")
+    assert canary.plant(repo, ["docs/x.txt", "tests/test_missing.py::t"], "") is None
+    nodeid = canary.plant(repo, ["tests/test_link.py::test_a", "tests/test_a.py::test_a"], "")
+    assert nodeid is not None and nodeid.startswith("tests/test_a.py::test_")
+    name = nodeid.split("::")[1]
+    assert f"\n\n\ndef {name}():\n    assert False\n" in (repo / "tests/test_a.py").read_text()
+    assert canary.plant(repo, ["tests/test_a.py::test_a"], "") != nodeid  # named anew each grading
+    assert canary.forged("FP") and canary.forged("X") and not canary.forged("FE?T") and not canary.forged("")

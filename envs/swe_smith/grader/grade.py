@@ -1,6 +1,7 @@
 """The grader's last step in the slot: take the agent's source changes onto the fresh checkout
-(already installed, so none of the agent's code ran during the install), run the graded tests in
-chunks, and print the report line.
+(already installed, so none of the agent's code ran during the install), add the canary to a graded
+test file (`canary`), run the graded tests in chunks with the canary in each, and print the report
+line.
 
 Run as `python3 -I -S -c 'import sys; sys.path.insert(0, BIN); from grader.grade import main; ...'`
 by the grading command (`envs.swe_smith.grading.grade_script`), which made every path it names.
@@ -12,6 +13,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import canary
 from .changes import BaseTree, take_changes
 from .pytest_run import clean_environment, instance_config, pytest_argv, run_chunk
 from .report import report_line, summarize_changes
@@ -41,17 +43,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = root / "empty" / "pytest.ini"
         config.parent.mkdir()
         config.write_text("")
+    canary_id = canary.plant(repo, targets, config.read_text(encoding="utf-8", errors="replace"))
     env = clean_environment(root)
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
+    canary_outcomes: list[str] = []
     for index, chunk in enumerate(chunks(targets, args.chunk_size)):
+        ids = [*chunk, canary_id] if canary_id else chunk
         ids_file = root / f"chunk-{index}.args"
-        ids_file.write_text("\n".join(chunk) + "\n")
+        ids_file.write_text("\n".join(ids) + "\n")
         argv_ = pytest_argv(args.python, repo, config, ids_file)
-        found, said = run_chunk(argv_, repo, env, root / f"chunk-{index}.out", args.timeout_s, chunk)
+        found, said = run_chunk(argv_, repo, env, root / f"chunk-{index}.out", args.timeout_s, ids)
+        if canary_id:
+            canary_outcomes.append(found.pop(canary_id))
+            said.pop(canary_id, None)
         outcomes.update(found)
         messages.update(said)
-    print(report_line(targets, outcomes, messages, summarize_changes(changes.taken, changes.deleted, changes.ignored)))
+    changed = summarize_changes(changes.taken, changes.deleted, changes.ignored)
+    print(report_line(targets, outcomes, messages, changed, canary_outcomes))
     return 0
 
 
