@@ -108,10 +108,12 @@ def grade_script(
         f'--agent-repo /workspace/{shlex.quote(name)} --grader-root "$G" --python "$G/venv/bin/python" '
         f"--chunk-size {int(chunk_size)} --timeout-s {float(test_timeout_s)}\n"
     )
+    # The cleanup may fail (a test left a folder it cannot write): under `set -e` that would end an
+    # honest grading non-zero, which the env reads as the code under test stopping the grader.
     return (
         "set -eu -o pipefail\n"
         + CLEAN_ENVIRONMENT
-        + 'export G="$(mktemp -d /tmp/swe-grader.XXXXXX)"\ntrap \'rm -rf "$G"\' EXIT\n'
+        + 'export G="$(mktemp -d /tmp/swe-grader.XXXXXX)"\ntrap \'rm -rf "$G" || true\' EXIT\n'
         + 'mkdir "$G/bin" "$G/bin/grader" "$G/repo" "$G/home" "$G/tmp"\n'
         + "".join(_heredoc(f"$G/bin/grader/{file}", text) for file, text in sources.items())
         + "".join(_heredoc(f"$G/{file}", text) for file, text in files.items())
