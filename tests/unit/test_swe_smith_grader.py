@@ -17,6 +17,7 @@ import pytest
 from envs.swe_smith.grader import canary, grade, source_files
 from envs.swe_smith.grader.changes import BaseTree, take_changes, why_not_source
 from envs.swe_smith.grader.pytest_run import instance_config
+from envs.swe_smith.grader.pytest_summary import PYTEST_FLAGS, parse_summary
 from envs.swe_smith.grader.report import (
     INSTALLED_LINE,
     NOT_INSTALLED_LINE,
@@ -274,7 +275,7 @@ def test_an_honest_fix_passes_and_the_canary_fails_in_every_run(tmp_path: Path) 
     report = read_report(line, ["pkg/tests/test_core.py::test_answer", "tests/test_more.py::test_more"])
     assert report is not None and set(report.outcomes.values()) == {"PASSED"}, line
     assert report.canary == "FF" and report.tampered is None  # two chunks, one canary run each
-    assert test_file.count("def test_") == 2 and test_file.rstrip().endswith("assert False")
+    assert test_file.count("TestCase):") == 1 and test_file.rstrip().endswith("self.fail()")
 
 
 def test_library_code_that_rewrites_every_verdict_is_caught_by_the_canary(tmp_path: Path) -> None:
@@ -307,27 +308,41 @@ def test_a_grading_command_counts_only_when_it_ends_as_the_grader_ends_it() -> N
 
 
 @pytest.mark.parametrize(
-    ("config", "name"),
+    ("config_file", "config"),
     [
-        ("", "test_abc"),
-        ("[pytest]\npython_functions = check_* test_*\n", "check_abc"),
-        ("[tool.pytest.ini_options]\npython_functions = ['should_*']\n", "should_abc"),
-        ("[pytest]\npython_functions = it\n", "itabc"),
-        ("[pytest]\npython_functions = *_spec\n", "abc_spec"),
-        ("[pytest]\npython_functions = -\n", "test_abc"),
+        ("pytest.ini", "[pytest]\n"),
+        ("pytest.ini", "[pytest]\npython_functions = check_*\npython_classes = Spec*\n"),
+        ("pytest.ini", "[pytest]\npython_functions: check_*\n"),
+        ("setup.cfg", "[tool:pytest]\npython_functions =\n    check_*\n"),
     ],
 )
-def test_the_canary_is_named_so_the_instance_configuration_collects_it(config: str, name: str) -> None:
-    assert canary.canary_name(config, "abc") == name
+def test_pytest_collects_the_canary_whatever_the_instance_configuration_names_tests(
+    tmp_path: Path, config_file: str, config: str
+) -> None:
+    """An id pytest cannot find makes it run nothing, which would fail an honest fix's every test."""
+    repo = checkout(tmp_path / "repo", {"t/test_a.py": "def check_a():\n    pass\n", config_file: config})
+    nodeid = canary.plant(repo, ["t/test_a.py::check_a"])
+    assert nodeid is not None
+    run = subprocess.run(
+        [sys.executable, "-I", "-m", "pytest", *PYTEST_FLAGS, "-c", config_file, nodeid],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "COLUMNS": "400"},
+    )
+    assert parse_summary(run.stdout, {nodeid})[0] == {nodeid: "FAILED"}, run.stdout
 
 
 def test_the_canary_goes_into_a_regular_graded_test_file_only(tmp_path: Path) -> None:
     repo = checkout(tmp_path / "repo", {"tests/test_a.py": "def test_a():\n    pass\n", "docs/x.txt": "x"})
     (repo / "tests/test_link.py").symlink_to(repo / "tests/test_a.py")
-    assert canary.plant(repo, ["docs/x.txt", "tests/test_missing.py::t"], "") is None
-    nodeid = canary.plant(repo, ["tests/test_link.py::test_a", "tests/test_a.py::test_a"], "")
-    assert nodeid is not None and nodeid.startswith("tests/test_a.py::test_")
-    name = nodeid.split("::")[1]
-    assert f"\n\n\ndef {name}():\n    assert False\n" in (repo / "tests/test_a.py").read_text()
-    assert canary.plant(repo, ["tests/test_a.py::test_a"], "") != nodeid  # named anew each grading
+    assert canary.plant(repo, ["docs/x.txt", "tests/test_missing.py::t"]) is None
+    nodeid = canary.plant(repo, ["tests/test_link.py::test_a", "tests/test_a.py::test_a"])
+    assert nodeid is not None and nodeid.startswith("tests/test_a.py::")
+    case, method = nodeid.split("::")[1:]
+    assert method == f"test_{case.lower()}"
+    text = (repo / "tests/test_a.py").read_text()
+    assert text.startswith("def test_a():\n    pass\n\n\nclass ") and text.endswith("        self.fail()\n")
+    assert (repo / "tests/test_link.py").is_symlink()  # never written through
+    assert canary.plant(repo, ["tests/test_a.py::test_a"]) != nodeid  # named anew each grading
     assert canary.forged("FP") and canary.forged("X") and not canary.forged("FE?T") and not canary.forged("")

@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = root / "empty" / "pytest.ini"
         config.parent.mkdir()
         config.write_text("")
-    canary_id = canary.plant(repo, targets, config.read_text(encoding="utf-8", errors="replace"))
+    canary_id = canary.plant(repo, targets)
     env = clean_environment(root)
     outcomes: dict[str, str] = {}
     messages: dict[str, str] = {}
