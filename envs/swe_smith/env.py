@@ -149,12 +149,12 @@ class SweSmithEnv(Env):
             score = 1.0 if tests_passed else 0.0
         details = _details(instance, settings, outcomes, messages, tool_calls, installed, tests_passed)
         details["changes"] = report.changes
-        if installed:
-            details["canary"], details["grader_tampered"] = report.canary, tampered
         if not installed:
             details["install_output"] = run.output[-OUTPUT_TAIL_CHARS:]
-        elif report.stopped:
-            details["grader_output"] = run.output[-OUTPUT_TAIL_CHARS:]
+        else:
+            details["canary"], details["grader_tampered"] = report.canary, tampered
+            if report.stopped:
+                details["grader_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         return Verdict(score=score, details=details)
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:

@@ -42,7 +42,8 @@ class Report:
     canary: str = ""
     """The canary's outcome letter in each pytest run; empty where no canary was planted."""
     stopped: str | None = None
-    """Set by the env where the grader never reported after the install: how its command ended."""
+    """How the grading command ended, where it did not end with the grader's one report after the
+    install (`read_grading`); None otherwise."""
 
     @property
     def tampered(self) -> str | None:
@@ -95,12 +96,11 @@ def read_grading(output: str, targets: list[str], exit_code: int | None, timed_o
     that then does not end as the grader ends it (exit 0, one report line) was stopped by that code
     (killed or frozen), or that code printed a report of its own: the report says so (`stopped`)."""
     lines = output.splitlines()
-    report = read_report(output, targets)
     reports = sum(line.startswith(REPORT_MARKER) for line in lines)
     if INSTALLED_LINE in lines and (exit_code != 0 or timed_out or reports != 1):
         how = "timed out" if timed_out else f"exit {exit_code}"
         return Report(installed=True, stopped=f"{how}, {reports} report lines")
-    return report
+    return read_report(output, targets)
 
 
 def read_report(output: str, targets: list[str]) -> Report | None:
