@@ -277,7 +277,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     view = sub.add_parser(
         "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
     )
-    view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
+    view.add_argument(
+        "--host", default="127.0.0.1", help="address to bind; beyond loopback the page needs a key (--api-key-env)"
+    )
     view.add_argument("--port", type=int, default=8300)
     view.add_argument(
         "--allowed-host",
@@ -285,6 +287,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=[],
         dest="allowed_hosts",
         help="another name the page is reached by (repeatable); it refuses every other Host header",
+    )
+    view.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
+        "or send 'Authorization: Bearer KEY'; required with a --host beyond loopback",
     )
 
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
@@ -297,11 +306,14 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from temporal_rollouts.sandbox_server.hosts import AllowedHosts
+    from temporal_rollouts.sandbox_server.keys import key_from_env, require_key
     from temporal_rollouts.view.app import create_app
 
+    key = key_from_env(args.api_key_env)
+    require_key(args.host, key, "rollouts view")  # it shows every conversation
     client, transcripts = await inspection_client(settings)
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts))
+    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), key)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     print(
         f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"

@@ -254,6 +254,8 @@ class DemoPolicySettings(BaseModel):
     """Address the demo policy server binds."""
     port: int = 8765
     """Port of the demo policy server."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the demo policy's key (sent as a bearer token); a `host` beyond loopback needs one, or the server refuses to start."""
 
 
 class StorageSettings(BaseModel):
@@ -401,7 +403,10 @@ class Settings(BaseSettings):
         if name in self.policies:
             return self.policies[name]
         if name == DEMO_POLICY:
-            return ChatPolicy(base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0)
+            demo = self.demo_policy
+            return ChatPolicy(
+                base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0, api_key_env=demo.api_key_env
+            )
         if name.startswith(("http://", "https://")):
             return ChatPolicy(base_url=name.rstrip("/"))
         known = sorted({DEMO_POLICY, *self.policies})

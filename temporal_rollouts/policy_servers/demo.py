@@ -59,6 +59,7 @@ from starlette.routing import Route
 
 from temporal_rollouts.core.tasks import ScriptedCall
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey, is_loopback_bind, key_from_env, require_key
 
 log = logging.getLogger(__name__)
 
@@ -319,24 +320,17 @@ def _from_loopback(request: Request) -> bool:
         return False
 
 
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def build_app(
     faults: Faults | dict[str, Any] | None = None,
     *,
     enable_control: bool = False,
     allowed_hosts: AllowedHosts | None = None,
+    api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
-    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`)."""
+    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`);
+    with `api_key`, every route but /health needs it (`sandbox_server.keys`)."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
     policy = DemoPolicy(faults)
@@ -352,7 +346,9 @@ def build_app(
             Route("/stats/reset", policy.reset_stats, methods=["POST"]),
         ]
     allowed = allowed_hosts or AllowedHosts.for_bind("127.0.0.1")
-    app = Starlette(routes=routes, middleware=[Middleware(HostGuard, allowed=allowed)])
+    app = Starlette(
+        routes=routes, middleware=[Middleware(HostGuard, allowed=allowed), Middleware(BearerKey, key=api_key)]
+    )
     app.state.policy = policy
     return app
 
@@ -371,9 +367,13 @@ async def serve(
     log_level: str = "warning",
     enable_control: bool = False,
     allowed_hosts: Sequence[str] = (),
+    api_key: str | None = None,
 ) -> None:
-    """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`."""
-    app = build_app(faults, enable_control=enable_control, allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts))
+    """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`,
+    and refuses to start beyond loopback without `api_key` (`sandbox_server.keys`)."""
+    require_key(host, api_key, "the demo policy")
+    allowed = AllowedHosts.for_bind(host, allowed_hosts)
+    app = build_app(faults, enable_control=enable_control, allowed_hosts=allowed, api_key=api_key)
     await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
 
 
@@ -462,6 +462,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).",
     )
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="the environment variable holding the key every route but /health then needs "
+        "('Authorization: Bearer KEY'); required with a --host beyond loopback",
+    )
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"
@@ -475,8 +482,10 @@ def main(argv: list[str] | None = None) -> None:
         faults = Faults.model_validate({name: getattr(args, name) for name in Faults.model_fields})
     except ValidationError as err:
         raise SystemExit(f"bad fault flags: {err}") from None
-    if args.enable_control and not is_loopback_host(args.host):
+    if args.enable_control and not is_loopback_bind(args.host):
         raise SystemExit(f"--enable-control needs a loopback --host (127.0.0.1, ::1, localhost), not {args.host!r}")
+    api_key = key_from_env(args.api_key_env)
+    require_key(args.host, api_key, "the demo policy")
     logging.basicConfig(level=args.log_level.upper())
     print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
                 log_level=args.log_level,
                 enable_control=args.enable_control,
                 allowed_hosts=args.allowed_hosts,
+                api_key=api_key,
             )
         )
     except KeyboardInterrupt:

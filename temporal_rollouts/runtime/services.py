@@ -87,8 +87,9 @@ def ensure_demo_policy(settings: Settings) -> bool:
     if settings.default_policy != DEMO_POLICY or not cfg.start_local or port_open(cfg.host, cfg.port):
         return False
     log_path = settings.data_dir / "demo_policy.log"
+    key = ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []  # the child inherits the variable
     proc = start_detached(
-        "temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port)], log_path
+        "temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port), *key], log_path
     )
     wait_for_port(cfg.host, cfg.port, proc, "the demo policy server", log_path)
     _demo_pid_file(settings).write_text(str(proc.pid))

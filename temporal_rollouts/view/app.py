@@ -36,11 +36,14 @@ from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
 from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.codec import codec_routes
 from temporal_rollouts.view.figures import Counts, batch_figures, counts_of_rows
 from temporal_rollouts.view.outcome_cache import OutcomeCache
 
+KEY_COOKIE = "rollouts_view_key"
+"""The cookie that carries the view's key once the page was opened as `/?key=KEY`."""
 PAGE = Path(__file__).with_name("page.html")
 MAX_ROLLOUTS = 2000
 """Rollouts listed for one batch at most (filters narrow a larger one); the figures count them all."""
@@ -74,10 +77,13 @@ def create_app(
     transcripts: TranscriptStore,
     ui_origins: list[str] | None = None,
     allowed_hosts: AllowedHosts | None = None,
+    key: str | None = None,
 ) -> Starlette:
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
-    header is refused, so a web page cannot read the conversations through DNS rebinding."""
+    header is refused, so a web page cannot read the conversations through DNS rebinding. `key`:
+    every route then needs it, as a bearer token or the cookie the page sets when opened once as
+    `/?key=KEY` (`sandbox_server.keys`)."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}
     outcomes = OutcomeCache(client)
@@ -158,5 +164,6 @@ def create_app(
                 if ui_origins
                 else []
             ),
+            Middleware(BearerKey, key=key, open_paths=(), cookie=KEY_COOKIE),
         ],
     )
