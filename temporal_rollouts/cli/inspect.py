@@ -315,8 +315,9 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
     app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), key)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    opened = f"?key=<the key in ${args.api_key_env}>" if key else ""
     print(
-        f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
+        f"rollouts view: http://{args.host}:{args.port}/{opened}  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
         f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
         flush=True,
     )
