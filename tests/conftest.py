@@ -5,6 +5,8 @@ policy, worker) are in tests/support/fixtures.py, loaded by the integration and 
 The session also gets a temp folder of its own (`tests/support/tempdir.py`): what any test or any
 process it started leaves there fails the run."""
 
+import sys
+
 import pytest
 
 from tests.support.servers.fixtures import (  # noqa: F401  (fixtures, shared by every module)
@@ -23,6 +25,8 @@ temp folder, so everything under test inherits it."""
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if (scratch := sys.modules.get("envs.swe_smith.scratch")) is not None:
+        scratch.PROCESS_FOLDER.remove()  # what this process removes at its exit, which comes after this check
     leftovers = SESSION_TEMP.leftovers()
     if leftovers:
         session.config.stash[LEFT_OVER] = report(leftovers, SESSION_TEMP.folder)

@@ -111,7 +111,7 @@ class SweSmithEnv(Env):
         tool_calls = sum(len(m.tool_calls or ()) for m in transcript if m.role == "assistant")
 
         # No process of the agent may run while it is graded (the grader's /tmp is out of its reach anyway).
-        await slot.stop_terminal(key="grader-stop-terminal")
+        await slot.stop_processes(key="grader-stop-processes")
         repository, wheels = await self._share(instance, slot)
         script = grading.grade_script(
             name,
@@ -153,6 +153,11 @@ class SweSmithEnv(Env):
             details["install_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         else:
             details["canary"], details["grader_tampered"] = report.canary, tampered
+            details["canary_templates"] = report.canary_templates
+            if report.machinery:
+                details["machinery"] = report.machinery
+            if report.tests_in_sight is not None:
+                details["tests_in_sight"] = report.tests_in_sight
             if report.stopped:
                 details["grader_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         return Verdict(score=score, details=details)
