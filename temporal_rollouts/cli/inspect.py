@@ -31,6 +31,7 @@ from temporal_rollouts.cli.records import (
 )
 from temporal_rollouts.cli.rollout_rows import MAX_ROLLOUTS
 from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.sandbox_server.keys import add_key_argument
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -288,11 +289,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         dest="allowed_hosts",
         help="another name the page is reached by (repeatable); it refuses every other Host header",
     )
-    view.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="NAME",
-        help="the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
+    add_key_argument(
+        view,
+        "the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
         "or send 'Authorization: Bearer KEY'; required with a --host beyond loopback",
     )
 

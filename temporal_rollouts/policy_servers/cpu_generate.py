@@ -55,7 +55,7 @@ from starlette.routing import Route
 
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import BearerKey, KeyRequired, key_from_env, require_key
+from temporal_rollouts.sandbox_server.keys import BearerKey, add_key_argument, KeyRequired, key_from_env, require_key
 from temporal_rollouts.policy_servers.sampling import DEFAULT_WEIGHT_VERSION, BadRequest, TokenSampler
 from temporal_rollouts.policy_servers.weights import WeightsError
 from temporal_rollouts.policy_servers.wire import parse_sglang, parse_vllm, sglang_response, vllm_response
@@ -264,13 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)",
     )
-    parser.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="NAME",
-        help="the environment variable holding the key every route but /health then needs "
-        "('Authorization: Bearer KEY'); required with a --host beyond loopback",
-    )
+    add_key_argument(parser)
     parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--weights-dir",

@@ -59,7 +59,13 @@ from starlette.routing import Route
 
 from temporal_rollouts.core.tasks import ScriptedCall
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import BearerKey, is_loopback_bind, key_from_env, require_key
+from temporal_rollouts.sandbox_server.keys import (
+    BearerKey,
+    add_key_argument,
+    is_loopback_bind,
+    key_from_env,
+    require_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -462,13 +468,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).",
     )
-    parser.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="NAME",
-        help="the environment variable holding the key every route but /health then needs "
-        "('Authorization: Bearer KEY'); required with a --host beyond loopback",
-    )
+    add_key_argument(parser)
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"

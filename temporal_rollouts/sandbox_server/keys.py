@@ -16,6 +16,7 @@ server, which imports nothing else of the project, so every server shares it.
 
 from __future__ import annotations
 
+import argparse
 import hmac
 import os
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -31,6 +32,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 KEY_QUERY = "key"
 """A browser page (`rollouts view`) takes the key once in its address (`/?key=KEY`), then as a cookie."""
+
+
+KEY_HELP = (
+    "the environment variable holding the key every route but /health then needs ('Authorization: Bearer KEY'); "
+    "required with a --host beyond loopback"
+)
+
+
+def add_key_argument(parser: argparse.ArgumentParser, help: str = KEY_HELP) -> None:
+    """`--api-key-env NAME`, as every server of the project takes its key."""
+    parser.add_argument("--api-key-env", default=None, metavar="NAME", help=help)
 
 
 class KeyRequired(SystemExit):
