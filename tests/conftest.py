@@ -41,6 +41,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    SESSION_TEMP.restore()
     SESSION_TEMP.remove()
 
 

@@ -5,8 +5,10 @@ Without it, a worker's build folders, a server's spools or a library's caches th
 process pile up in the host's temp dir run after run (a swe_smith cache entry left 0.5 MB per
 repository per worker, 45 of them after an afternoon), unseen. The session sets `TMPDIR` (and
 `tempfile.tempdir`) before any test runs, so the processes tests start inherit it. Not counted:
-pytest's own `tmp_path` folders (`pytest-of-<user>`) and the caches other libraries keep on purpose
-across runs (torch's compile cache, pointed into `library-caches/`). The folder is removed at the
+pytest's own `tmp_path` folders (`pytest-of-<user>`), the caches other libraries keep on purpose
+across runs (torch's compile cache, pointed into `library-caches/`), and folders the test process
+itself removes at its exit, after this check (a `tempfile.TemporaryDirectory` a library holds for
+the life of the process, as wandb does once imported). The folder is removed at the
 end either way (`tmp_path` folders with it: pass `--basetemp DIR` to keep them), so a leftover
 costs one failed run, not the disk.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import weakref
 from pathlib import Path
 
 KEPT_BY_PYTEST = "pytest-of-"
@@ -37,13 +40,28 @@ class SessionTemp:
             names = sorted(os.listdir(self.folder))
         except FileNotFoundError:
             return []
-        return [name for name in names if not name.startswith(KEPT_BY_PYTEST) and name != LIBRARY_CACHES]
+        at_exit = self.removed_at_exit()
+        return [n for n in names if not n.startswith(KEPT_BY_PYTEST) and n != LIBRARY_CACHES and n not in at_exit]
+
+    def removed_at_exit(self) -> set[str]:
+        """Entries a pending `weakref.finalize` of this process removes when it exits (what
+        `tempfile.TemporaryDirectory` registers), read from the finalizers' registry."""
+        inside = str(self.folder) + os.sep
+        names = set()
+        for info in list(weakref.finalize._registry.values()):  # type: ignore[attr-defined]
+            for arg in info.args if info.atexit else ():
+                if isinstance(arg, str) and arg.startswith(inside):
+                    names.add(arg[len(inside) :].split(os.sep, 1)[0])
+        return names
 
     def remove(self) -> None:
         """`rm -rf`, not shutil.rmtree, which recurses and stops at a tree deeper than ~1,000 levels."""
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.folder)], check=False)
+
+    def restore(self) -> None:
+        """The host's temp dir again, for what runs after the session."""
         os.environ["TMPDIR"] = self.host_temp
         tempfile.tempdir = None
-        subprocess.run(["rm", "-rf", "--one-file-system", str(self.folder)], check=False)
 
 
 def report(leftovers: list[str], folder: Path) -> str:
