@@ -129,7 +129,9 @@ class SweSmithEnv(Env):
         chunk_count = max(1, -(-len(targets) // settings.test_chunk_size))
         timeout_s = settings.install_timeout_s + chunk_count * settings.test_timeout_s + GRADER_OVERHEAD_S
         entries = [entry for entry in (repository, wheels) if entry]
-        run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries)
+        # Read-only: the grader reads the agent's repository and works in its own /tmp; nothing the tests
+        # start can then touch the workspace either (the snapshot after verify is what the agent left).
+        run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries, read_only=True)
         report = read_grading(run.output, targets, run.exit_code, run.timed_out)
         if report is None:
             raise TaskError(

@@ -73,6 +73,9 @@ def test_the_demo_policy_needs_its_key_on_every_route_but_health() -> None:
             assert http.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200, path
         assert http.post("/control", json={"fail_next": 5}).status_code == 401
         assert http.get("/health").status_code == 200
+        assert http.get("/v1/models", params={KEY_QUERY: KEY}).status_code == 401, "only a page takes it in its address"
+        assert http.get("/v1/models", headers={"Cookie": f"rollouts_view_key={KEY}"}).status_code == 401
+        assert http.get("/v1/models", headers={"Authorization": f"bearer  {KEY} "}).status_code == 200
 
 
 class RecordingSampler:
