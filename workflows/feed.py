@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
@@ -44,9 +43,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
     from activities.feed import FeedActivities, FeedCheckInput, FeedGroupInput, RunsToCheck, TrainerQuery
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error
     from temporal_rollouts.core.feed import RETRIED_STOPS, FeedInput, FeedState, FeedStatus, GroupRun, TrainerView
-    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
     from temporal_rollouts.core.tasks import Item
     from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult
@@ -66,8 +64,6 @@ CHECK_ROLLOUTS_S = 120.0
 MAX_BACKOFF_S = 300.0
 TREE = -1
 """`GroupRun.resume_at` key of a branching group's whole tree."""
-VIEW_AFTER_POSTS = "feed-view-after-posts"
-"""Patch: a long-poll view that came back after this run posted is asked again before it counts."""
 
 
 def rollout_id(run: str, group_id: str, index: int) -> str:
@@ -141,11 +137,8 @@ class TrainingFeedWorkflow:
     # ------------------------------------------------------------------ the run
 
     @workflow.run
-    async def run(self, input: Any = None) -> FeedStatus:
-        try:
-            input = parse_input(FeedInput, input, "TrainingFeedWorkflow")
-        except InvalidInput as err:
-            raise as_application_error(err) from None
+    @checked_input
+    async def run(self, input: FeedInput) -> FeedStatus:
         self._input = input
         if input.state is not None:  # continued as new: signals that came before this line are kept too
             carried = input.state
@@ -637,7 +630,7 @@ class TrainingFeedWorkflow:
         (staler than the bound once run-api hands out the newest first). Then run-api is asked again, at
         once: posting happens only in this loop, so nothing lands during that question. If that fails, the
         view this run kept (which counts its posts) stays."""
-        if self._posts != self._waiter_posts and workflow.patched(VIEW_AFTER_POSTS):
+        if self._posts != self._waiter_posts:
             try:
                 view = await self._trainer(wait_s=0)
             except ActivityError as err:

@@ -6,9 +6,6 @@ PASSES_PER_RUN passes so its history stays short. One execution per task queue, 
 idempotently by every worker (runtime/schedules.py), so the UI's workflow list shows one
 row for it instead of a new run every 30 s as the schedule it replaces did. `rollouts
 reap` runs a pass now through the `pass_now` update and gets that pass's report back.
-
-Started with no input (as the old schedule and `rollouts reap` of earlier versions did),
-it runs one pass and returns its report.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import MaintenanceReport, PoolActivities
+    from temporal_rollouts.core.inputs import checked_input
     from workflows import params
 
 PASSES_PER_RUN = 200
@@ -41,9 +39,8 @@ class SlotPoolMaintenanceWorkflow:
         self._interval_s: float | None = None
 
     @workflow.run
-    async def run(self, input: MaintenanceInput | None = None) -> MaintenanceReport | None:
-        if input is None:
-            return await self._pass()
+    @checked_input
+    async def run(self, input: MaintenanceInput) -> None:
         self._interval_s = input.interval_s
         self._passes = self._started = input.passes
         for _ in range(PASSES_PER_RUN):
