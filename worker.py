@@ -52,6 +52,7 @@ from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
+from temporal_rollouts.runtime.versioning import become_current_if_newest, deployment_config, worker_version
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
@@ -146,7 +147,17 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         if settings.worker.sandboxed_workflows
         else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
+        deployment_config=deployment_config(settings),
     )
+
+
+@contextlib.asynccontextmanager
+async def polling_worker(client: Client, parts: Parts) -> AsyncIterator[Worker]:
+    """The worker, polling, its build made the current one where `worker.become_current` says so
+    (runtime/versioning.py): from then on new batches and rollouts go to this build."""
+    async with build_worker(client, parts) as worker:
+        await become_current_if_newest(client, parts.settings)
+        yield worker
 
 
 def task_slots(worker: WorkerSettings) -> dict:
@@ -198,7 +209,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         await check_local_backend_is_alone(client, settings)
         await parts.pool.fleet.backend.prepare()
         await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
-        async with build_worker(client, parts):
+        async with polling_worker(client, parts):
             await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
@@ -212,8 +223,13 @@ async def main_async(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with running_worker(settings):
         where = settings.temporal_address + (" (embedded)" if settings.embedded else "")
+        build = worker_version(settings).build_id if settings.worker.versioning else "unversioned"
         log.info(
-            "worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-"
+            "worker polling task queue %r (build %s) on %s; UI %s",
+            settings.temporal.task_queue,
+            build,
+            where,
+            settings.ui_url or "-",
         )
         if settings.worker.processes > 1:
             await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)

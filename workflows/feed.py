@@ -35,6 +35,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
@@ -76,7 +77,7 @@ def _place(rollout: str) -> tuple[str, int]:
     return group_id, int(index.removeprefix("r"))
 
 
-@workflow.defn(name="TrainingFeedWorkflow")
+@workflow.defn(name="TrainingFeedWorkflow", versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class TrainingFeedWorkflow:
     def __init__(self) -> None:
         self._input: FeedInput | None = None

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import MaintenanceReport, PoolActivities
@@ -29,7 +30,7 @@ class MaintenanceInput(BaseModel):
     passes: int = Field(default=0, description="Passes run by earlier runs of this chain (for the query).")
 
 
-@workflow.defn(name="SlotPoolMaintenanceWorkflow")
+@workflow.defn(name="SlotPoolMaintenanceWorkflow", versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class SlotPoolMaintenanceWorkflow:
     def __init__(self) -> None:
         self._passes = 0  # passes finished

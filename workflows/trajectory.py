@@ -17,6 +17,7 @@ import asyncio
 from datetime import datetime
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -47,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import StepFailed, stop_for
 
 
-@workflow.defn(name="TrajectoryWorkflow")
+@workflow.defn(name="TrajectoryWorkflow", versioning_behavior=VersioningBehavior.PINNED)
 class TrajectoryWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"

@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporal_rollouts.cli import fork as cli_fork
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
+from temporal_rollouts.cli import versions as cli_versions
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
@@ -427,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_inspect.add_parsers(sub)
     cli_train.add_parser(sub)
     cli_fork.add_parser(sub)
+    cli_versions.add_parser(sub)
     return parser
 
 
@@ -442,6 +444,7 @@ COMMANDS = {
     "train": cli_train.cmd_train,
     "fork": cli_fork.cmd_fork,
     **cli_inspect.COMMANDS,
+    **cli_versions.COMMANDS,
 }
 
 

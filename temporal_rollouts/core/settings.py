@@ -308,6 +308,12 @@ class WorkerSettings(BaseModel):
     """On SIGTERM, how long running activities get to finish before they are handed back."""
     host_name: str | None = None
     """This host's name in worker identities (`pid@host`); the machine's hostname when unset."""
+    versioning: bool = True
+    """Temporal worker versioning (docs/upgrades.md): each worker serves one build of the workflow code, a batch or rollout finishes on the build it started on, and new ones go to the deployment's current build. Off, every worker takes every task, and a workflow change that is not replay-safe breaks the rollouts in flight."""
+    build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    """This worker's build. Unset, it is a digest of the workflow code (comments and docstrings aside), so restarting workers whose workflows did not change keeps their build, and their rollouts go on; set it (a git commit, an image tag) to decide yourself."""
+    become_current: Literal["if_newest", "never"] = "if_newest"
+    """`if_newest`: a starting worker makes its build the current one when no build newer than it has polled yet, so upgrading is starting the new workers (an old worker that restarts never takes new work back). `never`: only `rollouts versions --set-current BUILD` (or `temporal worker deployment set-current-version`) moves new work to a build."""
     metrics_address: str | None = Field(default=None, pattern=r"^[^\s:]+:\d{1,5}$")
     """`host:port` where the worker serves the Temporal SDK's metrics for Prometheus at `/metrics` (sticky cache hits, misses and forced evictions, task latencies and slots); worker process k of `processes` serves on port + k - 1. Off when unset."""
 
