@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
@@ -80,7 +79,7 @@ def rollout_id(batch_id: str, item_index: int, group_index: int) -> str:
     return f"{batch_id}/item-{item_index}/g{group_index}"
 
 
-@workflow.defn(name="BatchWorkflow", versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name="BatchWorkflow")
 class BatchWorkflow:
     def __init__(self) -> None:
         self._progress: BatchProgress | None = None

@@ -35,7 +35,6 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
@@ -53,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.children import result_from_failure
     from workflows.trajectory import TrajectoryWorkflow
     from workflows.tree import RolloutTreeWorkflow
+    from workflows.upgrades import continue_on_current_build, time_to_continue
 
 ITEM_PAGE = 100
 TRAINER_WAIT_S = 30.0
@@ -77,7 +77,7 @@ def _place(rollout: str) -> tuple[str, int]:
     return group_id, int(index.removeprefix("r"))
 
 
-@workflow.defn(name="TrainingFeedWorkflow", versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name="TrainingFeedWorkflow")
 class TrainingFeedWorkflow:
     def __init__(self) -> None:
         self._input: FeedInput | None = None
@@ -173,7 +173,7 @@ class TrainingFeedWorkflow:
                 break
             await self._resume_due()
             await self._start_groups()
-            if workflow.info().is_continue_as_new_suggested():
+            if time_to_continue():
                 await self._continue_as_new()
             await self._wait()
             if workflow.time() - self._checked_at >= CHECK_ROLLOUTS_S:
@@ -649,7 +649,9 @@ class TrainingFeedWorkflow:
             if not self._waiter.cancelled() and self._waiter.exception() is None:
                 await self._take_view(self._waiter.result())
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+        workflow.continue_as_new(
+            input.model_copy(update={"state": self._state}), initial_versioning_behavior=continue_on_current_build()
+        )
 
     def _api_url(self) -> str | None:
         return self._state.api_url

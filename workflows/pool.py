@@ -14,12 +14,12 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import MaintenanceReport, PoolActivities
     from temporal_rollouts.core.inputs import checked_input
     from workflows import params
+    from workflows.upgrades import continue_on_current_build, time_to_continue
 
 PASSES_PER_RUN = 200
 """Passes before continuing as new (each pass adds about 6 events)."""
@@ -30,7 +30,7 @@ class MaintenanceInput(BaseModel):
     passes: int = Field(default=0, description="Passes run by earlier runs of this chain (for the query).")
 
 
-@workflow.defn(name="SlotPoolMaintenanceWorkflow", versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name="SlotPoolMaintenanceWorkflow")
 class SlotPoolMaintenanceWorkflow:
     def __init__(self) -> None:
         self._passes = 0  # passes finished
@@ -50,14 +50,17 @@ class SlotPoolMaintenanceWorkflow:
                 await workflow.wait_condition(lambda: self._wanted > 0, timeout=timedelta(seconds=self._interval_s))
             except TimeoutError:  # the period is over
                 pass
-            if workflow.info().is_continue_as_new_suggested():
+            if time_to_continue():
                 break
         while self._wanted or not workflow.all_handlers_finished():  # `pass_now` callers are answered first
             if self._wanted:
                 await self._pass()
             else:
                 await workflow.wait_condition(lambda: self._wanted > 0 or workflow.all_handlers_finished())
-        workflow.continue_as_new(MaintenanceInput(interval_s=self._interval_s, passes=self._passes))
+        workflow.continue_as_new(
+            MaintenanceInput(interval_s=self._interval_s, passes=self._passes),
+            initial_versioning_behavior=continue_on_current_build(),
+        )
 
     async def _pass(self) -> MaintenanceReport:
         self._wanted = 0

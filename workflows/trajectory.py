@@ -17,7 +17,6 @@ import asyncio
 from datetime import datetime
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -48,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import StepFailed, stop_for
 
 
-@workflow.defn(name="TrajectoryWorkflow", versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name="TrajectoryWorkflow")
 class TrajectoryWorkflow:
     def __init__(self) -> None:
         self._phase = "starting"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError
 
@@ -47,7 +46,7 @@ def branch_input(parent: TrajectoryInput, request: BranchRequest, group_index: i
     return parent.model_copy(update={"fork": fork, "branch": plan, "group_index": group_index, "resume_from_run": None})
 
 
-@workflow.defn(name="RolloutTreeWorkflow", versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name="RolloutTreeWorkflow")
 class RolloutTreeWorkflow:
     def __init__(self) -> None:
         self._requests: list[BranchRequest] = []

@@ -1,11 +1,11 @@
 """Temporal worker versioning: a rollout finishes on the build of the workflow code it started on.
 
 Every worker belongs to one Worker Deployment (named after its task queue) and serves one build of
-it. Batches, rollouts and fork trees are pinned (`VersioningBehavior.PINNED`): their workflow tasks,
-activities and child rollouts go only to workers of the build they started on, so a change to the
-workflow code never meets a history it cannot replay. The training feed and the pool's maintenance
-workflow live for days and continue as new; they move to the current build at their next task
-(`AUTO_UPGRADE`), so a change to them must stay replay-safe (`workflow.patched`).
+it. Every workflow is pinned (`VersioningBehavior.PINNED`, the worker's default): its workflow
+tasks, activities and child rollouts go only to workers of the build it started on, so a change to
+the workflow code never meets a history it cannot replay. The training feed and the pool's
+maintenance workflow live for days: they continue as new onto the current build once a newer one
+is current (workflows/upgrades.py).
 
 Upgrading is starting workers of the new build: a starting worker makes its build the deployment's
 current one when no newer build has polled yet (`worker.become_current`), so new batches go to it,
@@ -35,7 +35,7 @@ from temporalio.api.workflowservice.v1 import (
     SetWorkerDeploymentCurrentVersionRequest,
 )
 from temporalio.client import Client
-from temporalio.common import WorkerDeploymentVersion
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkerDeploymentConfig
 
@@ -89,7 +89,11 @@ def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
     """The Worker's `deployment_config`; None with versioning off."""
     if not settings.worker.versioning:
         return None
-    return WorkerDeploymentConfig(version=worker_version(settings), use_worker_versioning=True)
+    return WorkerDeploymentConfig(
+        version=worker_version(settings),
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.PINNED,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Upgrading workers with batches in flight (worker versioning, docs/upgrades.md): a new build takes the
-new batches while the old build finishes its own, and an old worker that restarts takes nothing back.
+new batches while the old build finishes its own, a long-lived workflow moves to the new build by
+continuing as new, and an old worker that restarts takes nothing back.
 Real dev server, workers, sandbox and demo policy."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from temporal_rollouts.cli.main import main as cli_main
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime import versioning
+from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from tests.support.processes import kill_servers_under
@@ -39,6 +41,12 @@ async def _pinned_build(client: Client, workflow_id: str) -> str:
     return described.raw_description.workflow_execution_info.versioning_info.deployment_version.build_id
 
 
+async def _on_build(client: Client, workflow_id: str, build: str) -> bool:
+    """The workflow's latest run is running on `build`."""
+    described = await client.get_workflow_handle(workflow_id).describe()
+    return described.status == WorkflowExecutionStatus.RUNNING and await _pinned_build(client, workflow_id) == build
+
+
 async def _rollout_ids(client: Client, batch_id: str) -> list[str]:
     return [
         e.id
@@ -53,6 +61,7 @@ async def test_a_new_build_takes_new_batches_while_the_old_build_finishes_its_ow
     old = _build(settings, queue, tmp_path / "data", "build-1")
     new = _build(settings, queue, tmp_path / "data", "build-2")
     old_parts, new_parts = Parts(old), Parts(new)
+    quick_upkeep = old.model_copy(update={"sandbox": old.sandbox.model_copy(update={"reap_interval_s": 0.5})})
     batch = BatchInput(env="echo_chain", num_items=2, group_size=2, env_config={"steps": 3})
     client = await connect(old, objects=parts.objects, start_embedded=False)
     try:
@@ -60,6 +69,7 @@ async def test_a_new_build_takes_new_batches_while_the_old_build_finishes_its_ow
         async with polling_worker(client, old_parts):
             assert (await versioning.describe(client, old)).current == "build-1"
             first = await client.start_workflow(BatchWorkflow.run, batch, id=f"{queue}-first", task_queue=queue)
+            upkeep = await ensure_maintenance_workflow(client, quick_upkeep)  # long-lived: moves at continue-as-new
             await wait_until(lambda: _rollout_ids(client, first.id), timeout_s=30)
 
             async with polling_worker(client, new_parts):
@@ -73,6 +83,8 @@ async def test_a_new_build_takes_new_batches_while_the_old_build_finishes_its_ow
                 second = await client.start_workflow(BatchWorkflow.run, batch, id=f"{queue}-second", task_queue=queue)
                 demo_policy.control(delay_s=0.0)
                 results = [BatchResult.model_validate(await h.result()) for h in (first, second)]
+                assert await wait_until(lambda: _on_build(client, upkeep.id, "build-2"), timeout_s=30)
+                await upkeep.terminate("test over")
 
             for result in results:
                 assert result.total == 4 and result.completed == 4 and result.failed == 0, result

@@ -4,11 +4,9 @@ tests/data/histories/ holds real runs through the real worker, dev server, sandb
 policy, recorded by `python -m tests.support.record_histories`: a terminal-task rollout, an
 echo_chain batch and one of its child rollouts, and a branched batch's tree, its parent
 (branching after turn 1, with turn snapshots) and its branch (a live copy). A change that
-fails this test changes what a workflow does for runs already in flight: either make it
-replay-safe (`workflow.patched`), or, for the pinned workflows (batches, rollouts, trees),
-let worker versioning keep the runs in flight on their own build (docs/upgrades.md) and
-re-record the histories. The training feed and the pool's maintenance workflow move to a
-new build while they run, so a change to them must stay replay-safe.
+fails this test changes what a workflow does with a history it wrote: worker versioning keeps
+the runs in flight on the build they started on (docs/upgrades.md), so re-record the
+histories when that is meant, and look again when it is not.
 """
 
 from __future__ import annotations
