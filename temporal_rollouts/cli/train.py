@@ -26,6 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.envs import add_env_module_flag, env_is_known
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import root_cause
 from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
@@ -68,6 +69,7 @@ def add_parser(sub: Any) -> None:
     start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
+    add_env_module_flag(start)
     status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")
@@ -106,11 +108,9 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
 
 
 def check_start(feed: FeedInput, settings: Settings) -> None:
-    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run."""
-    from envs.registry import env_names
-
-    if feed.env not in env_names():
-        raise ConfigError(f"unknown env {feed.env!r}: choose one of {', '.join(sorted(env_names()))}")
+    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run
+    (an env unknown here only gets a notice: a worker may know it, and the run's first step checks it)."""
+    env_is_known(feed.env, settings)
     endpoint = settings.policy_endpoint(feed.policy)
     if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
         name = feed.policy or settings.default_policy
