@@ -50,6 +50,7 @@ from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alon
 from temporal_rollouts.runtime.config import load_settings, with_env_modules
 from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
+from temporal_rollouts.runtime.preflight import check_local_sandboxes
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
@@ -198,6 +199,7 @@ def task_slots(worker: WorkerSettings) -> dict:
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
+    check_local_sandboxes(settings)  # before anything starts: a machine that cannot sandbox says what fixes it
     parts = Parts(settings)
     client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
     if settings.embedded:
@@ -260,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.processes is not None:  # checked and reported as the setting it stands for
             os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
         settings = with_env_modules(load_settings(), args.env_modules)
+        asyncio.run(main_async(settings))
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
-    asyncio.run(main_async(settings))
     return 0
 
 

@@ -201,8 +201,10 @@ def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from worker import running_worker
 
+    check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
     console = Console()
     console.print(
         "[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
