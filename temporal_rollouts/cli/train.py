@@ -48,6 +48,11 @@ def add_parser(sub: Any) -> None:
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
+    start.add_argument(
+        "--tokenizer",
+        default=None,
+        help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
+    )
     start.add_argument("--group-size", type=int, default=8)
     start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
     start.add_argument(
@@ -84,6 +89,7 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
     fields: dict[str, Any] = {
         "env": args.env,
         "policy": args.policy,
+        "tokenizer": args.tokenizer,
         "group_size": args.group_size,
         "max_staleness": args.max_staleness,
         "stale_groups": args.stale_groups,
@@ -112,11 +118,11 @@ def check_start(feed: FeedInput, settings: Settings) -> None:
     (an env unknown here only gets a notice: a worker may know it, and the run's first step checks it)."""
     env_is_known(feed.env, settings)
     endpoint = settings.policy_endpoint(feed.policy)
-    if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+    if isinstance(endpoint, ChatPolicy) and not (endpoint.tokenizer or feed.tokenizer):
         name = feed.policy or settings.default_policy
         raise ConfigError(
             f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
-            f"or a chat policy with a tokenizer (policies.{name}.tokenizer)"
+            f"or a chat policy with a tokenizer (policies.{name}.tokenizer, or --tokenizer)"
         )
 
 

@@ -266,12 +266,44 @@ async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_en
 
 
 async def test_serve_with_a_policy_that_gives_no_tokens_fails_at_once_in_one_line(
-    settings: Settings, smollm2_server: GenerateServerProcess, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    proc = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, policy="demo")
+    """Neither the policy nor `--env.tokenizer_name` names a tokenizer (its default is the policy's own)."""
+    proc = run_env("serve", settings, Path("policy"), tmp_path, policy="demo")
     code = await asyncio.to_thread(proc.wait, 120)
     output = (tmp_path / "serve.log").read_text()
-    assert code != 0 and "error: serve needs token ids, and policy 'demo' gives none" in output, output[-2000:]
+    assert code != 0, output[-2000:]
+    assert output.strip().splitlines()[-1] == (
+        "error: policy 'demo' names no tokenizer: give it one (policies.demo.tokenizer, a local folder) "
+        "or pass --env.tokenizer_name"
+    )
+
+
+async def test_process_makes_tokens_with_env_tokenizer_name_when_the_policy_gives_none(
+    settings: Settings, worker, smollm2_server: GenerateServerProcess, smollm2_tokenizer, tmp_path: Path
+) -> None:
+    """The demo policy names no tokenizer; `--env.tokenizer_name` gives one, whose chat template (SmolLM2's,
+    with its tools template found by itself) renders the groups' tokens and masks. It asked for
+    `policies.demo.tokenizer` instead."""
+    out = tmp_path / "out" / "named.jsonl"
+    proc = run_env(
+        "process",
+        settings,
+        smollm2_server.tokenizer_dir,
+        tmp_path,
+        policy="demo",
+        total_steps=1,
+        task_env="terminal_tasks",
+        env_config={},
+        max_agent_turns=10,
+        data_path_to_save_groups=str(out),
+    )
+    await finish(proc, tmp_path, "process")
+    [group] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert group["scores"] == [1.0, 1.0]
+    assert all(len(t) == len(m) > 0 for t, m in zip(group["tokens"], group["masks"]))
+    assert any(m != IGNORE_INDEX for mask in group["masks"] for m in mask), "the assistant's turns are trainable"
+    assert "<tool_call>" in smollm2_tokenizer.decode(group["tokens"][0])
 
 
 async def test_a_killed_env_process_loses_nothing_and_its_restart_attaches_to_the_run(

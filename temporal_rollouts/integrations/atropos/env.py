@@ -198,13 +198,19 @@ class TemporalRolloutsEnv(BaseEnv):
 
     def _needs_tokens(self, mode: str) -> None:
         endpoint = self.settings.policy_endpoint(self.config.policy)
-        if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+        if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer and not self._run_tokenizer():
             name = self.config.policy or self.settings.default_policy
             raise SystemExit(
                 f"error: {mode} needs token ids, and policy {name!r} gives none: use a token-level "
                 f"policy (type sglang or vllm), or give it a tokenizer (policies.{name}.tokenizer) for "
                 "template-rendered tokens and masks"
             )
+
+    def _run_tokenizer(self) -> str | None:
+        """`--env.tokenizer_name`, for a chat policy that names no tokenizer: its template renders the tokens
+        (the policy's own tokenizer wins where it has one; the default, `policy`, names none)."""
+        name = self.config.tokenizer_name
+        return name if name and name != POLICY_TOKENIZER else None
 
     def _run_name(self) -> str:
         return self.config.run_name or self.config.wandb_name or self.name
@@ -218,6 +224,7 @@ class TemporalRolloutsEnv(BaseEnv):
             "env": config.task_env,
             "env_config": env_config,
             "policy": config.policy,
+            "tokenizer": self._run_tokenizer(),
             "tool_call_parser": config.tool_call_parser,
             "group_size": config.group_size,
             "limits": RolloutLimits(
