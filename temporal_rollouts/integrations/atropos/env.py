@@ -37,6 +37,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from envs import get_env
+from envs.sources import load_env_sources
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
@@ -125,6 +126,8 @@ class TemporalRolloutsEnv(BaseEnv):
             settings.temporal.address = self.config.temporal_address
         self.settings = settings
         self.client: Client = await connect(settings, objects=object_client(settings), start_embedded=False)
+        for problem in load_env_sources(settings.env_modules):  # the envs the workers load, from the same settings
+            log.warning("%s", problem.line())
         self.task_env = get_env(self.config.task_env, self.config.env_config)
         self.next_item = 0
         self.tool_error_buffer: list[dict[str, Any]] = []
