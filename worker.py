@@ -42,7 +42,7 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
-from temporal_rollouts.cli.progress import EXIT_ERROR
+from temporal_rollouts.cli.exit_codes import EXIT_ERROR
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage

@@ -19,7 +19,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from activities.fork_points import ForkPoint, ForkPointInput, ForkPoints
-from temporal_rollouts.cli.progress import EXIT_OK, EXIT_PARTIAL
+from temporal_rollouts.cli.exit_codes import EXIT_OK, EXIT_PARTIAL
 from temporal_rollouts.cli.resume import started_input
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.forks import MAX_BRANCH_FACTOR, NOT_CARRIED, BranchSpec, ForkSpec, WorkspaceRebuild
@@ -212,30 +212,3 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(format_results(tree))
     return EXIT_PARTIAL if failed else EXIT_OK
-
-
-def add_parser(sub: Any) -> None:
-    fork = sub.add_parser(
-        "fork",
-        help="N continuations of a rollout from its turn K",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
-    )
-    fork.add_argument("rollout_id")
-    fork.add_argument("--at-turn", type=int, required=True, help="keep the first K model turns (0: only the prompt)")
-    fork.add_argument("-n", type=int, default=1, help="continuations (default: %(default)s)")
-    fork.add_argument("--policy", default=None, help="continue with another policy (default: the rollout's own)")
-    fork.add_argument("--temperature", type=float, default=None, help="continue at another temperature")
-    fork.add_argument(
-        "--rebuild",
-        choices=["auto", "snapshot", "replay"],
-        default="auto",
-        help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists",
-    )
-    fork.add_argument(
-        "--allow-divergence",
-        action="store_true",
-        help="go on when a replayed tool call answers differently than it did",
-    )
-    fork.add_argument("--id", default=None, help="the fork's workflow id (default: ROLLOUT_ID/fork-<random>)")
-    fork.add_argument("--wait", action="store_true", help="wait for the continuations and show how they ended")
-    fork.add_argument("--json", action="store_true", help="print one JSON object on stdout")

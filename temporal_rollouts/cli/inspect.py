@@ -19,8 +19,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.list_rollouts import add_filter_arguments, cmd_list_rollouts, refuse_filters_without_a_batch
+from temporal_rollouts.cli.list_rollouts import cmd_list_rollouts, refuse_filters_without_a_batch
 from temporal_rollouts.cli.records import (
     RolloutRecord,
     batch_rollout_ids,
@@ -29,15 +28,13 @@ from temporal_rollouts.cli.records import (
     require_workflow,
     rollout_branches,
 )
-from temporal_rollouts.cli.rollout_rows import MAX_ROLLOUTS
+from temporal_rollouts.cli.parsers import BATCHES_LISTED
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 TOOL_RESULT_CHARS = 800
 """A tool result longer than this is shown as its head and tail in `rollouts show`."""
-BATCHES_LISTED = 20
-"""Batches `rollouts list` shows unless --limit says otherwise."""
 EXPORT_CONCURRENCY = 16
 """Rollouts `rollouts export` reads at once (each is a describe, a result and a transcript walk)."""
 
@@ -233,63 +230,6 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         else f"cancelling {args.batch_id}: its running rollouts stop and give their slots back"
     )
     return 0
-
-
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    show = sub.add_parser("show", help="a rollout's conversation, tool calls, results, stop reason, score and timings")
-    show.add_argument(
-        "rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1 (`rollouts list BATCH_ID` lists them)"
-    )
-    show.add_argument("--json", action="store_true", help="the whole record as one JSON object")
-
-    export = sub.add_parser("export", help="every rollout of a batch, failed ones included, as JSONL")
-    export.add_argument("batch_id")
-    export.add_argument(
-        "--output", default=None, help="JSONL path (default: <data_dir>/exports/<batch id>.rollouts.jsonl)"
-    )
-    export.add_argument(
-        "--html", action="store_true", help="also write the Atropos viewer's HTML beside it (needs the rl extra)"
-    )
-    export.add_argument("--json", action="store_true", help="print a JSON summary")
-
-    listing = sub.add_parser(
-        "list",
-        help="batches, newest first, with their counts; or the rollouts of one batch",
-        description="Without BATCH_ID: batches, newest first, with their counts. With it: the "
-        "rollouts of that batch or training run (ids for `rollouts show`), filtered.",
-    )
-    listing.add_argument(
-        "batch_id",
-        nargs="?",
-        default=None,
-        metavar="BATCH_ID",
-        help="list this batch's (or training run's) rollouts instead",
-    )
-    listing.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help=f"how many batches (default {BATCHES_LISTED}) or rollouts (default {MAX_ROLLOUTS})",
-    )
-    add_filter_arguments(listing)
-    listing.add_argument("--json", action="store_true")
-
-    view = sub.add_parser(
-        "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
-    )
-    view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
-    view.add_argument("--port", type=int, default=8300)
-    view.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the page is reached by (repeatable); it refuses every other Host header",
-    )
-
-    cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
-    cancel.add_argument("batch_id")
-    cancel.add_argument("--json", action="store_true")
 
 
 async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:

@@ -11,9 +11,9 @@ import json
 
 from temporalio.client import Client
 
+from temporal_rollouts.cli.parsers import ROLLOUTS_LISTED
 from temporal_rollouts.cli.records import describe_or_none
 from temporal_rollouts.cli.rollout_rows import (
-    MAX_ROLLOUTS,
     RolloutFilter,
     RolloutRow,
     list_rollouts,
@@ -23,21 +23,6 @@ from temporal_rollouts.core.errors import ConfigError
 
 LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow")
 FILTER_FLAGS = ("status", "stop_reason", "min_score", "max_score")
-
-
-def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--status", default=None, help="with a BATCH_ID: running, completed, failed, canceled, terminated or timed_out"
-    )
-    parser.add_argument(
-        "--stop-reason", default=None, help="with a BATCH_ID: e.g. completed, max_turns, model_rejected"
-    )
-    parser.add_argument(
-        "--min-score", type=float, default=None, help="with a BATCH_ID: scored rollouts from this score"
-    )
-    parser.add_argument(
-        "--max-score", type=float, default=None, help="with a BATCH_ID: scored rollouts up to this score"
-    )
 
 
 def wanted_rollouts(args: argparse.Namespace) -> RolloutFilter:
@@ -81,7 +66,7 @@ async def cmd_list_rollouts(client: Client, args: argparse.Namespace) -> int:
     if described.workflow_type not in LISTED_TYPES:
         raise ConfigError(f"{args.batch_id!r} is a {described.workflow_type}, not a batch or a training run")
     wanted = wanted_rollouts(args)
-    rows = await list_rollouts(client, args.batch_id, wanted, limit=args.limit or MAX_ROLLOUTS)
+    rows = await list_rollouts(client, args.batch_id, wanted, limit=args.limit or ROLLOUTS_LISTED)
     outcomes = await read_outcomes(client, rows)
     for row in rows:
         if (outcome := outcomes.get(row.rollout_id)) is not None:

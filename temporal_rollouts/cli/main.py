@@ -2,59 +2,47 @@
 
 Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
 is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input. The parser,
-the batch and server commands live here; cli_progress.py (the progress display, status,
-exit codes), cli_resume.py and cli_inspect.py (show, export, list, cancel, view) hold the rest.
+the batch and server commands live here; progress.py (the progress display, status),
+resume.py, inspect.py (show, export, list, cancel, view), train.py and fork.py hold the
+rest, and parsers.py the flags of theirs. Each command imports what it uses when it runs,
+so that `rollouts --help` and a usage error answer at once (bench/cli_help.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-import time
-import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError, RPCStatusCode
-
-from temporal_rollouts.cli import fork as cli_fork
-from temporal_rollouts.cli import inspect as cli_inspect
-from temporal_rollouts.cli import train as cli_train
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+from temporal_rollouts.cli import parsers
+from temporal_rollouts.cli.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_PIPE_CLOSED,
     EXIT_USAGE,
     batch_exit_code,
-    batch_status,
-    finish,
-    format_status,
     status_exit_code,
 )
-from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.resume import cmd_resume
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
-from temporal_rollouts.core.inputs import parse_input
-from temporal_rollouts.core.records import BatchInput
-from temporal_rollouts.core.settings import DEMO_POLICY, Settings
-from temporal_rollouts.runtime.config import load_settings
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `rollouts --help` imports none of it
+    from rich.console import Console
+    from temporalio.client import Client, WorkflowHandle
+    from temporalio.service import RPCError
+
+    from temporal_rollouts.core.records import BatchInput
+    from temporal_rollouts.core.settings import Settings
 
 DEMO_ENV = "terminal_tasks"
 
 
 def known_env(name: str) -> str:
     from envs.registry import env_names
+    from temporal_rollouts.core.errors import ConfigError
 
     names = env_names()
     if name not in names:
@@ -72,6 +60,9 @@ def resolve_policy(settings: Settings, policy: str | None) -> str:
 
 
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
+    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.records import BatchInput
+
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
     fields = {
         "env": known_env(args.env),
@@ -101,6 +92,8 @@ def _check_items(batch: BatchInput) -> None:
 
 
 def _json_option(flag: str, text: str) -> Any:
+    from temporal_rollouts.core.errors import InvalidInput
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -110,6 +103,12 @@ def _json_option(flag: str, text: str) -> Any:
 async def start_batch(
     client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None
 ) -> WorkflowHandle:
+    import uuid
+
+    from temporalio.common import SearchAttributePair, TypedSearchAttributes
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from temporal_rollouts.core import search_attributes as sa
     from workflows.batch import BatchWorkflow
 
     if batch.branch is not None:  # its rollouts carry RolloutForkedFrom, which an older server may lack
@@ -146,6 +145,7 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
 
     try:
         described = await client.workflow_service.describe_task_queue(
@@ -165,6 +165,14 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.core.settings import DEMO_POLICY
+    from temporal_rollouts.runtime.temporal import connect
+
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
     client = await connect(settings)
@@ -185,6 +193,11 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from temporal_rollouts.cli import train as cli_train
+    from temporal_rollouts.cli.progress import batch_status, format_status
+    from temporal_rollouts.cli.records import describe_or_none
+    from temporal_rollouts.runtime.temporal import connect
+
     client = await connect(settings, start_embedded=False)
     described = await describe_or_none(client, args.batch_id)
     if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
@@ -198,6 +211,8 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
     """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
+    from temporal_rollouts.core.records import BatchInput
+
     batch = BatchInput(
         env=DEMO_ENV, num_items=args.items, group_size=args.group_size, policy=resolve_policy(settings, None)
     )
@@ -207,6 +222,9 @@ def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
     from worker import running_worker
 
     console = Console()
@@ -227,6 +245,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
     from temporal_rollouts.sandbox.pool import SandboxPool
 
     pool = SandboxPool.from_settings(settings)
@@ -264,7 +287,10 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     """A pass of the slot-pool maintenance workflow, now: restart dead containers, free leases
     of closed rollouts, stop idle containers."""
+    from rich.console import Console
+
     from activities.pool import MaintenanceReport
+    from temporal_rollouts.runtime.temporal import connect
     from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
@@ -334,12 +360,6 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
-def _env_names() -> str:
-    from envs.registry import env_names
-
-    return ", ".join(sorted(env_names()))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollouts",
@@ -360,9 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
         "batch",
         help="start a batch of rollouts",
         formatter_class=defaults,
-        description=f"Start a batch of rollouts. Envs: {_env_names()}.",
+        description="Start a batch of rollouts.",
     )
-    batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
+    batch.add_argument("--env", required=True, help="registered env: %(envs)s")
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument(
         "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
@@ -424,9 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h",
     )
 
-    cli_inspect.add_parsers(sub)
-    cli_train.add_parser(sub)
-    cli_fork.add_parser(sub)
+    parsers.add_inspect_parsers(sub)
+    parsers.add_train_parser(sub)
+    parsers.add_fork_parser(sub)
     return parser
 
 
@@ -436,16 +456,29 @@ COMMANDS = {
     "demo": cmd_demo,
     "slots": cmd_slots,
     "reap": cmd_reap,
-    "resume": cmd_resume,
+    "resume": "temporal_rollouts.cli.resume:cmd_resume",
     "worker": cmd_worker,
     "server": cmd_server,
-    "train": cli_train.cmd_train,
-    "fork": cli_fork.cmd_fork,
-    **cli_inspect.COMMANDS,
+    "train": "temporal_rollouts.cli.train:cmd_train",
+    "fork": "temporal_rollouts.cli.fork:cmd_fork",
+    **{name: f"temporal_rollouts.cli.inspect:cmd_{name}" for name in ("show", "export", "list", "cancel", "view")},
 }
+"""Each command's function, or where to import it from when it runs."""
+
+
+def command(name: str):
+    found = COMMANDS[name]
+    if isinstance(found, str):
+        import importlib
+
+        module, _, function = found.partition(":")
+        found = getattr(importlib.import_module(module), function)
+    return found
 
 
 def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
+    from temporalio.service import RPCStatusCode
+
     where = settings.temporal_address if settings else "Temporal"
     if err.status == RPCStatusCode.NOT_FOUND:
         return f"not found on {where}: {err.message}"
@@ -464,12 +497,20 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = [*unknown, *args.rest]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    import asyncio
+
+    from pydantic import ValidationError
+    from temporalio.service import RPCError
+
+    from temporal_rollouts.core.errors import RolloutError
+    from temporal_rollouts.runtime.config import load_settings
+
     settings: Settings | None = None
     try:
         settings = load_settings()
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
-        return asyncio.run(COMMANDS[args.command](args, settings))
+        return asyncio.run(command(args.command)(args, settings))
     except RolloutError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
@@ -487,10 +528,17 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """The `rollouts` command. It leaves with os._exit once its output is flushed: the Temporal
     client's native threads can abort the interpreter while it finalizes, which would turn a
-    finished command into a crash and a wrong exit code."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finished command into a crash and a wrong exit code. A reader that went away (`rollouts
+    list | head`) ends it quietly, as it ends `ls` or `git log`."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = EXIT_PIPE_CLOSED
+    try:
+        sys.stderr.flush()
+    except BrokenPipeError:
+        pass
     os._exit(code)
 
 

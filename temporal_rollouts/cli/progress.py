@@ -22,6 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.exit_codes import EXIT_FAILED, batch_exit_code
 from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
@@ -33,19 +34,8 @@ from temporal_rollouts.cli.records import (
     waiting_on_retries,
 )
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
-"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
-2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
-(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
-
 RETRY_CHECK_S = 3.0
 """How often the progress display asks Temporal which rollouts are waiting on retries."""
-
-
-def batch_exit_code(completed: int, failed: int) -> int:
-    if failed == 0:
-        return EXIT_OK
-    return EXIT_PARTIAL if completed else EXIT_FAILED
 
 
 async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
@@ -200,14 +190,6 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
         except WorkflowFailureError as err:
             data["error"] = root_cause(err)
     return data
-
-
-def status_exit_code(data: dict[str, Any]) -> int:
-    if data["status"] == "running":
-        return EXIT_OK
-    if data["status"] == "completed":
-        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
-    return EXIT_FAILED
 
 
 def format_status(data: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.parsers import ROLLOUTS_LISTED
 from temporal_rollouts.cli.records import natural_key, quoted, status_name
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
@@ -33,8 +34,6 @@ from temporal_rollouts.core.records import (
     failed_rollout_result,
 )
 
-MAX_ROLLOUTS = 10_000
-"""Rows listed for one batch at most; a filter narrows a larger batch."""
 READ_CONCURRENCY = 32
 """Rollout results read at once."""
 
@@ -134,7 +133,7 @@ async def _latest_runs(client: Client, query: str, limit: int) -> dict[str, Roll
 
 
 async def list_rollouts(
-    client: Client, batch_id: str, wanted: RolloutFilter | None = None, limit: int = MAX_ROLLOUTS
+    client: Client, batch_id: str, wanted: RolloutFilter | None = None, limit: int = ROLLOUTS_LISTED
 ) -> list[RolloutRow]:
     """The latest run of each rollout of a batch (or training run) that matches `wanted`, in natural
     order (item-2 before item-10)."""

@@ -26,56 +26,17 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import root_cause
 from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
+from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.runtime.temporal import connect
 
 FEED = "TrainingFeedWorkflow"
 WATCH_EVERY_S = 2.0
-
-
-def add_parser(sub: Any) -> None:
-    train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
-    actions = train.add_subparsers(dest="train_command", required=True)
-    start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
-    start.add_argument("name", help="the run's name (its workflow id)")
-    start.add_argument("--env", required=True, help="registered env")
-    start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
-    start.add_argument("--group-size", type=int, default=8)
-    start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
-    start.add_argument(
-        "--stale-groups",
-        choices=[s.value for s in StaleGroups],
-        default=StaleGroups.POST.value,
-        help="what happens to a group that ends staler anyway",
-    )
-    start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
-    start.add_argument(
-        "--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped"
-    )
-    start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
-    start.add_argument("--max-turns", type=int, default=None)
-    start.add_argument("--temperature", type=float, default=None)
-    start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
-    start.add_argument("--env-config", default=None, help="JSON object passed to the env")
-    start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
-    start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
-    start.add_argument("--json", action="store_true")
-    status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
-    status.add_argument("name")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--watch", action="store_true", help="refresh until the run ends (Ctrl-C leaves it running)")
-    stop = actions.add_parser("stop", help="stop a run: no new groups; the ones in flight finish and are posted")
-    stop.add_argument("name")
-    stop.add_argument("--now", action="store_true", help="cancel the rollouts in flight instead")
-    actions.add_parser("list", help="training runs, newest first")
 
 
 def feed_input(args: argparse.Namespace) -> FeedInput:

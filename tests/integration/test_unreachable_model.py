@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.cli.main import batch_status, format_status, status_exit_code
-from temporal_rollouts.cli.progress import print_summary, watch
+from temporal_rollouts.cli.exit_codes import status_exit_code
+from temporal_rollouts.cli.progress import batch_status, format_status, print_summary, watch
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.cli.records import waiting_on_retries

@@ -164,3 +164,21 @@ def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> No
     assert cli._batch_input(args, Settings()).cycle_items is True
     code, err = run(capsys, "demo", "--items", "500")
     assert code == cli.EXIT_ERROR and "num_items: 500 items from offset 0 run past the end" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`rollouts list | head`: once `head` has its lines, the command ends without a traceback."""
+    probe = (
+        "from temporal_rollouts.cli import main as cli\n"
+        "def many_lines(argv=None):\n"
+        "    for i in range(200_000):\n"
+        "        print(f'batch-{i}')\n"
+        "    return 0\n"
+        "cli.main = many_lines\n"
+        "cli.run()\n"
+    )
+    reader = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline() == "batch-0\n"
+    reader.stdout.close()  # as `head -1` does
+    assert reader.wait(timeout=60) == cli.EXIT_PIPE_CLOSED
+    assert reader.stderr.read() == ""
