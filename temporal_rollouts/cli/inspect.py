@@ -21,7 +21,9 @@ from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.cli.list_rollouts import cmd_list_rollouts, refuse_filters_without_a_batch
 from temporal_rollouts.cli.records import (
+    BatchSummary,
     RolloutRecord,
+    RolloutResult,
     batch_rollout_ids,
     list_batches,
     load_rollout,
@@ -29,6 +31,7 @@ from temporal_rollouts.cli.records import (
     rollout_branches,
 )
 from temporal_rollouts.cli.parsers import BATCHES_LISTED
+from temporal_rollouts.cli.screen import Column, screen_width, table_lines, when
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -83,11 +86,15 @@ def format_rollout(record: RolloutRecord) -> str:
     if result is None:
         out.append("no result recorded (the run left no state)")
         return "\n".join(out)
-    stop = result.stop_reason.value + (f": {result.stop_detail}" if result.stop_detail else "")
-    out.append(f"stop reason  {stop}")
-    out.append(
-        f"score        {result.score:g}" + ("" if result.stop_reason.scored else "  (not scored: the rollout failed)")
-    )
+    if result.stop_reason is None:  # running: it has neither yet
+        step = f" ({record.phase})" if record.phase else ""
+        out.append(f"stop reason  - (still running{step})")
+        out.append("score        - (not scored yet)")
+    else:
+        out.append(
+            f"stop reason  {result.stop_reason.value}" + (f": {result.stop_detail}" if result.stop_detail else "")
+        )
+        out.append(f"score        {not_scored(result) if result.score is None else f'{result.score:g}'}")
     out.append(f"turns        {result.turns}, tool calls {result.tool_calls}, tool errors {len(result.tool_errors)}")
     for error in result.tool_errors:
         out.append(f"  turn {error.turn} {error.tool_name}({error.arguments}): {error.error}")
@@ -96,6 +103,11 @@ def format_rollout(record: RolloutRecord) -> str:
     if result.timings:
         out.append("timings (s)  " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()))
     return "\n".join(out)
+
+
+def not_scored(result: RolloutResult) -> str:
+    """What a closed rollout without a score shows where a score would be: never a 0."""
+    return f"- (not scored: the rollout {'failed' if result.failed else 'ended without one'})"
 
 
 def _tree_lines(record: RolloutRecord) -> list[str]:
@@ -120,7 +132,7 @@ async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     record = await load_rollout(client, transcripts, args.rollout_id)
     record.branches = await rollout_branches(client, args.rollout_id)
     if args.json:
-        print(record.model_dump_json(exclude_none=True))
+        print(json.dumps(record.shown()))
     else:
         print(format_rollout(record))
     return 0
@@ -140,7 +152,7 @@ async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: s
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w", encoding="utf-8") as out:
         for record in records:
-            out.write(record.model_dump_json(exclude_none=True) + "\n")
+            out.write(json.dumps(record.shown()) + "\n")
     statuses: dict[str, int] = {}
     for record in records:
         statuses[record.status] = statuses.get(record.status, 0) + 1
@@ -149,7 +161,7 @@ async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: s
 
 def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
     """The Atropos viewer's HTML (atroposlib's jsonl2html): one group per item, one entry per
-    rollout, failed ones included (scored 0, their stop reason in the text)."""
+    rollout, failed ones included (their reward reads "not scored", their stop reason is in the text)."""
     try:
         from atroposlib.frontend.jsonl2html import generate_html
     except ImportError as err:
@@ -160,7 +172,8 @@ def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
         group = groups.setdefault(item, {"messages": [], "scores": []})
         text = format_rollout(record).replace("```", "` ` `")  # a fenced block: agent text is never read as HTML
         group["messages"].append(f"```text\n{text}\n```")
-        group["scores"].append(record.result.score if record.result else 0.0)
+        score = record.result.score if record.result else None
+        group["scores"].append("not scored" if score is None else score)
     groups_path = output.with_suffix(".groups.jsonl")
     groups_path.write_text("".join(json.dumps(group) + "\n" for group in groups.values()), encoding="utf-8")
     html_path = output.with_suffix(".html")
@@ -198,22 +211,45 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if not batches:
         print(f"no batches on {settings.temporal_address} (namespace {settings.temporal.namespace})")
         return 0
-    print(
-        f"{'batch':<36} {'status':<11} {'env':<15} {'policy':<12} {'total':>5} {'done':>5} {'failed':>6} "
-        f"{'running':>7} {'score':>6}  started"
-    )
-    for b in batches:
-
-        def num(value: int | None) -> str:
-            return "-" if value is None else str(value)
-
-        score = "-" if b.mean_score is None else f"{b.mean_score:.2f}"
-        started = b.started_at.strftime("%Y-%m-%d %H:%M:%S") if b.started_at else "-"
-        print(
-            f"{b.batch_id:<36} {b.outcome:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
-            f"{num(b.completed):>5} {num(b.failed):>6} {num(b.running):>7} {score:>6}  {started}"
-        )
+    print("\n".join(batch_lines(batches, screen_width())))
     return 0
+
+
+BATCH_COLUMNS = [
+    Column("batch"),
+    Column("status"),
+    Column("done", right=True),
+    Column("failed", right=True),
+    Column("score", right=True),
+    Column("started"),
+    Column("running", right=True, optional=True),
+    Column("env", optional=True),
+    Column("policy", optional=True),
+]
+
+
+def batch_lines(batches: list[BatchSummary], width: int | None) -> list[str]:
+    """`rollouts list`: a row per batch (done: rollouts scored or failed, of all), and under a running
+    batch whose rollouts wait on retries, why."""
+
+    def num(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [
+        (
+            b.batch_id,
+            b.outcome,
+            "-" if b.total is None else f"{(b.completed or 0) + (b.failed or 0)}/{b.total}",
+            num(b.failed),
+            "-" if b.mean_score is None else f"{b.mean_score:.2f}",
+            when(b.started_at),
+            num(b.running),
+            b.env or "-",
+            b.policy or "-",
+        )
+        for b in batches
+    ]
+    return table_lines(BATCH_COLUMNS, rows, width, [[f"  ! {note}" for note in b.retrying] for b in batches])
 
 
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:

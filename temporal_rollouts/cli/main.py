@@ -105,9 +105,11 @@ async def start_batch(
 ) -> WorkflowHandle:
     import uuid
 
-    from temporalio.common import SearchAttributePair, TypedSearchAttributes
+    from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError, RPCStatusCode
 
+    from temporal_rollouts.cli.records import id_taken
     from temporal_rollouts.core import search_attributes as sa
     from workflows.batch import BatchWorkflow
 
@@ -121,13 +123,17 @@ async def start_batch(
     workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
 
     async def start() -> WorkflowHandle:
-        return await client.start_workflow(
-            BatchWorkflow.run,
-            batch,
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            search_attributes=TypedSearchAttributes(attributes),
-        )
+        try:
+            return await client.start_workflow(
+                BatchWorkflow.run,
+                batch,
+                id=workflow_id,
+                task_queue=settings.temporal.task_queue,
+                search_attributes=TypedSearchAttributes(attributes),
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            raise await id_taken(client, workflow_id) from None
 
     try:
         return await start()
@@ -196,13 +202,14 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.cli import train as cli_train
     from temporal_rollouts.cli.progress import batch_status, format_status
     from temporal_rollouts.cli.records import describe_or_none
+    from temporal_rollouts.cli.screen import screen_width
     from temporal_rollouts.runtime.temporal import connect
 
     client = await connect(settings, start_embedded=False)
     described = await describe_or_none(client, args.batch_id)
     if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
         status = await cli_train.feed_status(client, args.batch_id)
-        print(status.model_dump_json() if args.json else cli_train.format_feed(status))
+        print(status.model_dump_json() if args.json else cli_train.format_feed(status, screen_width()))
         return 0
     data = await batch_status(client, args.batch_id)
     print(json.dumps(data) if args.json else format_status(data))

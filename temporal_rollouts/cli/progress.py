@@ -29,8 +29,10 @@ from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.cli.records import (
     QUERY_TIMEOUT,
+    batch_outcome,
     require_workflow,
     retry_summary,
+    status_name,
     waiting_on_retries,
 )
 
@@ -49,7 +51,7 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
     result_task = asyncio.ensure_future(handle.result())
     retry_lines: list[str] = []
     next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with BatchBar(console) as bar:
+    with BatchBar(console, handle.id) as bar:
         task = bar.add_task(handle.id, total=None)
         bar.notes = [("loading items", "")]
         while not result_task.done():
@@ -153,18 +155,23 @@ async def finish(
 
 
 async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
+    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why.
+    `status` is the batch's outcome as `rollouts list` and the web page name it (`batch_outcome`:
+    a finished batch whose every rollout failed is `failed`, not `completed`); `workflow_status`
+    is how its workflow ended."""
     described = await require_workflow(client, batch_id, "BatchWorkflow")
     handle = client.get_workflow_handle(batch_id)
-    status = described.status.name.lower() if described.status else "unknown"
+    status = status_name(described.status)
     data: dict[str, Any] = {
         "batch_id": batch_id,
         "status": status,
+        "workflow_status": status,
         "policy": described.typed_search_attributes.get(sa.POLICY),
     }
     if described.status == WorkflowExecutionStatus.COMPLETED:
         result = BatchResult.model_validate(await handle.result())
-        return {**data, **summary_json(result), "status": "completed"}
+        data |= summary_json(result)
+        return {**data, "status": batch_outcome(status, result.completed, result.failed)}
     try:
         progress = await _progress(handle)
     except RPCError:
@@ -189,7 +196,7 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
             await handle.result()
         except WorkflowFailureError as err:
             data["error"] = root_cause(err)
-    return data
+    return {**data, "status": batch_outcome(status, data.get("completed"), data.get("failed"))}
 
 
 def format_status(data: dict[str, Any]) -> str:

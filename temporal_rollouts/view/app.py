@@ -124,7 +124,7 @@ def create_app(
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
         record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
-        return JSONResponse(record.model_dump(mode="json", exclude_none=True))
+        return JSONResponse(record.shown())
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         message = exc.message if isinstance(exc, ConfigError) else str(exc)
