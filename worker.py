@@ -47,7 +47,7 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
 from temporal_rollouts.runtime.config import load_settings
-from temporal_rollouts.runtime.logs import one_line_activity_failures
+from temporal_rollouts.runtime.logs import configure_logging
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -133,7 +133,6 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     deterministic and import only pass-through modules; a test replays a rollout's
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
-    one_line_activity_failures()
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
@@ -205,7 +204,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         await parts.aclose()
 
 
-async def main_async(settings: Settings) -> None:
+async def main_async(settings: Settings, verbose: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -216,7 +215,8 @@ async def main_async(settings: Settings) -> None:
             "worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-"
         )
         if settings.worker.processes > 1:
-            await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)
+            more = ["--verbose"] if verbose else []
+            await WorkerProcesses(settings, settings.worker.processes - 1, [os.path.abspath(__file__), *more]).run(stop)
         else:
             await stop.wait()
         log.info("draining: running activities get %.0fs to finish", settings.worker.graceful_shutdown_s)
@@ -236,9 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="worker processes on this machine (settings worker.processes; one per core uses them all)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print full tracebacks on the console too (they always go to <data_dir>/logs/worker.log)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
         if args.processes is not None:  # checked and reported as the setting it stands for
             os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
@@ -246,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
-    asyncio.run(main_async(settings))
+    log_file = configure_logging(settings.data_dir, verbose=args.verbose)
+    log.info("logging to %s (one line per failed attempt here, tracebacks there)", log_file)
+    asyncio.run(main_async(settings, verbose=args.verbose))
     return 0
 
 

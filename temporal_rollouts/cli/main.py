@@ -320,9 +320,11 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from temporal_rollouts.runtime.logs import configure_logging
     from worker import main_async
 
-    await main_async(settings)
+    configure_logging(settings.data_dir, verbose=args.verbose)
+    await main_async(settings, verbose=args.verbose)
     return 0
 
 
@@ -435,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="run the slot reaper now")
     reap.add_argument("--json", action="store_true")
 
-    sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+    worker = sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+    worker.add_argument("--verbose", action="store_true", help="full tracebacks on the console too")
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop"])
