@@ -51,6 +51,7 @@ from temporal_rollouts.runtime.logs import configure_logging
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
+from temporal_rollouts.runtime.store_claim import check_store
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -189,16 +190,17 @@ def task_slots(worker: WorkerSettings) -> dict:
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
     parts = Parts(settings)
-    client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
-    if settings.embedded:
-        await asyncio.to_thread(ensure_demo_policy, settings)
-    warn_about_local_storage(settings)
     try:
+        client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
+        warn_about_local_storage(settings)
         await check_local_backend_is_alone(client, settings)
+        await ensure_maintenance_workflow(client, settings)  # records this queue's store, unless a worker did
+        await check_store(client, settings)  # before anything is started, and before a step is taken
+        if settings.embedded:
+            await asyncio.to_thread(ensure_demo_policy, settings)
         await parts.pool.fleet.backend.prepare()
         await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
         async with build_worker(client, parts):
-            await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
         await parts.aclose()
@@ -251,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     log_file = configure_logging(settings.data_dir, verbose=args.verbose)
     log.info("logging to %s (one line per failed attempt here, tracebacks there)", log_file)
-    asyncio.run(main_async(settings, verbose=args.verbose))
+    try:
+        asyncio.run(main_async(settings, verbose=args.verbose))
+    except ConfigError as err:  # refused at start: another data folder's queue, another host's local pool, ...
+        print(f"error: {err.message}", file=sys.stderr)
+        return EXIT_ERROR
     return 0
 
 

@@ -209,7 +209,7 @@ def format_results(tree: RolloutTreeResult, width: int | None = None) -> str:
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await connect(settings, check_store=True)
     options = {
         "policy": args.policy,
         "temperature": args.temperature,

@@ -45,7 +45,7 @@ EXPORT_CONCURRENCY = 16
 async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
     """A client that never starts a server (reading must not bring one up) and the transcript store."""
     objects = object_client(settings)
-    client = await connect(settings, objects=objects, start_embedded=False)
+    client = await connect(settings, objects=objects, start_embedded=False, check_store=True)
     return client, TranscriptStore(objects, settings.storage.bucket)
 
 

@@ -181,7 +181,7 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
-    client = await connect(settings)
+    client = await connect(settings, check_store=True)
     if settings.embedded and batch.policy == DEMO_POLICY:
         # `rollouts server stop` stopped it with the server; bring both back, not only the server
         from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -205,7 +205,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.cli.screen import screen_width
     from temporal_rollouts.runtime.temporal import connect
 
-    client = await connect(settings, start_embedded=False)
+    client = await connect(settings, start_embedded=False, check_store=True)
     described = await describe_or_none(client, args.batch_id)
     if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
         status = await cli_train.feed_status(client, args.batch_id)
@@ -228,10 +228,15 @@ def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    """The main job on the embedded default: a worker in this process, a demo batch, a summary. A demo
+    that fails stops what it started (its server, sandbox, demo policy) and leaves what it found running."""
+    import logging
+
     from rich.console import Console
 
     from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.runtime.logs import configure_logging
+    from temporal_rollouts.runtime.services import StartedHere
     from worker import running_worker
 
     console = Console()
@@ -240,9 +245,16 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         "(a scripted test policy that replays reference solutions, not a model)"
     )
     batch = demo_batch(args, settings)  # refused before a worker or server is started
-    async with running_worker(settings) as client:
-        handle = await start_batch(client, settings, batch)
-        code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    configure_logging(settings.data_dir, console_level=logging.WARNING)  # the bar owns the screen; details: the log
+    before = await StartedHere.note(settings)
+    try:
+        async with running_worker(settings) as client:
+            handle = await start_batch(client, settings, batch)
+            code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    except BaseException:
+        if stopped := await before.stop_the_rest():
+            console.print(f"the demo did not finish; stopped what it had started: {', '.join(stopped)}")
+        raise
     if settings.embedded:
         console.print(
             "The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
@@ -302,7 +314,7 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
     console = Console(stderr=args.json)
-    client = await connect(settings)
+    client = await connect(settings, check_store=True)
     await _warn_without_worker(client, settings, console)
     handle = await ensure_maintenance_workflow(client, settings)
     raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)

@@ -94,7 +94,7 @@ async def resume_rollout(client: Client, settings: Settings, rollout: str) -> di
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
     console = Console(stderr=args.json)
-    client = await connect(settings)
+    client = await connect(settings, check_store=True)
     described = await describe_or_none(client, args.id)
     if described is None:
         raise ConfigError(f"no batch or rollout with id {args.id!r} (see `rollouts list`)")

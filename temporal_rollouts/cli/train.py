@@ -203,7 +203,7 @@ def format_feed(status: RunReport, width: int | None = None) -> str:
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "start":
         check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
-    client = await connect(settings, start_embedded=args.train_command == "start")
+    client = await connect(settings, start_embedded=args.train_command == "start", check_store=True)
     console = Console()
     if args.train_command == "start":
         feed = feed_input(args)

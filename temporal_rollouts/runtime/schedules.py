@@ -36,7 +36,10 @@ async def delete_old_reaper_schedule(client: Client, settings: Settings) -> bool
 
 
 async def ensure_maintenance_workflow(client: Client, settings: Settings) -> WorkflowHandle:
-    """Start the maintenance workflow unless it runs; either way it uses the configured interval."""
+    """Start the maintenance workflow unless it runs; either way it uses the configured interval. The
+    worker that starts it records the queue's store in its memo (runtime/store_claim.py); a running
+    one keeps what the worker that started it recorded."""
+    from temporal_rollouts.runtime.store_claim import STORE_MEMO, store_claim
     from workflows.pool import MaintenanceInput, SlotPoolMaintenanceWorkflow
 
     await delete_old_reaper_schedule(client, settings)
@@ -48,6 +51,7 @@ async def ensure_maintenance_workflow(client: Client, settings: Settings) -> Wor
         task_queue=settings.temporal.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={STORE_MEMO: store_claim(settings).model_dump()},
     )
     await handle.signal(SlotPoolMaintenanceWorkflow.set_interval, interval)
     return handle

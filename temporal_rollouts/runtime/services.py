@@ -94,3 +94,53 @@ def ensure_demo_policy(settings: Settings) -> bool:
     _demo_pid_file(settings).write_text(str(proc.pid))
     log.info("started the demo policy (a scripted test policy, not a model) at %s", settings.demo_policy_url)
     return True
+
+
+class StartedHere:
+    """What ran before a command began (the embedded server, the demo policy, sandbox containers), so a
+    command that fails (`rollouts demo` refused by another checkout's server, stopped by Ctrl-C, its
+    server gone) stops what it started itself, and nothing it found running."""
+
+    def __init__(self, settings: Settings, server: bool, policy: bool, containers: set[str]) -> None:
+        self._settings = settings
+        self._server, self._policy, self._containers = server, policy, containers
+
+    @classmethod
+    async def note(cls, settings: Settings) -> StartedHere:
+        server = settings.embedded and port_open("127.0.0.1", settings.temporal.embedded_port)
+        policy = port_open(settings.demo_policy.host, settings.demo_policy.port)
+        return cls(settings, server, policy, {c.container_id for c in await _containers(settings)})
+
+    async def stop_the_rest(self) -> list[str]:
+        """Stop what was started since `note`; returns what was stopped, in words."""
+        from temporal_rollouts.sandbox.backends.select import build_backend
+
+        from temporal_rollouts.runtime.temporal import stop_dev_server
+
+        stopped = []
+        if self._settings.sandbox.start_containers:
+            backend = build_backend(self._settings)
+            try:
+                for container in await backend.list_containers():
+                    if container.container_id not in self._containers:
+                        await backend.stop_container(container.container_id)
+                        stopped.append(f"sandbox container {container.container_id}")
+            finally:
+                await backend.aclose()
+        if not self._policy and stop_demo_policy(self._settings):
+            stopped.append("the demo policy")
+        if self._settings.embedded and not self._server and stop_dev_server(self._settings):
+            stopped.append("the embedded Temporal server")
+        return stopped
+
+
+async def _containers(settings: Settings) -> list:
+    if not settings.sandbox.start_containers:
+        return []
+    from temporal_rollouts.sandbox.backends.select import build_backend
+
+    backend = build_backend(settings)
+    try:
+        return await backend.list_containers()
+    finally:
+        await backend.aclose()

@@ -90,7 +90,19 @@ def test_data_dir_is_taken_from_the_config_files_folder(clean_shell: Path, monke
     monkeypatch.setenv("ROLLOUTS_CONFIG", str(project / "rollouts.toml"))
     assert Settings().data_dir == project / "state"
     monkeypatch.delenv("ROLLOUTS_CONFIG")
-    assert Settings().data_dir == elsewhere / ".rollouts"  # no config: the working directory, made absolute
+    monkeypatch.setenv("ROLLOUTS_DATA_DIR", "mine")
+    assert Settings().data_dir == elsewhere / "mine"  # a relative folder named in the shell: the shell's
+
+
+def test_the_default_data_dir_does_not_move_with_the_working_directory(clean_shell: Path, monkeypatch) -> None:
+    """Unset, with no config file: the checkout's own `.rollouts`, from wherever a command runs."""
+    checkout = Path(__file__).resolve().parents[2]
+    seen = set()
+    for folder in (clean_shell, clean_shell / "a" / "b", checkout / "docs"):
+        folder.mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(folder)
+        seen.add(Settings().data_dir)
+    assert seen == {checkout / ".rollouts"}
 
 
 def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> None:
