@@ -86,7 +86,9 @@ class RolloutRecord(BaseModel):
     rollout_id: str
     run_id: str | None = None
     status: str = Field(description="running, completed, failed, canceled, terminated, timed_out, ...")
-    phase: str | None = Field(default=None, description="While it runs: the step it is at (acquire, llm, ...).")
+    phase: str | None = Field(
+        default=None, description="While it runs: the step it is at (acquire, setup, turn 3, tool 3.1, verify, ...)."
+    )
     batch_id: str | None = None
     policy: str | None = None
     started_at: datetime | None = None

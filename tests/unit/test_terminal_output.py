@@ -108,9 +108,9 @@ def test_a_running_rollout_shows_no_stop_reason_and_no_score() -> None:
     placeholder = result(stop_reason=StopReason.COMPLETED, turns=2)  # what the workflow holds while it runs
     shown = RolloutResult.of(placeholder, WorkflowExecutionStatus.RUNNING)
     assert (shown.stop_reason, shown.score) == (None, None)
-    record = RolloutRecord(rollout_id="b/item-0/g0", status="running", phase="llm", result=shown)
+    record = RolloutRecord(rollout_id="b/item-0/g0", status="running", phase="turn 3", result=shown)
     text = format_rollout(record)
-    assert "stop reason  - (still running (llm))" in text and "score        - (not scored yet)" in text
+    assert "stop reason  - (still running (turn 3))" in text and "score        - (not scored yet)" in text
     assert "completed" not in text and "score        0" not in text
     assert record.shown()["result"]["stop_reason"] is None and record.shown()["result"]["score"] is None
 
