@@ -62,6 +62,15 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
     root = forked["first"]
     assert forked["rollouts"] == [root, f"{root}/t2b1"]  # every continuation's id, not only the first
 
+    shown = json.loads((await rollouts(settings, "show", source.rollout_id, "--json")).stdout)
+    assert [(b["rollout_id"], b["at_turn"]) for b in shown["branches"]] == [(root, 2)]
+    text = (await rollouts(settings, "show", root)).stdout
+    assert f"forked  from {source.rollout_id} after turn 2 (workspace: replay, 2 tool call(s) replayed)" in text
+    assert f"branches after turn 2: {root}/t2b1 (completed)" in text
+
+    refused = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "9")
+    assert refused.returncode == 1 and "fork at a turn from 0 to 5" in refused.stderr
+
     listed = await rollouts(settings, "list", forked["fork_id"], "--json")  # a fork's id lists its rollouts
     assert listed.returncode == 0, listed.stderr
     assert [(r["rollout_id"], r["forked_from"]) for r in json.loads(listed.stdout)] == [
@@ -76,15 +85,6 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
     assert named == [f"{tree}/n0", f"{tree}/n0/t1b1", f"{tree}/n0/t1b2"], started.stdout
     again = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "1", "--id", forked["fork_id"])
     assert again.returncode == 1 and "is taken by a RolloutTreeWorkflow" in again.stderr, again.stderr
-
-    shown = json.loads((await rollouts(settings, "show", source.rollout_id, "--json")).stdout)
-    assert [(b["rollout_id"], b["at_turn"]) for b in shown["branches"]] == [(root, 2)]
-    text = (await rollouts(settings, "show", root)).stdout
-    assert f"forked  from {source.rollout_id} after turn 2 (workspace: replay, 2 tool call(s) replayed)" in text
-    assert f"branches after turn 2: {root}/t2b1 (completed)" in text
-
-    refused = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "9")
-    assert refused.returncode == 1 and "fork at a turn from 0 to 5" in refused.stderr
 
 
 @pytest.mark.slow
