@@ -19,7 +19,7 @@ import pytest
 
 from temporal_rollouts.runtime.services import port_open
 from tests.support import REPO
-from tests.support.processes import kill_servers_under
+from tests.support.processes import kill_servers_under, servers_under
 from tests.support.servers.process import free_port
 
 pytestmark = pytest.mark.slow
@@ -43,19 +43,6 @@ def own_ports() -> dict[str, str]:
         "ROLLOUTS_TEMPORAL__EMBEDDED_UI_PORT": str(free_port()),
         "ROLLOUTS_DEMO_POLICY__PORT": str(free_port()),
     }
-
-
-def sandbox_servers_under(data_dir: Path) -> list[int]:
-    marker = str(data_dir.resolve())
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if proc.name.isdigit() and "temporal_rollouts.sandbox_server" in cmdline and marker in cmdline:
-            found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +80,7 @@ def test_a_second_checkout_on_the_same_ports_is_refused_before_it_starts_anythin
     (line,) = demo.stderr.strip().splitlines()
     assert line.startswith("error: task queue 'rollouts' on Temporal 127.0.0.1:") and f"({theirs})" in line, line
     assert "file://" in line and "ROLLOUTS_TEMPORAL__EMBEDDED_PORT=" in line and f"ROLLOUTS_DATA_DIR={theirs}" in line
-    assert sandbox_servers_under(tmp_path / ".rollouts") == []  # no sandbox of its own was left running
+    assert servers_under(tmp_path / ".rollouts") == []  # no sandbox of its own was left running
 
     listed = subprocess.run(
         [str(ROLLOUTS), "list"], cwd=tmp_path, env=second, capture_output=True, text=True, timeout=60
@@ -104,7 +91,7 @@ def test_a_second_checkout_on_the_same_ports_is_refused_before_it_starts_anythin
         [sys.executable, str(REPO / "worker.py")], cwd=tmp_path, env=second, capture_output=True, text=True, timeout=120
     )
     assert worker.returncode != 0 and "belongs to the workers of another data folder" in worker.stderr
-    assert sandbox_servers_under(tmp_path / ".rollouts") == []
+    assert servers_under(tmp_path / ".rollouts") == []
 
 
 def test_a_demo_that_does_not_finish_stops_what_it_started(tmp_path: Path) -> None:
@@ -120,7 +107,7 @@ def test_a_demo_that_does_not_finish_stops_what_it_started(tmp_path: Path) -> No
     )
     try:
         deadline = time.monotonic() + 180
-        while not sandbox_servers_under(tmp_path / ".rollouts"):  # it has started its services
+        while not servers_under(tmp_path / ".rollouts"):  # it has started its services
             assert demo.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1.0)
@@ -130,6 +117,6 @@ def test_a_demo_that_does_not_finish_stops_what_it_started(tmp_path: Path) -> No
         if demo.poll() is None:
             demo.kill()
     assert "stopped what it had started" in output, output
-    assert sandbox_servers_under(tmp_path / ".rollouts") == []
+    assert servers_under(tmp_path / ".rollouts") == []
     assert not port_open("127.0.0.1", int(env["ROLLOUTS_TEMPORAL__EMBEDDED_PORT"]))
     assert not port_open("127.0.0.1", int(env["ROLLOUTS_DEMO_POLICY__PORT"]))

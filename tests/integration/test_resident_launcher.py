@@ -21,6 +21,7 @@ from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, SearchOp, SessionOp, SlotLease, ToolOutput
+from tests.support.processes import command_lines
 from tests.support.sandbox import (
     execute_in,
     fork_bomb,
@@ -114,14 +115,7 @@ async def test_ps_names_the_launcher_and_its_slot_instead_of_printing_its_source
     assert (await run(client, lease, "true")).ok  # the lease's launcher runs from here on
     inside = (await run(client, lease, "tr '\\0' ' ' < /proc/1/cmdline")).output
     assert f"rollouts-slot-launcher slot={lease.slot} " in inside and len(inside) < 120, inside
-    on_host = []
-    for entry in Path("/proc").iterdir():
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "rollouts-slot-launcher" in line:
-            on_host.append(line)
+    on_host = [line for line in command_lines().values() if "rollouts-slot-launcher" in line]
     assert on_host and not [line for line in on_host if "import " in line or "def " in line], on_host
 
 
