@@ -224,7 +224,9 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "stop":
         described = await require_workflow(client, args.name, FEED)
         if described.status != WorkflowExecutionStatus.RUNNING:
-            state = described.status.name.lower() if described.status else "gone"
+            state = status_name(described.status)
+            if described.status == WorkflowExecutionStatus.COMPLETED:  # completed, or stopped before
+                state = (await feed_status(client, args.name)).outcome
             raise ConfigError(f"training run {args.name} is not running (it is {state})")
         await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
         console.print(
