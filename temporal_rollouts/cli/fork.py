@@ -24,7 +24,7 @@ from activities.fork_points import ForkPoint, ForkPointInput, ForkPoints
 from temporal_rollouts.cli.exit_codes import EXIT_OK, EXIT_PARTIAL
 from temporal_rollouts.cli.records import id_taken
 from temporal_rollouts.cli.resume import started_input
-from temporal_rollouts.cli.screen import Column, screen_width, table_lines
+from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, wrapped
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.forks import (
     MAX_BRANCH_FACTOR,
@@ -160,21 +160,27 @@ def describe_plan(
     }
 
 
-def format_plan(plan: dict[str, Any]) -> str:
+def format_plan(plan: dict[str, Any], width: int | None = None) -> str:
     reused = plan["reused"]
     tokens = f", {reused['tokens']} tokens with their logprobs" if reused["tokens"] is not None else ""
-    lines = [
-        f"forking {plan['source']} after turn {plan['at_turn']} into {plan['continuations']} continuation(s)",
-        f"  reused      {reused['turns']} turn(s), {reused['messages']} messages{tokens} (by reference, not generated again)",
-        f"  workspace   {plan['workspace']}",
+    fields = [
+        (
+            "reused",
+            f"{reused['turns']} turn(s), {reused['messages']} messages{tokens} (by reference, not generated again)",
+        ),
+        ("workspace", plan["workspace"]),
+        *(("not carried", item) for item in plan["not_carried"]),
     ]
-    lines += [f"  not carried {item}" for item in plan["not_carried"]]
     if plan["replayed_sessions"]:
-        lines.append(
-            "  note        the stateful terminal's commands are replayed in a new session; processes they "
-            "started are started again, not carried"
+        fields.append(
+            (
+                "note",
+                "the stateful terminal's commands are replayed in a new session; processes they started are "
+                "started again, not carried",
+            )
         )
-    return "\n".join(lines)
+    head = f"forking {plan['source']} after turn {plan['at_turn']} into {plan['continuations']} continuation(s)"
+    return "\n".join([head, *labelled(fields, width)])
 
 
 RESULT_COLUMNS = [
@@ -219,7 +225,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     point = await find_fork_point(client, settings, args.rollout_id, args.at_turn)
     plan = describe_plan(args.rollout_id, args.at_turn, args.n, point, args.rebuild)
     if not args.json:
-        print(format_plan(plan), flush=True)
+        print(format_plan(plan, screen_width()), flush=True)
     handle, point, roots = await start_fork(
         client, settings, args.rollout_id, args.at_turn, args.n, fork_id=args.id, point=point, **options
     )
@@ -231,7 +237,11 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
         print(
             json.dumps(summary)
             if args.json
-            else f"watch them with `rollouts list {handle.id}`, one with `rollouts show ROLLOUT_ID`"
+            else "\n".join(
+                wrapped(
+                    f"watch them with `rollouts list {handle.id}`, one with `rollouts show ROLLOUT_ID`", screen_width()
+                )
+            )
         )
         return EXIT_OK
     tree = RolloutTreeResult.model_validate(await handle.result())

@@ -212,7 +212,7 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(status.model_dump_json() if args.json else cli_train.format_feed(status, screen_width()))
         return 0
     data = await batch_status(client, args.batch_id)
-    print(json.dumps(data) if args.json else format_status(data))
+    print(json.dumps(data) if args.json else format_status(data, screen_width()))
     return status_exit_code(data)
 
 

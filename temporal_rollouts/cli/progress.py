@@ -24,6 +24,7 @@ from temporalio.service import RPCError
 
 from temporal_rollouts.cli.exit_codes import EXIT_FAILED, batch_exit_code
 from temporal_rollouts.cli.progress_bar import BatchBar
+from temporal_rollouts.cli.screen import wrapped
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
@@ -199,7 +200,8 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     return {**data, "status": batch_outcome(status, data.get("completed"), data.get("failed"))}
 
 
-def format_status(data: dict[str, Any]) -> str:
+def format_status(data: dict[str, Any], width: int | None = None) -> str:
+    """`rollouts status` for people; a line longer than `width` wraps at its words, under itself."""
     lines = [
         f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")
     ]
@@ -231,4 +233,4 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  results: {data['output']}")
     if data.get("total"):
         lines.append(f"  rollouts: `rollouts list {data['batch_id']}` (ids, stop reasons, scores)")
-    return "\n".join(lines)
+    return "\n".join(part for line in lines for part in wrapped(line, width))

@@ -195,6 +195,8 @@ async def id_taken(client: Client, workflow_id: str) -> ConfigError:
     if described is not None and described.workflow_type == "BatchWorkflow":
         if described.status == WorkflowExecutionStatus.RUNNING:
             return ConfigError(f"batch {workflow_id} is running: watch it with `rollouts status {workflow_id}`")
+        counts = await batch_counts(client, workflow_id, described.status)
+        state = batch_outcome(state, counts.get("completed"), counts.get("failed"))
         return ConfigError(
             f"batch {workflow_id} already ran (it is {state}): choose another --id for a new batch; "
             f"`rollouts resume {workflow_id}` resumes its failed rollouts"

@@ -74,7 +74,7 @@ def wrapped(line: str, width: int | None) -> list[str]:
     if width is None or len(line) <= width:
         return [line]
     indent = " " * (len(line) - len(line.lstrip()) + 2)
-    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False, drop_whitespace=True)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
 
 
 def labelled(fields: list[tuple[str, str]], width: int | None = None) -> list[str]:
@@ -87,7 +87,7 @@ def labelled(fields: list[tuple[str, str]], width: int | None = None) -> list[st
         if width is None or indent + len(value) <= width:
             lines.append(head + value)
             continue
-        wrapped = textwrap.wrap(value, max(width - indent, 20), break_on_hyphens=False)
+        wrapped = textwrap.wrap(value, max(width - indent, 20), break_on_hyphens=False, break_long_words=False)
         lines += [head + wrapped[0], *(" " * indent + line for line in wrapped[1:])]
     return lines
 

@@ -149,6 +149,21 @@ def test_one_definition_of_a_finished_batchs_state(completed: int, failed: int, 
     assert format_status(data).startswith(f"batch b: {outcome}")
 
 
+def test_status_wraps_its_long_lines_under_themselves() -> None:
+    data = {
+        "batch_id": "my-very-long-batch-name-for-a-second-experiment",
+        "status": "failed",
+        "total": 4,
+        "completed": 0,
+        "failed": 4,
+        "stop_details": {"model_unavailable": "ModelUnreachable: model unreachable: connection refused " * 3},
+    }
+    lines = format_status(data, 80).splitlines()
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    why = next(i for i, line in enumerate(lines) if line.startswith("  why model_unavailable: "))
+    assert lines[why + 1].startswith("    ModelUnreachable") or lines[why + 1].startswith("    model")
+
+
 def feed(stopping: bool, posted: int = 0) -> FeedStatus:
     return FeedStatus(
         run="my-run",
