@@ -49,9 +49,8 @@ from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alon
 from temporal_rollouts.runtime.config import load_settings
 from temporal_rollouts.runtime.logs import configure_logging
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
-from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
-from temporal_rollouts.runtime.store_claim import check_store
+from temporal_rollouts.runtime.store_claim import claim_queue
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -194,8 +193,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
         warn_about_local_storage(settings)
         await check_local_backend_is_alone(client, settings)
-        await ensure_maintenance_workflow(client, settings)  # records this queue's store, unless a worker did
-        await check_store(client, settings)  # before anything is started, and before a step is taken
+        await claim_queue(client, settings)  # this queue's store: recorded, or compared; before anything starts
         if settings.embedded:
             await asyncio.to_thread(ensure_demo_policy, settings)
         await parts.pool.fleet.backend.prepare()

@@ -38,7 +38,7 @@ from temporal_rollouts.core.records import TrajectoryInput
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.trees import RolloutTreeInput, RolloutTreeResult
 from temporal_rollouts.runtime.registration import add_missing_search_attributes
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -215,7 +215,7 @@ def format_results(tree: RolloutTreeResult, width: int | None = None) -> str:
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings, check_store=True)
+    client = await command_client(settings)
     options = {
         "policy": args.policy,
         "temperature": args.temperature,

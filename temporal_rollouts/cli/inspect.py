@@ -32,7 +32,7 @@ from temporal_rollouts.cli.records import (
 )
 from temporal_rollouts.cli.parsers import BATCHES_LISTED
 from temporal_rollouts.cli.screen import Column, screen_width, table_lines, when
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -45,7 +45,7 @@ EXPORT_CONCURRENCY = 16
 async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
     """A client that never starts a server (reading must not bring one up) and the transcript store."""
     objects = object_client(settings)
-    client = await connect(settings, objects=objects, start_embedded=False, check_store=True)
+    client = await command_client(settings, objects=objects, start_embedded=False)
     return client, TranscriptStore(objects, settings.storage.bucket)
 
 

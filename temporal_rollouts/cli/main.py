@@ -177,11 +177,11 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
     from temporal_rollouts.cli.progress import finish
     from temporal_rollouts.core.settings import DEMO_POLICY
-    from temporal_rollouts.runtime.temporal import connect
+    from temporal_rollouts.cli.connection import command_client
 
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
-    client = await connect(settings, check_store=True)
+    client = await command_client(settings)
     if settings.embedded and batch.policy == DEMO_POLICY:
         # `rollouts server stop` stopped it with the server; bring both back, not only the server
         from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -203,9 +203,9 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.cli.progress import batch_status, format_status
     from temporal_rollouts.cli.records import describe_or_none
     from temporal_rollouts.cli.screen import screen_width
-    from temporal_rollouts.runtime.temporal import connect
+    from temporal_rollouts.cli.connection import command_client
 
-    client = await connect(settings, start_embedded=False, check_store=True)
+    client = await command_client(settings, start_embedded=False)
     described = await describe_or_none(client, args.batch_id)
     if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
         status = await cli_train.feed_status(client, args.batch_id)
@@ -236,7 +236,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     from temporal_rollouts.cli.progress import finish
     from temporal_rollouts.runtime.logs import configure_logging
-    from temporal_rollouts.runtime.services import StartedHere
+    from temporal_rollouts.runtime.started_here import StartedHere
     from worker import running_worker
 
     console = Console()
@@ -309,14 +309,14 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
     from activities.pool import MaintenanceReport
-    from temporal_rollouts.runtime.temporal import connect
-    from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
+    from temporal_rollouts.cli.connection import command_client
+    from temporal_rollouts.runtime.store_claim import claim_queue
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
     console = Console(stderr=args.json)
-    client = await connect(settings, check_store=True)
+    client = await command_client(settings)
     await _warn_without_worker(client, settings, console)
-    handle = await ensure_maintenance_workflow(client, settings)
+    handle = await claim_queue(client, settings)
     raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)
     report = MaintenanceReport.model_validate(raw)
     if args.json:

@@ -43,7 +43,7 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 
 FEED = "TrainingFeedWorkflow"
 WATCH_EVERY_S = 2.0
@@ -203,7 +203,7 @@ def format_feed(status: RunReport, width: int | None = None) -> str:
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "start":
         check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
-    client = await connect(settings, start_embedded=args.train_command == "start", check_store=True)
+    client = await command_client(settings, start_embedded=args.train_command == "start")
     console = Console()
     if args.train_command == "start":
         feed = feed_input(args)

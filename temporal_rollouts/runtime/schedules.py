@@ -8,6 +8,8 @@ flooded the UI's workflow list. `rollouts reap` asks the running execution for a
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -35,11 +37,12 @@ async def delete_old_reaper_schedule(client: Client, settings: Settings) -> bool
     return True
 
 
-async def ensure_maintenance_workflow(client: Client, settings: Settings) -> WorkflowHandle:
-    """Start the maintenance workflow unless it runs; either way it uses the configured interval. The
-    worker that starts it records the queue's store in its memo (runtime/store_claim.py); a running
-    one keeps what the worker that started it recorded."""
-    from temporal_rollouts.runtime.store_claim import STORE_MEMO, store_claim
+async def ensure_maintenance_workflow(
+    client: Client, settings: Settings, memo: dict[str, Any] | None = None
+) -> WorkflowHandle:
+    """Start the maintenance workflow unless it runs; either way it uses the configured interval.
+    `memo`: what the execution records if this call starts it (runtime/store_claim.py records the
+    queue's store there); a running one keeps what the call that started it recorded."""
     from workflows.pool import MaintenanceInput, SlotPoolMaintenanceWorkflow
 
     await delete_old_reaper_schedule(client, settings)
@@ -51,7 +54,7 @@ async def ensure_maintenance_workflow(client: Client, settings: Settings) -> Wor
         task_queue=settings.temporal.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo={STORE_MEMO: store_claim(settings).model_dump()},
+        memo=memo,
     )
     await handle.signal(SlotPoolMaintenanceWorkflow.set_interval, interval)
     return handle

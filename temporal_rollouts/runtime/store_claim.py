@@ -22,11 +22,12 @@ import logging
 import socket
 
 from pydantic import BaseModel
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow, maintenance_workflow_id
 from temporal_rollouts.runtime.temporal import host_name
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,16 @@ def store_claim(settings: Settings) -> StoreClaim:
     )
 
 
+async def claim_queue(client: Client, settings: Settings) -> WorkflowHandle:
+    """What a worker does before it polls: start the queue's maintenance workflow with this store as its
+    claim unless it runs, then refuse if the claim it holds is another store's. Returns its handle."""
+    handle = await ensure_maintenance_workflow(client, settings, {STORE_MEMO: store_claim(settings).model_dump()})
+    await check_store(client, settings)
+    return handle
+
+
 async def claimed_store(client: Client, settings: Settings) -> StoreClaim | None:
     """The claim recorded for this task queue, if a worker recorded one."""
-    from temporal_rollouts.runtime.schedules import maintenance_workflow_id
-
     try:
         described = await client.get_workflow_handle(maintenance_workflow_id(settings)).describe()
     except RPCError as err:

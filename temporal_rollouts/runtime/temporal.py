@@ -189,13 +189,10 @@ async def connect(
     objects: S3StorageDriverClient | None = None,
     start_embedded: bool = True,
     runtime: Runtime | None = None,
-    check_store: bool = False,
 ) -> Client:
     """A client with the project's data converter (pydantic, large payloads by reference);
     starts the embedded server where configured. `runtime`: the SDK runtime its workers use
-    (one that exports metrics); the SDK's default otherwise. `check_store`: refuse a server
-    whose task queue belongs to workers of another store (runtime/store_claim.py), as every
-    `rollouts` command does before it reads or starts anything."""
+    (one that exports metrics); the SDK's default otherwise."""
     converter = data_converter(settings, objects or object_client(settings))
     options = connect_options(settings)
     if runtime is not None:
@@ -205,14 +202,8 @@ async def connect(
     last_error: Exception | None = None
     for _ in range(50):
         try:
-            client = await Client.connect(settings.temporal_address, data_converter=converter, **options)
+            return await Client.connect(settings.temporal_address, data_converter=converter, **options)
         except RuntimeError as err:  # the server may still be opening its frontend
             last_error = err
             await asyncio.sleep(0.2)
-            continue
-        if check_store:
-            from temporal_rollouts.runtime.store_claim import check_store as refuse_another_store
-
-            await refuse_another_store(client, settings)
-        return client
     raise ConfigError(f"cannot connect to Temporal at {settings.temporal_address}: {last_error}")
