@@ -98,7 +98,7 @@ def test_a_demo_that_does_not_finish_stops_what_it_started(tmp_path: Path) -> No
     """Ctrl-C in the middle of the demo: its own server, demo policy and sandbox stop with it."""
     env = checkout(tmp_path, own_ports())
     demo = subprocess.Popen(
-        [str(ROLLOUTS), "demo", "--items", "12"],
+        [str(ROLLOUTS), "demo", "--items", "12", "--group-size", "8"],  # 96 rollouts: still running at the Ctrl-C
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

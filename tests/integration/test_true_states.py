@@ -91,7 +91,7 @@ async def test_a_failed_rollout_is_exported_without_a_score_and_an_id_that_ran_i
     assert records["completed"]["score"] == 1.0
 
     again = BatchInput(env="echo_chain", num_items=1, group_size=1, policy="demo")
-    with pytest.raises(ConfigError, match=rf"batch {done.batch_id} already ran \(it is completed\): choose another"):
+    with pytest.raises(ConfigError, match=rf"batch {done.batch_id} already ran \(it is partial\): choose another"):
         await start_batch(client, settings, again, done.batch_id)
     runs = [e async for e in client.list_workflows(f"WorkflowId = '{done.batch_id}'")]
     assert len(runs) == 1, "no second run was started under the id"
