@@ -195,3 +195,33 @@ def test_a_running_run_shows_what_it_retries_within_80_columns() -> None:
     assert lines[0] == "training run my-run (write_word): running (waiting for the trainer)"
     assert all(len(line) <= 80 for line in lines), "\n".join(lines)
     assert cause in " ".join(" ".join(lines).split())
+
+
+async def test_train_status_watch_redraws_in_place_on_a_terminal(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli import train
+
+    reports = iter(
+        [
+            RunReport(**dict(feed(stopping=False).model_copy(update={"phase": "waiting"})), outcome="running"),
+            RunReport(
+                **dict(feed(stopping=False, posted=1).model_copy(update={"phase": "posting"})), outcome="running"
+            ),
+            RunReport(**dict(feed(stopping=True, posted=1)), outcome="stopped"),
+        ]
+    )
+
+    async def next_report(client, name: str) -> RunReport:
+        return next(reports)
+
+    monkeypatch.setattr(train, "feed_status", next_report)
+    monkeypatch.setattr(train, "WATCH_EVERY_S", 0.0)
+    screen = io.StringIO()
+    await train.watch_run(None, "my-run", Console(file=screen, force_terminal=True, width=80))  # type: ignore[arg-type]
+    drawn = screen.getvalue()
+    assert "\x1b[2K\x1b[1A" in drawn  # the block before is erased, line by line, not printed below
+    redraws = drawn.split("\x1b[2K\x1b[1A")
+    assert "running (waiting)" in redraws[0] and "stopped" in redraws[-1]  # each redraw over the one before
