@@ -17,7 +17,7 @@ import pytest
 from temporal_rollouts.runtime.temporal import temporal_binary
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support import REPO
-from tests.support.processes import kill_servers_under
+from tests.support.processes import users_worker
 from tests.support.servers.process import free_port
 
 pytestmark = pytest.mark.slow
@@ -76,22 +76,8 @@ def machine(tmp_path_factory) -> Iterator[Machine]:
     assert ROLLOUTS.exists(), "the `rollouts` command is installed with the project (make test does it)"
     user = Machine(tmp_path_factory.mktemp("home"))
     user.env.update(sft_policy(user))
-    log = user.home / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, str(REPO / "worker.py")], cwd=user.home, env=user.env, stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while "worker polling task queue" not in log.read_text():
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+    with users_worker(user.home, user.env):
         yield user
-    finally:
-        worker.terminate()
-        worker.wait(60)
-        user.run(str(ROLLOUTS), "server", "stop")
-        kill_servers_under(user.home / ".rollouts")
 
 
 def test_a_batch_with_the_rollouts_command(machine: Machine) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from temporal_rollouts.runtime.services import port_open
 from tests.support import REPO
-from tests.support.processes import kill_servers_under, servers_under
+from tests.support.processes import servers_under, users_worker
 from tests.support.servers.process import free_port
 
 pytestmark = pytest.mark.slow
@@ -50,20 +50,8 @@ def first(tmp_path_factory) -> Iterator[dict[str, str]]:
     """The first checkout: `python worker.py` on the embedded default, its own server and sandbox."""
     home = tmp_path_factory.mktemp("checkout-a")
     env = checkout(home, own_ports())
-    log = home / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, str(REPO / "worker.py")], cwd=home, env=env, stdout=out, stderr=out)
-    try:
-        deadline = time.monotonic() + 120
-        while "worker polling task queue" not in log.read_text():
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+    with users_worker(home, env):
         yield env
-    finally:
-        worker.terminate()
-        worker.wait(60)
-        subprocess.run([str(ROLLOUTS), "server", "stop"], cwd=home, env=env, capture_output=True, timeout=120)
-        kill_servers_under(home / ".rollouts")
 
 
 def test_a_second_checkout_on_the_same_ports_is_refused_before_it_starts_anything(
