@@ -42,16 +42,19 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from envs.sources import load_env_sources
 from temporal_rollouts.cli.exit_codes import EXIT_ERROR
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
-from temporal_rollouts.runtime.config import load_settings
+from temporal_rollouts.runtime.config import load_settings, with_env_modules
 from temporal_rollouts.runtime.logs import configure_logging
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
+from temporal_rollouts.runtime.preflight import check_local_sandboxes
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.store_claim import claim_queue
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
+from temporal_rollouts.runtime.versioning import become_current_if_newest, deployment_config, worker_version
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
@@ -133,6 +136,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     deterministic and import only pass-through modules; a test replays a rollout's
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
+    load_envs(settings)
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
@@ -145,7 +149,24 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         if settings.worker.sandboxed_workflows
         else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
+        deployment_config=deployment_config(settings),
     )
+
+
+@contextlib.asynccontextmanager
+async def polling_worker(client: Client, parts: Parts) -> AsyncIterator[Worker]:
+    """The worker, polling, its build made the current one where `worker.become_current` says so
+    (runtime/versioning.py): from then on new batches and rollouts go to this build."""
+    async with build_worker(client, parts) as worker:
+        await become_current_if_newest(client, parts.settings)
+        yield worker
+
+
+def load_envs(settings: Settings) -> None:
+    """The envs of installed packages' entry points and of `env_modules`, besides the bundled ones; a source that
+    fails is one line, and the worker runs with the envs of the others."""
+    for problem in load_env_sources(settings.env_modules):
+        log.warning("%s; the worker runs without it", problem.line())
 
 
 def task_slots(worker: WorkerSettings) -> dict:
@@ -188,6 +209,7 @@ def task_slots(worker: WorkerSettings) -> dict:
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
+    check_local_sandboxes(settings)  # before anything starts: a machine that cannot sandbox says what fixes it
     parts = Parts(settings)
     try:
         client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
@@ -198,7 +220,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
             await asyncio.to_thread(ensure_demo_policy, settings)
         await parts.pool.fleet.backend.prepare()
         await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
-        async with build_worker(client, parts):
+        async with polling_worker(client, parts):
             yield client
     finally:
         await parts.aclose()
@@ -211,8 +233,13 @@ async def main_async(settings: Settings, verbose: bool = False) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with running_worker(settings):
         where = settings.temporal_address + (" (embedded)" if settings.embedded else "")
+        build = worker_version(settings).build_id if settings.worker.versioning else "unversioned"
         log.info(
-            "worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-"
+            "worker polling task queue %r (build %s) on %s; UI %s",
+            settings.temporal.task_queue,
+            build,
+            where,
+            settings.ui_url or "-",
         )
         if settings.worker.processes > 1:
             more = ["--verbose"] if verbose else []
@@ -237,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes on this machine (settings worker.processes; one per core uses them all)",
     )
     parser.add_argument(
+        "--env-module",
+        action="append",
+        dest="env_modules",
+        metavar="MODULE",
+        help="load the envs of this module (a name on the import path, or a .py file) besides the bundled ones and "
+        "installed packages' (repeatable; adds to settings env_modules)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="print full tracebacks on the console too (they always go to <data_dir>/logs/worker.log)",
@@ -245,15 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.processes is not None:  # checked and reported as the setting it stands for
             os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
-        settings = load_settings()
-    except ConfigError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        return EXIT_ERROR
-    log_file = configure_logging(settings.data_dir, verbose=args.verbose)
-    log.info("logging to %s (one line per failed attempt here, tracebacks there)", log_file)
-    try:
+        settings = with_env_modules(load_settings(), args.env_modules)
+        check_local_sandboxes(settings)  # a machine that cannot sandbox: one line, nothing made, not even the log
+        log_file = configure_logging(settings.data_dir, verbose=args.verbose)
+        log.info("logging to %s (one line per failed attempt here, tracebacks there)", log_file)
         asyncio.run(main_async(settings, verbose=args.verbose))
-    except ConfigError as err:  # refused at start: another data folder's queue, another host's local pool, ...
+    except ConfigError as err:  # bad settings, or refused at start (no sandbox, another data folder's queue, ...)
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
     return 0

@@ -2,21 +2,11 @@
 
 argparse's ArgumentDefaultsHelpFormatter appends `(default: None)` to every optional flag and a
 second default to a help text that already names one (`(default 30) (default: None)`).
-
-A help text may name `%(envs)s`, the registered envs: they are looked up only when that help is
-printed, since importing the envs costs what `rollouts --help` must not.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-
-
-def registered_envs() -> str:
-    from envs.registry import env_names
-
-    return ", ".join(sorted(env_names()))
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -30,9 +20,3 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         ):
             return help_text
         return super()._get_help_string(action)
-
-    def _expand_help(self, action: argparse.Action) -> str:
-        if action.help and "%(envs)s" in action.help:
-            action = copy.copy(action)
-            action.help = action.help.replace("%(envs)s", registered_envs())
-        return super()._expand_help(action)

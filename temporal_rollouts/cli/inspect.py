@@ -286,6 +286,3 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     )
     await uvicorn.Server(config).serve()
     return 0
-
-
-COMMANDS = {"show": cmd_show, "export": cmd_export, "list": cmd_list, "cancel": cmd_cancel, "view": cmd_view}

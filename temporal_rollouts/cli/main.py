@@ -40,16 +40,6 @@ if TYPE_CHECKING:  # the commands import what they use when they run: `rollouts 
 DEMO_ENV = "terminal_tasks"
 
 
-def known_env(name: str) -> str:
-    from envs.registry import env_names
-    from temporal_rollouts.core.errors import ConfigError
-
-    names = env_names()
-    if name not in names:
-        raise ConfigError(f"unknown env {name!r}: choose one of {', '.join(sorted(names))}")
-    return name
-
-
 def resolve_policy(settings: Settings, policy: str | None) -> str:
     """The policy a batch runs on, decided here when it starts: the CLI's own `default_policy`
     when none is named, checked against the CLI's settings (the worker resolves the name to an
@@ -60,12 +50,14 @@ def resolve_policy(settings: Settings, policy: str | None) -> str:
 
 
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
+    from temporal_rollouts.cli.envs import env_is_known
     from temporal_rollouts.core.inputs import parse_input
     from temporal_rollouts.core.records import BatchInput
 
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
+    known = env_is_known(args.env, settings)  # unknown here: the worker checks it in the first step
     fields = {
-        "env": known_env(args.env),
+        "env": args.env,
         "num_items": args.items,
         "group_size": args.group_size,
         "item_offset": args.offset,
@@ -78,7 +70,8 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
-    _check_items(batch)
+    if known:
+        _check_items(batch)
     return batch
 
 
@@ -236,9 +229,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     from temporal_rollouts.cli.progress import finish
     from temporal_rollouts.runtime.logs import configure_logging
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from temporal_rollouts.runtime.started_here import StartedHere
     from worker import running_worker
 
+    check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
     console = Console()
     console.print(
         "[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
@@ -333,8 +328,10 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.runtime.logs import configure_logging
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from worker import main_async
 
+    check_local_sandboxes(settings)  # as `python worker.py`: one line, and nothing made, not even the log
     configure_logging(settings.data_dir, verbose=args.verbose)
     await main_async(settings, verbose=args.verbose)
     return 0
@@ -361,7 +358,11 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.policy_servers.demo import main as serve_main
 
-    return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
+    modules = [arg for module in settings.env_modules for arg in ("--env-module", module)]
+    return (
+        serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *modules, *args.rest])
+        or 0
+    )
 
 
 def _int_at_least(minimum: int):
@@ -396,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
     demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
+    parsers.add_env_module_flag(demo)
 
     batch = sub.add_parser(
         "batch",
@@ -403,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=defaults,
         description="Start a batch of rollouts.",
     )
-    batch.add_argument("--env", required=True, help="registered env: %(envs)s")
+    batch.add_argument("--env", required=True, help="an env the workers know (`rollouts envs` lists them)")
+    parsers.add_env_module_flag(batch)
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument(
         "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
@@ -451,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
     worker.add_argument("--verbose", action="store_true", help="full tracebacks on the console too")
+    parsers.add_env_module_flag(worker)
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop"])
@@ -469,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     parsers.add_inspect_parsers(sub)
     parsers.add_train_parser(sub)
     parsers.add_fork_parser(sub)
+    parsers.add_versions_parser(sub)
+    parsers.add_envs_parser(sub)
     return parser
 
 
@@ -483,6 +489,8 @@ COMMANDS = {
     "server": cmd_server,
     "train": "temporal_rollouts.cli.train:cmd_train",
     "fork": "temporal_rollouts.cli.fork:cmd_fork",
+    "envs": "temporal_rollouts.cli.envs:cmd_envs",
+    "versions": "temporal_rollouts.cli.versions:cmd_versions",
     **{name: f"temporal_rollouts.cli.inspect:cmd_{name}" for name in ("show", "export", "list", "cancel", "view")},
 }
 """Each command's function, or where to import it from when it runs."""
@@ -525,11 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     from temporalio.service import RPCError
 
     from temporal_rollouts.core.errors import RolloutError
-    from temporal_rollouts.runtime.config import load_settings
+    from temporal_rollouts.runtime.config import load_settings, with_env_modules
 
     settings: Settings | None = None
     try:
-        settings = load_settings()
+        settings = with_env_modules(load_settings(), getattr(args, "env_modules", None))
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
         return asyncio.run(command(args.command)(args, settings))

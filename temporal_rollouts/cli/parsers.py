@@ -1,4 +1,4 @@
-"""The flags of `rollouts show`, `export`, `list`, `view`, `cancel`, `train` and `fork`.
+"""The flags of `rollouts show`, `export`, `list`, `view`, `cancel`, `train`, `fork`, `envs` and `versions`.
 
 Apart from the commands, and importing nothing but argparse: `rollouts --help` builds every
 parser, and a command's modules (pydantic, the Temporal client, rich) cost more than a second
@@ -19,6 +19,17 @@ ROLLOUTS_LISTED = 10_000
 """Rows listed for one batch at most; a filter narrows a larger batch."""
 STALE_GROUPS = ("post", "scores_only", "drop")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
+
+
+def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env-module",
+        action="append",
+        dest="env_modules",
+        metavar="MODULE",
+        help="also load the envs of this module (a name on the import path, or a .py file); repeatable, "
+        "adds to settings env_modules",
+    )
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +111,11 @@ def add_train_parser(sub: Any) -> None:
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
+    start.add_argument(
+        "--tokenizer",
+        default=None,
+        help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
+    )
     start.add_argument("--group-size", type=int, default=8)
     start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
     start.add_argument(
@@ -118,6 +134,7 @@ def add_train_parser(sub: Any) -> None:
     start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
+    add_env_module_flag(start)
     status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")
@@ -158,3 +175,20 @@ def add_fork_parser(sub: Any) -> None:
     fork.add_argument("--id", default=None, help="the fork's workflow id (default: ROLLOUT_ID/fork-<random>)")
     fork.add_argument("--wait", action="store_true", help="wait for the continuations and show how they ended")
     fork.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def add_envs_parser(sub: Any) -> None:
+    envs = sub.add_parser(
+        "envs",
+        help="every env, with where it comes from (bundled, a package's entry point, a module)",
+        description="Every env this machine's settings load: bundled, installed packages' entry points "
+        "(group temporal_rollouts.envs) and env_modules. Exits 1 when a source failed to load.",
+    )
+    add_env_module_flag(envs)
+    envs.add_argument("--json", action="store_true", help="one JSON object: envs and the sources that failed")
+
+
+def add_versions_parser(sub: Any) -> None:
+    versions = sub.add_parser("versions", help="worker builds: which takes new work, which are drained")
+    versions.add_argument("--set-current", metavar="BUILD", default=None, help="make BUILD take new batches")
+    versions.add_argument("--json", action="store_true")

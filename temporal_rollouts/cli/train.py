@@ -26,6 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.envs import env_is_known
 from temporal_rollouts.cli.progress import root_cause
 from temporal_rollouts.cli.records import (
     QUERY_TIMEOUT,
@@ -53,6 +54,7 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
     fields: dict[str, Any] = {
         "env": args.env,
         "policy": args.policy,
+        "tokenizer": args.tokenizer,
         "group_size": args.group_size,
         "max_staleness": args.max_staleness,
         "stale_groups": args.stale_groups,
@@ -77,17 +79,15 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
 
 
 def check_start(feed: FeedInput, settings: Settings) -> None:
-    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run."""
-    from envs.registry import env_names
-
-    if feed.env not in env_names():
-        raise ConfigError(f"unknown env {feed.env!r}: choose one of {', '.join(sorted(env_names()))}")
+    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run
+    (an env unknown here only gets a notice: a worker may know it, and the run's first step checks it)."""
+    env_is_known(feed.env, settings)
     endpoint = settings.policy_endpoint(feed.policy)
-    if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+    if isinstance(endpoint, ChatPolicy) and not (endpoint.tokenizer or feed.tokenizer):
         name = feed.policy or settings.default_policy
         raise ConfigError(
             f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
-            f"or a chat policy with a tokenizer (policies.{name}.tokenizer)"
+            f"or a chat policy with a tokenizer (policies.{name}.tokenizer, or --tokenizer)"
         )
 
 

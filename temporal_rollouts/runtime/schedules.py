@@ -1,9 +1,7 @@
 """The slot-pool maintenance workflow: one long-lived execution per task queue.
 
 Every worker starts it at start-up, idempotently (an execution that is already running is
-kept and told the current interval), and deletes the every-30-s reaper schedule of
-earlier versions when it finds one: that schedule started a new workflow each period and
-flooded the UI's workflow list. `rollouts reap` asks the running execution for a pass now.
+kept and told the current interval). `rollouts reap` asks the running execution for a pass now.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.settings import Settings
 
@@ -20,21 +17,6 @@ from temporal_rollouts.core.settings import Settings
 def maintenance_workflow_id(settings: Settings) -> str:
     """One per task queue: `rollouts-slot-maintenance` on the default queue."""
     return f"{settings.temporal.task_queue}-slot-maintenance"
-
-
-def reaper_schedule_id(settings: Settings) -> str:
-    """The schedule earlier versions created (deleted when found)."""
-    return f"{settings.temporal.task_queue}-slot-reaper"
-
-
-async def delete_old_reaper_schedule(client: Client, settings: Settings) -> bool:
-    try:
-        await client.get_schedule_handle(reaper_schedule_id(settings)).delete()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
 
 
 async def ensure_maintenance_workflow(
@@ -45,7 +27,6 @@ async def ensure_maintenance_workflow(
     queue's store there); a running one keeps what the call that started it recorded."""
     from workflows.pool import MaintenanceInput, SlotPoolMaintenanceWorkflow
 
-    await delete_old_reaper_schedule(client, settings)
     interval = settings.sandbox.reap_interval_s
     handle = await client.start_workflow(
         SlotPoolMaintenanceWorkflow.run,

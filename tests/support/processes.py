@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from temporal_rollouts.core.settings import Settings
@@ -47,13 +45,8 @@ class WorkerProcess:
         self.start()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc:
+            stop_process(self.proc)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until the worker logs that it polls its task queue."""
@@ -67,28 +60,16 @@ class WorkerProcess:
         raise AssertionError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
 
 
-@contextlib.contextmanager
-def users_worker(home: Path, env: dict[str, str], timeout_s: float = 120.0) -> Iterator[subprocess.Popen[bytes]]:
-    """`python worker.py` as a user starts it in `home` with `env` (the embedded default: its own server,
-    sandbox and demo policy), once it polls; afterwards it is stopped, then `rollouts server stop` stops
-    the rest, and any sandbox server under `home/.rollouts` is killed."""
-    log = home / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, str(REPO / "worker.py")], cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+def stop_process(proc: subprocess.Popen, wait_s: float = 40.0) -> None:
+    """SIGTERM, then SIGKILL after `wait_s`, and reap it; nothing when it has already ended."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
     try:
-        deadline = time.monotonic() + timeout_s
-        while "worker polling task queue" not in log.read_text():
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield worker
-    finally:
-        worker.terminate()
-        worker.wait(60)
-        rollouts = Path(sys.executable).with_name("rollouts")
-        subprocess.run([str(rollouts), "server", "stop"], cwd=home, env=env, capture_output=True, timeout=120)
-        kill_servers_under(Path(env.get("ROLLOUTS_DATA_DIR", home / ".rollouts")))
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def command_lines() -> dict[int, str]:
