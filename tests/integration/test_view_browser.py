@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -639,3 +640,35 @@ async def test_the_page_reads_at_1400_and_800_pixels_and_lists_forks_in_their_ba
         if width == 800:  # one column: the lists above the detail, every panel the screen's width less its margins
             assert rollouts_box["width"] >= width - 60, rollouts_box
         await browser.close()
+
+
+async def test_a_batch_whose_every_turn_fails_shows_why_within_a_refresh(
+    project_client: Client, worker: None, settings: Settings, served: str
+) -> None:
+    """Not just "running": the batch's row is marked, and its figures name the retried step, its error and
+    its attempt, from Temporal's pending-activity information, at the next refresh."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    handle = await project_client.start_workflow(
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"http://127.0.0.1:{closed}/v1"),
+        id=batch_id("view-retrying"),
+        task_queue=settings.temporal.task_queue,
+    )
+    try:
+        async with playwright_api.async_playwright() as playwright:
+            browser, page = await open_page(playwright, served + "?refresh_ms=700")
+            row = page.locator(f"tr[data-batch='{handle.id}']")
+            await row.locator(".warn").wait_for(timeout=20_000)
+            assert "waiting on llm_turn: model unreachable" in await row.locator(".warn").get_attribute("title")
+            await row.click()
+            notes = page.locator("#retrying")
+            await notes.wait_for(timeout=20_000)
+            assert (
+                "1 rollout waiting on llm_turn: model unreachable: connection refused, retry"
+                in await notes.inner_text()
+            )
+            await browser.close()
+    finally:
+        await handle.result()
