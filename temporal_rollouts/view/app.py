@@ -21,7 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from temporal_rollouts.cli.records import (
@@ -29,12 +29,15 @@ from temporal_rollouts.cli.records import (
     describe_or_none,
     list_batches,
     load_rollout,
+    retry_summary,
     rollout_branches,
     status_name,
+    waiting_on_retries,
 )
 from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
 from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.feed import FeedStatus
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -86,6 +89,7 @@ def create_app(
     `/?key=KEY` (`sandbox_server.keys`)."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}
+    finals: dict[str, FeedStatus | None] = {}
     outcomes = OutcomeCache(client)
 
     async def page(request: Request) -> FileResponse:
@@ -97,7 +101,7 @@ def create_app(
         return JSONResponse([batch.model_dump(mode="json") for batch in found])
 
     async def runs(request: Request) -> JSONResponse:
-        found = await list_training_runs(client, int(request.query_params.get("limit", "50")))
+        found = await list_training_runs(client, int(request.query_params.get("limit", "50")), finals)
         return JSONResponse([run.model_dump(mode="json") for run in found])
 
     async def rollouts(request: Request) -> JSONResponse:
@@ -109,7 +113,7 @@ def create_app(
         described = await describe_or_none(client, batch_id)
         if described is None or described.workflow_type not in KINDS:
             raise ConfigError(f"no batch or training run with id {batch_id!r}")
-        rows = await list_rollouts(client, batch_id)
+        rows = [row for row in await list_rollouts(client, batch_id) if not row.outside(batch_id)]  # not its forks
         known, pending = await outcomes.outcomes(rows, FIGURES_WAIT_S)
         kind = KINDS[described.workflow_type]
         counts = counts_of_rows(rows)
@@ -122,15 +126,18 @@ def create_app(
         shown = batch_figures(batch_id, kind, status_name(described.status), counts, rows, known, pending)
         if kind == "training_run":
             try:
-                shown.feed = (await feed_status(client, batch_id)).model_dump(mode="json")
+                report = await feed_status(client, batch_id)
+                shown.feed, shown.retrying = report.model_dump(mode="json"), report.retrying
             except RPCError as err:
                 shown.feed_error = f"the run's figures need a worker to answer its status query ({err.message})"
+        elif described.status == WorkflowExecutionStatus.RUNNING:
+            shown.retrying = retry_summary(await waiting_on_retries(client, batch_id))
         return JSONResponse(shown.model_dump(mode="json"))
 
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
         record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
-        return JSONResponse(record.model_dump(mode="json", exclude_none=True))
+        return JSONResponse(record.shown())
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         message = exc.message if isinstance(exc, ConfigError) else str(exc)
