@@ -21,7 +21,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.fork_points import ForkPoint, ForkPointInput, ForkPoints
-from temporal_rollouts.cli.exit_codes import EXIT_OK, EXIT_PARTIAL
+from temporal_rollouts.runtime.exit_codes import EXIT_OK, EXIT_PARTIAL
 from temporal_rollouts.cli.records import id_taken
 from temporal_rollouts.cli.resume import started_input
 from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, wrapped

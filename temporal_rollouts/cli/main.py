@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from temporal_rollouts.cli import parsers
-from temporal_rollouts.cli.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
+from temporal_rollouts.runtime.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
@@ -231,7 +231,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.runtime.logs import configure_logging
     from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from temporal_rollouts.runtime.started_here import StartedHere
-    from worker import running_worker
+    from temporal_rollouts.runtime.worker import running_worker
 
     check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
     console = Console()
@@ -329,7 +329,7 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.runtime.logs import configure_logging
     from temporal_rollouts.runtime.preflight import check_local_sandboxes
-    from worker import main_async
+    from temporal_rollouts.runtime.worker import main_async
 
     check_local_sandboxes(settings)  # as `python worker.py`: one line, and nothing made, not even the log
     configure_logging(settings.data_dir, verbose=args.verbose)

@@ -22,7 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.exit_codes import EXIT_FAILED, batch_exit_code
+from temporal_rollouts.runtime.exit_codes import EXIT_FAILED, batch_exit_code
 from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.cli.screen import wrapped
 from temporal_rollouts.core import search_attributes as sa

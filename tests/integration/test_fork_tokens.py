@@ -23,7 +23,7 @@ from temporal_rollouts.core.trees import RolloutTreeResult
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support.servers.fixtures import GenerateServerProcess, generate_policy
 from tests.support.waiting import batch_id
-from worker import Parts
+from temporal_rollouts.runtime.worker import Parts
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow

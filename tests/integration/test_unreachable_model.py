@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.cli.exit_codes import status_exit_code
+from temporal_rollouts.runtime.exit_codes import status_exit_code
 from temporal_rollouts.cli.progress import batch_status, format_status, print_summary, watch
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings

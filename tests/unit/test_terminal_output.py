@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from temporal_rollouts.cli.exit_codes import status_exit_code
+from temporal_rollouts.runtime.exit_codes import status_exit_code
 from temporal_rollouts.cli.inspect import batch_lines, format_rollout
 from temporal_rollouts.cli.list_rollouts import format_rows
 from temporal_rollouts.cli.progress import format_status
