@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from temporal_rollouts.cli import parsers
+from temporal_rollouts.core import defaults  # plain values, importing nothing
 from temporal_rollouts.runtime.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
@@ -390,10 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    defaults = DefaultsHelpFormatter
 
     demo = sub.add_parser(
-        "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults
+        "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=DefaultsHelpFormatter
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
     demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
@@ -402,16 +402,21 @@ def build_parser() -> argparse.ArgumentParser:
     batch = sub.add_parser(
         "batch",
         help="start a batch of rollouts",
-        formatter_class=defaults,
+        formatter_class=DefaultsHelpFormatter,
         description="Start a batch of rollouts.",
     )
     batch.add_argument("--env", required=True, help="an env the workers know (`rollouts envs` lists them)")
     parsers.add_env_module_flag(batch)
-    batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
+    batch.add_argument("--items", type=positive_int, default=defaults.BATCH_ITEMS, help="items of the env's task set")
     batch.add_argument(
-        "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
+        "--group-size",
+        type=positive_int,
+        default=defaults.BATCH_GROUP_SIZE,
+        help="rollouts per item (one scored group per item)",
     )
-    batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument(
+        "--offset", type=non_negative_int, default=defaults.BATCH_ITEM_OFFSET, help="index of the first item"
+    )
     batch.add_argument(
         "--cycle",
         action="store_true",
@@ -423,12 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
         "default: the config's default_policy",
     )
-    batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
-    batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
+    batch.add_argument(
+        "--max-turns", type=positive_int, default=None, help=f"model turns per rollout (default {defaults.MAX_TURNS})"
+    )
+    batch.add_argument(
+        "--max-concurrency", type=positive_int, default=defaults.BATCH_MAX_CONCURRENCY, help="rollouts running at once"
+    )
     batch.add_argument(
         "--start-rate",
         type=float,
-        default=0,
+        default=defaults.BATCH_START_RATE,
         help="rollouts started per second at most; 0 starts them as fast as the batch can",
     )
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")

@@ -12,12 +12,10 @@ import argparse
 from typing import Any
 
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+from temporal_rollouts.core import defaults  # plain values, importing nothing
+from temporal_rollouts.core.defaults import BATCHES_LISTED, ROLLOUTS_LISTED
 from temporal_rollouts.sandbox_server.keys import add_key_argument  # argparse and the standard library only
 
-BATCHES_LISTED = 20
-"""Batches `rollouts list` shows unless --limit says otherwise."""
-ROLLOUTS_LISTED = 10_000
-"""Rows listed for one batch at most; a filter narrows a larger batch."""
 STALE_GROUPS = ("post", "scores_only", "drop")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
 
@@ -124,22 +122,37 @@ def add_train_parser(sub: Any) -> None:
         default=None,
         help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
     )
-    start.add_argument("--group-size", type=int, default=8)
-    start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
+    start.add_argument("--group-size", type=int, default=defaults.FEED_GROUP_SIZE)
     start.add_argument(
-        "--stale-groups", choices=STALE_GROUPS, default="post", help="what happens to a group that ends staler anyway"
+        "--max-staleness", type=int, default=defaults.FEED_MAX_STALENESS, help="trainer steps a posted token may lag"
     )
-    start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
     start.add_argument(
-        "--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped"
+        "--stale-groups",
+        choices=STALE_GROUPS,
+        default=defaults.FEED_STALE_GROUPS,
+        help="what happens to a group that ends staler anyway",
     )
-    start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
+    start.add_argument(
+        "--in-flight", type=int, default=defaults.FEED_GROUPS_IN_FLIGHT, help="groups whose rollouts run at once"
+    )
+    start.add_argument(
+        "--max-groups",
+        type=int,
+        default=defaults.FEED_MAX_GROUPS,
+        help="stop after posting this many groups; 0: until stopped",
+    )
+    start.add_argument(
+        "--max-retries",
+        type=int,
+        default=defaults.FEED_MAX_RETRIES,
+        help="runs a rollout gets after a machinery failure",
+    )
     start.add_argument("--max-turns", type=int, default=None)
     start.add_argument("--temperature", type=float, default=None)
     start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
     start.add_argument("--env-config", default=None, help="JSON object passed to the env")
     start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
+    start.add_argument("--sink", choices=["atropos", "jsonl"], default=defaults.FEED_SINK)
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
     add_env_module_flag(start)
