@@ -1,4 +1,4 @@
-"""The flags of `rollouts show`, `export`, `list`, `view`, `cancel`, `train`, `fork`, `envs` and `versions`.
+"""The flags of `rollouts show`, `export`, `list`, `cancel`, `train`, `fork`, `envs` and `versions`.
 
 Apart from the commands, and importing nothing but argparse: `rollouts --help` builds every
 parser, and a command's modules (pydantic, the Temporal client, rich) cost more than a second
@@ -14,10 +14,21 @@ from typing import Any
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.core import defaults  # plain values, importing nothing
 from temporal_rollouts.core.defaults import BATCHES_LISTED, ROLLOUTS_LISTED
-from temporal_rollouts.sandbox_server.keys import add_key_argument  # argparse and the standard library only
 
 STALE_GROUPS = ("post", "scores_only", "drop")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
+
+
+def json_flag(flag: str, text: str) -> Any:
+    """The value of a flag that takes JSON (`--env-config`), or an error naming the flag."""
+    import json
+
+    from temporal_rollouts.core.errors import InvalidInput
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
@@ -86,24 +97,12 @@ def add_inspect_parsers(sub: Any) -> None:
     listing.add_argument("--json", action="store_true")
 
     view = sub.add_parser(
-        "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
+        "view",
+        help="a local web page of batches, rollouts and trajectories",
+        add_help=False,
+        prefix_chars="\0",  # every flag is the page's own: `rollouts view --help` is its help (view/serve.py)
     )
-    view.add_argument(
-        "--host", default="127.0.0.1", help="address to bind; beyond loopback the page needs a key (--api-key-env)"
-    )
-    view.add_argument("--port", type=int, default=8300)
-    view.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the page is reached by (repeatable); it refuses every other Host header",
-    )
-    add_key_argument(
-        view,
-        "the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
-        "or send 'Authorization: Bearer KEY'; required with a --host beyond loopback",
-    )
+    view.add_argument("rest", nargs=argparse.REMAINDER)
 
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
     cancel.add_argument("batch_id")

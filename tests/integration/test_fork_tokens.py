@@ -15,7 +15,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.client.forks import start_fork
 from temporal_rollouts.core.records import BatchInput, RolloutLimits, Sampling, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX

@@ -260,7 +260,7 @@ class TemporalRolloutsEnv(BaseEnv):
 
     async def _feed(self, feed: FeedInput) -> WorkflowHandle:
         """The run `run_name`: attached to when it runs (this process restarted), started otherwise."""
-        from temporal_rollouts.cli.train import start_feed
+        from temporal_rollouts.client.training import start_feed
 
         run = self._run_name()
         handle = self.client.get_workflow_handle(run)
