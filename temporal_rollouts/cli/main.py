@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=DefaultsHelpFormatter
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
-    demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
+    demo.add_argument("--group-size", type=positive_int, default=defaults.BATCH_GROUP_SIZE, help="rollouts per task")
     parsers.add_env_module_flag(demo)
 
     batch = sub.add_parser(

@@ -17,6 +17,8 @@ from temporal_rollouts.core.defaults import BATCHES_LISTED, ROLLOUTS_LISTED
 
 STALE_GROUPS = ("post", "scores_only", "drop")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
+WORKSPACE_REBUILDS = ("auto", "snapshot", "replay")
+"""`core.forks.WorkspaceRebuild`, spelt out for the same reason (the same test compares them)."""
 
 
 def json_flag(flag: str, text: str) -> Any:
@@ -183,8 +185,8 @@ def add_fork_parser(sub: Any) -> None:
     fork.add_argument("--temperature", type=float, default=None, help="continue at another temperature")
     fork.add_argument(
         "--rebuild",
-        choices=["auto", "snapshot", "replay"],
-        default="auto",
+        choices=WORKSPACE_REBUILDS,
+        default=defaults.FORK_REBUILD,
         help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists",
     )
     fork.add_argument(

@@ -21,6 +21,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from activities.fork_points import ForkPoint, ForkPointInput, ForkPoints
 from activities.resume import run_input
 from temporal_rollouts.client.records import id_taken
+from temporal_rollouts.core import defaults
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.forks import (
     MAX_BRANCH_FACTOR,
@@ -55,7 +56,7 @@ def fork_input(
     *,
     policy: str | None = None,
     temperature: float | None = None,
-    rebuild: WorkspaceRebuild = "auto",
+    rebuild: WorkspaceRebuild = defaults.FORK_REBUILD,
     allow_divergence: bool = False,
 ) -> TrajectoryInput:
     """The source's own input, forked at `at_turn`, with another policy or temperature if asked; a fork

@@ -37,6 +37,9 @@ FEED_MAX_GROUPS = 0
 FEED_SINK = "atropos"
 """`FeedInput.sink`: where a training run's groups go."""
 
+FORK_REBUILD = "auto"
+"""`forks.ForkSpec.rebuild`: how a fork rebuilds the workspace (auto: from a snapshot of that turn where one exists)."""
+
 BATCHES_LISTED = 20
 """Batches `rollouts list` shows unless --limit says otherwise."""
 ROLLOUTS_LISTED = 10_000
