@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     import asyncio
 
-    from temporal_rollouts.client.errors import explain_error
+    from temporal_rollouts.runtime.command_errors import report_error
     from temporal_rollouts.runtime.config import load_settings, with_env_modules
 
     settings: Settings | None = None
@@ -460,10 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:
-        if (line := explain_error(err, settings)) is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(err, settings)
 
 
 def run() -> None:

@@ -3,8 +3,7 @@
 The CLI, the web page (`view/`), the Atropos integration, the examples and the benchmarks
 all come through here, and never through each other:
 
-- `connection`: the client every command uses (and the store check), one that only reads,
-  and what a Temporal error means in words;
+- `connection`: the client every command uses (and the store check), and one that only reads;
 - `batches`: start a batch, its status, cancel it, a pass of the slot reaper now;
 - `training`: start, read, list and stop training runs;
 - `forks`: where a rollout is forked and the fork's tree started;

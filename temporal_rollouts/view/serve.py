@@ -70,11 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     key = key_from_env(args.api_key_env)
     require_key(args.host, key, "rollouts view")  # it shows every conversation
     import asyncio
-    import sys
 
-    from temporal_rollouts.client.errors import explain_error
+    from temporal_rollouts.runtime.command_errors import report_error
     from temporal_rollouts.runtime.config import load_settings
-    from temporal_rollouts.runtime.exit_codes import EXIT_ERROR
 
     settings: Settings | None = None
     try:
@@ -83,8 +81,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:
-        if (line := explain_error(err, settings)) is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(err, settings)
     return 0
