@@ -274,7 +274,7 @@ def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
     exec_module("temporal_rollouts.policy_servers.demo", ["--host", args.host, "--port", port, *modules, *args.rest])
 
 
-def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_view(args: argparse.Namespace) -> int:
     """The web page's own program (`python -m temporal_rollouts.view`) in this process's place, with the
     flags as given: it parses them, so `rollouts view --help` is its help."""
     exec_module("temporal_rollouts.view", args.rest)
@@ -444,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = [*unknown, *args.rest]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "view":  # the page's program reads the settings itself, and answers --help at once
+        return cmd_view(args)
     import asyncio
 
     from temporal_rollouts.runtime.command_errors import report_error
@@ -454,8 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         settings = with_env_modules(load_settings(), getattr(args, "env_modules", None))
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
-        if args.command == "view":
-            return cmd_view(args, settings)
         return asyncio.run(command(args.command)(args, settings))
     except KeyboardInterrupt:
         return 130
