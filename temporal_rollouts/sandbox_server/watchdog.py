@@ -29,7 +29,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from temporal_rollouts.sandbox_server.shared_memory import Held, Key, MountCache, held_by
+from temporal_rollouts.sandbox_server.shared_memory import FDS_PER_PASS, Held, Key, MountCache, held_by
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Watchdog:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._mounts = MountCache()
+        self._passes = 0
 
     @contextlib.contextmanager
     def watch(self, slot: int, pid: int) -> Iterator[None]:
@@ -138,7 +139,13 @@ class Watchdog:
     def _held(self, mine: list[Process]) -> dict[int, Held]:
         if len(self._mounts.tmpfs) > MAX_NAMESPACES_REMEMBERED:
             self._mounts.tmpfs.clear()
-        return {p.pid: held for p in mine if (held := held_by(p.pid, self._mounts)) is not None}
+        if len(self._mounts.fds) > MAX_NAMESPACES_REMEMBERED:
+            self._mounts.forget_others({p.pid for p in mine})
+        self._mounts.budget = FDS_PER_PASS
+        self._passes += 1
+        start = self._passes % len(mine) if mine else 0  # each pass's budget goes first to another process
+        ordered = mine[start:] + mine[:start]
+        return {p.pid: held for p in ordered if (held := held_by(p.pid, self._mounts)) is not None}
 
     def _hold_memory(self, watched: _Watched, held: dict[int, Held], limit: int) -> None:
         """Kill the process holding the most until the slot's memory fits; a shared object leaves the total
