@@ -21,16 +21,18 @@ from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachabl
 from temporal_rollouts.sandbox_server.isolation import setuid_bits_refused
 from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
-from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
+from temporal_rollouts.sandbox_server.operations import OverLimit, SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SearchOp, SessionOp, SlotLease, ToolOutput
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
+from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
 
 
 @dataclass
 class Slot:
     index: int
-    workspace: Path
+    volume: SlotVolume
+    """Where the slot's files live, held to its disk and file limits (`slot_volume`)."""
     lease: SlotLease | None = None
     ttl_s: float = 0.0
     allow_network: bool = False
@@ -42,11 +44,26 @@ class Slot:
     running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     disk: DiskWatch = field(default_factory=DiskWatch)
-    """When the workspace is walked for its disk use; changed by uploads and copies, renewed by a reset."""
+    """What the workspace holds and when it is walked; changed by uploads and copies, renewed by a reset."""
+    notices: list[str] = field(default_factory=list)
+    """What the server did to the slot between calls (its processes stopped at a limit), for the next result."""
 
     @property
     def free(self) -> bool:
         return self.lease is None and not self.resetting and self.quarantined is None
+
+    @property
+    def workspace(self) -> Path:
+        return self.volume.workspace
+
+    @property
+    def folder(self) -> Path:
+        """The server's folder of the slot (its uid claim, its terminal's record, spools): never in the volume."""
+        return self.volume.folder
+
+    def take_notices(self) -> str:
+        notes, self.notices = self.notices, []
+        return "".join(f"\n[sandbox: {note}]" for note in dict.fromkeys(notes))
 
 
 class CallRunner:
@@ -64,10 +81,12 @@ class CallRunner:
         self.require_isolation = require_isolation
         self.confinement = confinement
         self.closing = False
+        self.over_limit: OverLimit | None = None
+        """Called when an operation finds the slot past its disk or file limit (`SlotManager` stops its processes)."""
         self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
         self._executions = ExecutionLog(root / "executions.jsonl")
         self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
-        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement)
+        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement, root)
         self.launchers = SlotLaunchers(require_isolation)
 
     def close_files(self) -> None:
@@ -114,6 +133,8 @@ class CallRunner:
                 self.cache,
                 launcher,
                 slot.disk,
+                slot.volume,
+                self.over_limit,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
@@ -131,6 +152,8 @@ class CallRunner:
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             else:
                 output = await run_operation(request.call_id, request.operation, context)
+            if notices := slot.take_notices():
+                output = output.model_copy(update={"output": output.output + notices})
             self._executions.record(
                 call_id=request.call_id,
                 slot=slot.index,
