@@ -408,7 +408,8 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
 
     settle = disk_watch.settle
     monkeypatch.setattr(disk_watch, "settle", counted)
-    limits = SlotLimits(disk_limit_mb=8, max_files=500)
+    # (Written so that it also runs against the server before issue 39, which had neither setting.)
+    limits = SlotLimits(disk_limit_mb=8, **({"max_files": 500} if "max_files" in SlotLimits.model_fields else {}))
     options = {"slot_volume": volume} if "slot_volume" in ServerOptions.model_fields else {}
     async with SlotManager(tmp_path / "root", 1, "walks", limits=limits, **options) as manager:
         lease = await manager.acquire(holder("walks"), ttl_s=120, wait_s=5)
