@@ -232,14 +232,18 @@ def deep_tree(depth: int) -> str:
     return f'python3 -c \'import os\nfor _ in range({depth}):\n    os.mkdir("d"); os.chdir("d")\nopen("bottom", "w")\''
 
 
-async def test_a_tree_deeper_than_the_walks_go_leaves_calls_working(tmp_path):
+@pytest.mark.parametrize("volume", ["loop", "checked"])
+async def test_a_tree_deeper_than_the_walks_go_leaves_calls_working(tmp_path, volume):
     """A folder tree deeper than 2,048 levels made every later call BadToolRequest: disk notices
-    stopped, snapshots failed and env.verify raised."""
-    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
+    stopped, snapshots failed and env.verify raised. A checked volume cannot count below that depth, so
+    the slot is past what the server counts (its processes stopped, as for a limit); its calls go on."""
+    server = SERVER if volume == "loop" else CHECKED
+    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=server)
     async with running_container(backend) as (_, client):
         lease = await take(client)
         made = await run(client, lease, f"{deep_tree(2100)} && echo made")
-        assert made.ok and made.output.endswith("made\n"), made.output
+        assert made.output.startswith("made\n"), made.output
+        assert made.ok if volume == "loop" else "deeper than 2048 levels" in made.output, made.output
         for resident in (True, False):  # the agent's commands, and a hook's (a verifier's) in a sandbox of its own
             echoed = await run(client, lease, "echo alive", resident=resident)
             assert echoed.output.startswith("alive"), echoed.output
@@ -250,7 +254,7 @@ async def test_a_tree_deeper_than_the_walks_go_leaves_calls_working(tmp_path):
                 TransferQuery(slot=lease.slot, lease_id=lease.lease_id, path=".", format="tar.gz"),
                 tmp_path / "snap.tar.gz",
             )
-        assert (await run(client, lease, "rm -rf d && echo gone")).output == "gone\n"
+        assert (await run(client, lease, "rm -rf d && echo gone")).output.startswith("gone\n")
 
 
 async def test_sparse_files_are_saved_as_sparse(tmp_path):
