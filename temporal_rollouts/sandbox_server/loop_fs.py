@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,19 +115,27 @@ def mount(image: Path, target: Path, *, fresh: bool = False) -> None:
     _run("mount", "-t", "ext4", "-o", options, source, str(target))
 
 
-def discard(target: Path) -> None:
-    """Unmount a filesystem whose contents are to be thrown away, without writing them first: shut it down
-    (EXT4_IOC_SHUTDOWN, no log flush) so its dirty pages are dropped, then unmount. A plain unmount of a slot
-    that had just written 400 MB took 2.2 s here, this one 0.1 s."""
+def detach(target: Path) -> Callable[[], None]:
+    """Take the filesystem at `target` out of the tree now, its contents thrown away unwritten: shut it down
+    (EXT4_IOC_SHUTDOWN, no log flush, so its dirty pages are dropped) and detach it. Its teardown (evicting
+    its inodes, letting its loop device go) waits for the returned call, which a reset runs in the
+    background. A plain unmount of a slot that had just written 400 MB took 2.2 s here, and one of 10,000
+    new files 25-95 ms; the hand-over now waits for neither."""
     if not mounted(target):
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
-        finally:
-            os.close(fd)
-    unmount(target)
+        return _nothing
+    held = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # keeps the superblock until closed
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(held, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
+        loop_device.unmount(target, lazily=True)
+    except BaseException:
+        os.close(held)
+        raise
+    return functools.partial(os.close, held)
+
+
+def _nothing() -> None:
+    pass
 
 
 def unmount(target: Path) -> None:

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,6 +45,8 @@ from temporal_rollouts.sandbox_server.files import TRASH_PREFIX, prepare_workspa
 log = logging.getLogger(__name__)
 
 VolumeKind = Literal["loop", "checked"]
+Leftover = Callable[[], None]
+"""What a reset leaves to do in the background: tear the old filesystem down, or delete the old tree."""
 VolumeChoice = Literal["auto", "loop", "checked"]
 VOLUME_DIR = "volume"
 IMAGE_FILE = "volume.img"
@@ -89,9 +93,9 @@ class SlotVolume:
     def own_filesystem(self) -> bool:
         return self.kind == "loop" and bool(self.limits.disk_bytes)
 
-    def prepare(self, owner: tuple[int, int] | None, keep: bool) -> Path | None:
+    def prepare(self, owner: tuple[int, int] | None, keep: bool) -> Leftover | None:
         """At start: with `keep` (a live lease) the volume as it was, mounted again where it is not; else made
-        afresh. Returns an old workspace to delete (the checked kind's, or one of an older layout)."""
+        afresh. Returns what is left to do with an old workspace (an older layout's, a checked one's)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         older = self._older_layout()
         if keep and (not self.own_filesystem or self.image.exists()):
@@ -99,27 +103,31 @@ class SlotVolume:
                 loop_fs.mount(self.image, self.path)
             self.path.mkdir(exist_ok=True)
             prepare_workspace(self.workspace, owner)
-            return older
-        trash = self.reset(owner)
+            return None if older is None else functools.partial(remove_tree, older)
+        leftover = self.reset(owner)
         if older is not None:
             self._discard(older)
-        return trash
+        return leftover
 
-    def reset(self, owner: tuple[int, int] | None, limits: SlotLimits | None = None) -> Path | None:
+    def reset(self, owner: tuple[int, int] | None, limits: SlotLimits | None = None) -> Leftover | None:
         """An empty workspace, in constant time: a new filesystem, or (checked) the old workspace moved aside.
-        Returns the moved-aside tree, for `files.remove_tree` to delete later (None when nothing moved)."""
+        Returns what is left to do with the old one (tear it down, delete it), to run in the background."""
         if limits is not None:
             self.limits = limits
         if self.own_filesystem:
-            loop_fs.discard(self.path)
-            spare = self._spare(self.limits)
-            if spare.exists():  # made ahead (`make_spare`): the hand-over waits for no mkfs
-                os.replace(spare, self.image)
-            else:
-                loop_fs.make(self.image, _geometry(self.limits))
-            loop_fs.mount(self.image, self.path, fresh=True)
-            prepare_workspace(self.workspace, owner)
-            return None
+            old = loop_fs.detach(self.path)
+            try:
+                spare = self._spare(self.limits)
+                if spare.exists():  # made ahead (`make_spare`): the hand-over waits for no mkfs
+                    os.replace(spare, self.image)
+                else:
+                    loop_fs.make(self.image, _geometry(self.limits))
+                loop_fs.mount(self.image, self.path, fresh=True)
+                prepare_workspace(self.workspace, owner)
+            except BaseException:
+                old()
+                raise
+            return old
         if self.kind == "loop":  # a disk limit of 0 holds nothing to size a filesystem by
             self.release()
             self.image.unlink(missing_ok=True)
@@ -135,7 +143,7 @@ class SlotVolume:
             remove_tree(trash)
             trash = None
             prepare_workspace(self.workspace, owner)
-        return trash
+        return None if trash is None else functools.partial(remove_tree, trash)
 
     def remake(self, owner: tuple[int, int] | None, limits: SlotLimits) -> bool:
         """Make an empty loop volume again for narrower limits; False (nothing done) when the workspace holds

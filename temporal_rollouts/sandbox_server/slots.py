@@ -21,6 +21,7 @@ reason for the server not to start.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -60,7 +61,7 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotState,
     ToolOutput,
 )
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume, SlotVolumes, VolumeChoice, slot_folder
+from temporal_rollouts.sandbox_server.slot_volume import Leftover, SlotVolume, SlotVolumes, VolumeChoice, slot_folder
 from temporal_rollouts.sandbox_server.slotbook import SlotBook
 from temporal_rollouts.sandbox_server.uids import UidClaims, save_uid, saved_uid
 from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
@@ -133,6 +134,7 @@ class SlotManager:
         self._sweeper: asyncio.Task[None] | None = None
         self._guard: asyncio.Task[None] | None = None
         self._making_spares: set[int] = set()
+        self._clearing: set[asyncio.Task[None]] = set()
         self._closing = False
         self._draining = False
 
@@ -242,8 +244,8 @@ class SlotManager:
     def _keep_volume(self, slot: Slot, old_uid: int | None) -> None:
         """A slot leased before this process started: its volume as it was, given to the uid it has now."""
         try:
-            if (older := slot.volume.prepare(self._owner(slot), keep=True)) is not None:
-                remove_tree(older)
+            if (leftover := slot.volume.prepare(self._owner(slot), keep=True)) is not None:
+                leftover()
             if old_uid is not None and (owner := self._owner(slot)) is not None:
                 give_tree(slot.workspace, old_uid, owner)
         except OSError as err:
@@ -275,7 +277,7 @@ class SlotManager:
                 slot.limits = None
                 await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
             slot.notices.clear()
-            trash = await asyncio.to_thread(slot.volume.reset, self._owner(slot), self.confinement.limits)
+            leftover = await asyncio.to_thread(slot.volume.reset, self._owner(slot), self.confinement.limits)
             slot.disk = DiskWatch()
         except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
@@ -285,8 +287,10 @@ class SlotManager:
         if slot.quarantined:
             log.info("slot %d was reset and leaves quarantine", slot.index)
         slot.quarantined = None
-        if trash is not None:
-            self._spawn(self._remove_trash(trash))
+        if leftover is not None:
+            clearing = asyncio.create_task(self._clear(leftover))  # not cancelled at close: it releases a device
+            self._clearing.add(clearing)
+            clearing.add_done_callback(self._clearing.discard)
         if slot.index not in self._making_spares and not self._closing:
             self._making_spares.add(slot.index)
             self._spawn(self._make_spare(slot))
@@ -301,15 +305,16 @@ class SlotManager:
         finally:
             self._making_spares.discard(slot.index)
 
-    async def _remove_trash(self, trash: Path) -> None:
+    async def _clear(self, leftover: Leftover) -> None:
+        """What a reset left to do, off the hand-over: tear the old filesystem down, or delete the old tree."""
         try:
-            await asyncio.to_thread(remove_tree, trash)
+            await asyncio.to_thread(leftover)
         except Exception:
-            log.exception("cannot delete the old workspace %s", trash)
+            log.exception("cannot clear what a slot's reset left")
 
     async def _empty_trash(self, slot: Slot) -> None:
         for trash in await asyncio.to_thread(slot.volume.leftover_trash):
-            await self._remove_trash(trash)
+            await self._clear(functools.partial(remove_tree, trash))
 
     async def close(self) -> None:
         """Stop the sweeper, kill running operations and turn waiters away; leases stay persisted."""
@@ -324,6 +329,7 @@ class SlotManager:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper, self._guard] if t), return_exceptions=True)
+        await asyncio.gather(*self._clearing, return_exceptions=True)
         await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
         await self._runner.launchers.close()
         if self.confinement.watchdog is not None:
