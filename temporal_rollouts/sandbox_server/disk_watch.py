@@ -7,7 +7,7 @@ but the walk that strips them (`files.settle`) still runs after each command tha
 (hooks, or any command where `syscall_filter` is not loaded), as on every volume.
 
 A `checked` volume is walked to be counted: one stat per entry, by descriptor, about 4 us each
-here. The walk stops past the slot's file limit, so it costs at most that many entries. After a
+here. Every walk stops past the slot's file limit, so it costs at most that many entries. After a
 command that could set no bit it is paced by its own cost: the workspace is walked again once the
 slot's operations have run `PACE` times as long as the last walk took, and the disk guard walks
 it in the background once `PACE` times as long has passed on the clock, so walks take under
@@ -69,7 +69,7 @@ class DiskWatch:
         async with self.lock:
             measured = volume.measure()  # one statfs, or None
             if self.due(ran_s, bits_refused, measured is None and _counted(limits)):
-                walked = await self._walk(volume, limits, cap=bits_refused)
+                walked = await self._walk(volume, limits)
                 if measured is None:
                     self.usage = walked
             if measured is not None:
@@ -85,7 +85,7 @@ class DiskWatch:
                 return measured
             if not _counted(limits) or time.monotonic() < self.walked_at + max(MIN_BACKGROUND_S, PACE * self.walk_s):
                 return None
-            self.usage = await self._walk(volume, limits, cap=True)
+            self.usage = await self._walk(volume, limits)
             return self.usage
 
     def judge(self, usage: DiskUsage, volume: SlotVolume, limits: SlotLimits) -> tuple[Passed | None, bool]:
@@ -108,10 +108,13 @@ class DiskWatch:
         """A file write the server made: counted as growth until the next walk (an overwrite overcounts)."""
         self.usage = DiskUsage(bytes=self.usage.bytes + size, files=self.usage.files + 1)
 
-    async def _walk(self, volume: SlotVolume, limits: SlotLimits, *, cap: bool) -> DiskUsage:
-        """Walk the workspace (stripping privilege bits); `cap`: stop past the file limit (a walk only to count)."""
+    async def _walk(self, volume: SlotVolume, limits: SlotLimits) -> DiskUsage:
+        """Walk the workspace, stripping privilege bits, and stop past the file limit: its cost is what the
+        limit allows. A slot that made more files is past its limit (its processes stopped), and what the
+        walk did not reach keeps its bits, in a folder only the slot's uid may enter, bound nosuid into
+        every sandbox."""
         started = time.monotonic()
-        usage = await asyncio.to_thread(settle, volume.workspace, volume.files_limit(limits) if cap else 0)
+        usage = await asyncio.to_thread(settle, volume.workspace, volume.files_limit(limits))
         self.walked_at = time.monotonic()
         self.walk_s, self.ran_s, self.fresh = self.walked_at - started, 0.0, True
         self.walks += 1
