@@ -424,5 +424,6 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
             await manager.execute(execute_in(lease, f"true-{index}", ExecOp(command="true", resident=True)))
     if volume == "loop":
         assert walks == [], f"{len(walks)} walks in 10 commands"
-    else:  # paced by its cost (20 times as long run between two walks), and stopped past the file limit
-        assert len(walks) < 10 and all(walk.cut and walk.files == 501 for walk in walks), walks
+    else:  # every walk stops past the file limit: what it costs is what the limit allows (a walk this cheap
+        # may run after every call: pacing keeps walks under a twentieth of the slot's time)
+        assert walks and all(walk.cut and walk.files == 501 for walk in walks), walks
