@@ -90,15 +90,19 @@ class DiskWatch:
 
     def judge(self, usage: DiskUsage, volume: SlotVolume, limits: SlotLimits) -> tuple[Passed | None, bool]:
         """The limit `usage` is past (None: none), and whether to stop the slot's processes for it now: once
-        when it passes, again only if it grew by `REGROWTH` of the limit since (a writer started again)."""
+        when it passes, and for a checked volume again if it grew by `REGROWTH` of the limit since (a writer
+        started again)."""
         passed = usage.passed(limits, volume.files_limit(limits))
         if passed is None:
             self.stopped_at = None
             return None, False
         last = self.stopped_at
-        regrown = last is None or (
-            usage.bytes > last.bytes + REGROWTH * limits.disk_bytes + MIB
-            or usage.files > last.files + REGROWTH * volume.files_limit(limits) + 1
+        regrown = last is None or (  # a filesystem of its own cannot grow past full: once per crossing
+            not volume.own_filesystem
+            and (
+                usage.bytes > last.bytes + REGROWTH * limits.disk_bytes + MIB
+                or usage.files > last.files + REGROWTH * volume.files_limit(limits) + 1
+            )
         )
         if regrown:
             self.stopped_at = usage

@@ -47,6 +47,9 @@ class Slot:
     """What the workspace holds and when it is walked; changed by uploads and copies, renewed by a reset."""
     notices: list[str] = field(default_factory=list)
     """What the server did to the slot between calls (its processes stopped at a limit), for the next result."""
+    stopping: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the slot's processes are stopped for a limit: nothing of the slot starts meanwhile, so the
+    kill (which goes on until the slot's cgroups stay empty) never takes the next command's sandbox."""
 
     @property
     def free(self) -> bool:
@@ -114,6 +117,8 @@ class CallRunner:
 
     async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         async with slot.lock:
+            async with slot.stopping:  # a stop for a limit in progress ends before anything of the slot starts
+                pass
             confinement = self.confinement.with_limits(slot.limits)
             operation, launcher = request.operation, None
             resident = (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or (

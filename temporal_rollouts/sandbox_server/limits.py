@@ -148,6 +148,7 @@ class Confinement:
     """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
     slot_uids: dict[int, int] = field(default_factory=dict)
     """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
+    _stops: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     _sandboxes: dict[int, set[int]] = field(default_factory=dict, repr=False, compare=False)
     """slot -> the pids of the sandboxes it runs now (`watched`); shared by every copy (`with_limits`)."""
     _part_folders: dict[tuple[int, str], tuple[Path, ...]] = field(default_factory=dict, repr=False, compare=False)
@@ -353,6 +354,11 @@ class Confinement:
         finally:
             sandboxes.discard(pid)
 
+    def stops(self, slot: int) -> int:
+        """How many times the slot's processes were stopped for a limit: a command that died before it ran
+        while this changed was stopped, not a sandbox that failed to start."""
+        return self._stops.get(slot, 0)
+
     def has_processes(self, slot: int) -> bool:
         """Whether the slot has a sandbox running (a command, its terminal, its launcher)."""
         return bool(self._sandboxes.get(slot))
@@ -361,6 +367,7 @@ class Confinement:
         """SIGKILL every process of the slot (a limit it passed): every part of its cgroups, every sandbox it
         runs (its pid namespace dies with it), and without cgroups every process of its own uid. The calls
         waiting on them return; its terminal and launcher start afresh on the next call."""
+        self._stops[slot] = self._stops.get(slot, 0) + 1
         killed = self.kill_slot(slot)
         for pid in list(self._sandboxes.get(slot, ())):
             try:

@@ -259,7 +259,8 @@ class SlotManager:
         """A check found the slot past a disk or file limit: stop every process it runs (its commands, its
         terminal, what they left in the background), and say so in its next result."""
         slot = self._slots[index]
-        killed = await asyncio.to_thread(self.confinement.stop_slot, index)
+        async with slot.stopping:
+            killed = await asyncio.to_thread(self.confinement.stop_slot, index)
         limit = describe_passed(passed, self._limits_of(slot), slot.volume.files_limit(self._limits_of(slot)))
         log.warning("slot %d passed %s: stopped its processes (%d signalled)", index, limit, killed)
         slot.notices.append(
