@@ -130,11 +130,11 @@ class Watchdog:
     ) -> None:
         rule = self.rule_of(slot)
         mine = slot_processes(processes, watched.roots, rule.uid)
+        if rule.cpus:  # first: its pause is due now, and the memory count reads more of /proc (off the loop)
+            self._hold_cpu(watched, mine, rule.cpus, loop)
         if rule.memory_bytes:
             held = await asyncio.to_thread(self._held, mine)
             self._hold_memory(watched, held, rule.memory_bytes)
-        if rule.cpus:
-            self._hold_cpu(watched, mine, rule.cpus, loop)
 
     def _held(self, mine: list[Process]) -> dict[int, Held]:
         if len(self._mounts.tmpfs) > MAX_NAMESPACES_REMEMBERED:
