@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from temporal_rollouts.sandbox_server import loop_fs
-from temporal_rollouts.sandbox_server.config import SlotLimits
+from temporal_rollouts.sandbox_server.config import MIB, SlotLimits
 from temporal_rollouts.sandbox_server.disk_usage import DiskUsage
 from temporal_rollouts.sandbox_server.files import TRASH_PREFIX, prepare_workspace, remove_tree
 
@@ -228,24 +228,27 @@ class SlotVolumes:
 
     kind: VolumeKind
     why_not_loop: str | None = None
+    overcommitted: str | None = None
+    """Why the slots' sparse filesystems together could fill the data folder's disk (None: they cannot)."""
 
     @classmethod
-    def choose(cls, root: Path, limits: SlotLimits, wanted: VolumeChoice = "auto") -> SlotVolumes:
+    def choose(cls, root: Path, limits: SlotLimits, slots: int, wanted: VolumeChoice = "auto") -> SlotVolumes:
         """The best kind this host allows (`wanted` forces one; `loop` where it cannot work raises)."""
         if wanted == "checked":
             return cls("checked", "sandbox.slot_volume is 'checked'")
         why = loop_fs.tools_missing() or _probe(root)
         if why is None:
-            return cls("loop")
+            return cls("loop", overcommitted=_overcommitted(root, limits, slots))
         if wanted == "loop":
             raise OSError(f"sandbox.slot_volume is 'loop', but a loop filesystem cannot be mounted here: {why}")
         log.warning("slots' disk and file limits are checked, not held by a filesystem of their own: %s", why)
         return cls("checked", why)
 
     def not_held(self, limits: SlotLimits) -> dict[str, str]:
-        """For /health: the disk and file limits a checked volume cannot hold."""
+        """For /health: the disk and file limits a checked volume cannot hold, or that sparse filesystems
+        promise more than the disk has."""
         if self.kind == "loop" and limits.disk_bytes:
-            return {}
+            return {"disk": self.overcommitted} if self.overcommitted else {}
         why = f" ({self.why_not_loop})" if self.why_not_loop else ""
         found = {}
         if limits.disk_bytes:
@@ -267,6 +270,22 @@ class SlotVolumes:
             "disk": f"{checked}{shared}{why}" if limits.disk_bytes else "off",
             "files": f"{checked}{why}" if limits.max_files else "off",
         }
+
+
+def _overcommitted(root: Path, limits: SlotLimits, slots: int) -> str | None:
+    """Whether the slots' filesystems, each up to its disk limit, could together fill the disk they are on:
+    their images are sparse, so none is refused, but full slots would leave the server's files no room."""
+    stats = os.statvfs(root)
+    free = stats.f_bavail * stats.f_frsize
+    promised = slots * limits.disk_bytes
+    if promised <= free:
+        return None
+    message = (
+        f"the {slots} slots' filesystems (sparse) may hold {promised // MIB} MiB together, and the data folder's "
+        f"disk has {free // MIB} MiB free: full slots could fill it (the server's journals then keep to memory)"
+    )
+    log.warning("%s", message)
+    return message
 
 
 def _geometry(limits: SlotLimits) -> loop_fs.Geometry:

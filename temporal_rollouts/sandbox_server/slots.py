@@ -184,7 +184,7 @@ class SlotManager:
             self.confinement.watchdog = Watchdog(self._watch_rule)
             self.confinement.watchdog.start()
         self.volumes = await asyncio.to_thread(
-            SlotVolumes.choose, self.root, self.confinement.limits, self.volume_choice
+            SlotVolumes.choose, self.root, self.confinement.limits, len(self._slots), self.volume_choice
         )
         for slot in self._slots:
             slot.volume.kind = self.volumes.kind

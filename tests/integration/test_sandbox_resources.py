@@ -427,3 +427,14 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
     else:  # every walk stops past the file limit: what it costs is what the limit allows (a walk this cheap
         # may run after every call: pacing keeps walks under a twentieth of the slot's time)
         assert walks and all(walk.cut and walk.files == 501 for walk in walks), walks
+
+
+async def test_health_says_when_the_slots_filesystems_could_fill_the_data_folders_disk(data_disk):
+    """The loop volumes are sparse: 3 slots of 200 MiB on a 400 MiB disk are promised more than it has."""
+    roomy = SERVER.model_copy(update={"limits": LIMITS.model_copy(update={"disk_limit_mb": 200})})
+    for options, promised in ((SERVER, False), (roomy, True)):
+        backend = LocalBackend(data_disk / str(promised), slots_per_container=SLOTS, server=options)
+        async with running_container(backend) as (_, client):
+            health = await client.send(HealthQuery())
+            assert health.limits["disk"].startswith("own filesystem per slot")
+            assert ("could fill it" in health.not_held.get("disk", "")) is promised, health.not_held
