@@ -202,7 +202,7 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
-            state = "leased" if lease else "quarantined" if slot.quarantined else "free"
+            state = "leased" if lease else f"quarantined: {slot.quarantined}" if slot.quarantined else "free"
             table.add_row(
                 container.container_id,
                 str(slot.slot),
