@@ -30,6 +30,7 @@ CONVERSATION = [
 ]
 
 
+@pytest.mark.slow
 def test_a_smollm2_policy_without_a_chat_template_renders_tools_and_calls(tokenizer_folder: Path) -> None:
     template = ChatTemplate.load(str(tokenizer_folder))
     text = template.render(CONVERSATION, tool_specs(["write_file"]), add_generation_prompt=True)
