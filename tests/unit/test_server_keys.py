@@ -145,7 +145,7 @@ def test_each_server_refuses_to_start_beyond_loopback_without_a_key(monkeypatch:
     from temporal_rollouts.cli.main import main as rollouts
 
     monkeypatch.setattr(cpu_generate, "load_sampler", lambda *a: pytest.fail("the model was loaded"))
-    started = threading.active_count()
+    before = set(threading.enumerate())  # not a count: a thread of an earlier test (or xdist's) may end meanwhile
     with pytest.raises(KeyRequired, match="the demo policy"):
         demo.main(["--host", "0.0.0.0", "--port", "0"])
     with pytest.raises(KeyRequired, match="the CPU policy server"):
@@ -156,4 +156,5 @@ def test_each_server_refuses_to_start_beyond_loopback_without_a_key(monkeypatch:
         rollouts(["view", "--host", "0.0.0.0"])
     with pytest.raises(KeyRequired, match="the demo policy"):
         rollouts(["policy", "serve", "--host", "0.0.0.0"])
-    assert threading.active_count() == started
+    started = set(threading.enumerate()) - before
+    assert not started, f"a server started threads before refusing: {started}"
