@@ -22,6 +22,7 @@ from tests.support.servers.fixtures import (  # noqa: F401  (fixtures, shared by
     smollm2_process,
     smollm2_server,
     smollm2_tokenizer,
+    smollm2_tokenizer_dir,
 )
 from tests.support.tempdir import SessionTemp, report, with_workers
 

@@ -42,12 +42,12 @@ def test_under_xdist_the_controller_counts_what_its_workers_left_and_not_their_f
 
 
 def test_a_file_a_worker_process_leaves_fails_the_run(tmp_path: Path) -> None:
-    """The whole path: two xdist workers under this project's conftest, one test leaves a file in its temp dir."""
+    """The whole path: an xdist worker under this project's conftest, one of whose tests leaves a file in its temp dir."""
     (tmp_path / "test_leaves.py").write_text(
         "import tempfile\n\n\ndef test_leaves():\n    tempfile.mkstemp(prefix='leaked-')\n\n\ndef test_clean():\n    pass\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.conftest", "-p", "no:cacheprovider"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "tests.conftest", "-p", "no:cacheprovider"]
     done = subprocess.run([*argv, "test_leaves.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout[-3000:]
     assert "2 passed" in done.stdout and "left 1 entries" in done.stdout, done.stdout[-3000:]
