@@ -67,6 +67,13 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(smollm2_gguf: Path, tmp_path_factory) -> Path:
+    """The GGUF's tokenizer saved as a plain folder, once per worker process (seconds, tens of them on a busy
+    machine): for tests that only read it (a policy's `tokenizer`, a chat template)."""
+    return smollm2.export_tokenizer(tmp_path_factory.mktemp("smollm2_tokenizer"), smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def smollm2_process(smollm2_gguf: Path, tmp_path_factory) -> Iterator[GenerateServerProcess]:
     """The server process, started but maybe still loading the model."""
     server = GenerateServerProcess(smollm2_gguf, tmp_path_factory.mktemp("generate_server"))
