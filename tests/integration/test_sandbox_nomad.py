@@ -19,6 +19,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, ToolOutput
 from tests.support import REPO
 from tests.support.fake_nomad import FakeNomad
+from tests.support.waiting import wait_until
 
 SECRET = "nomad-pool-secret-for-tests-0123456789"
 ACL = "acl-token-0000-1111"
@@ -141,7 +142,11 @@ async def test_shutdown_purges_and_purge_on_start_clears_stuck_jobs(tmp_path, fa
     async with SandboxPool.from_settings(settings) as pool:
         await pool.fleet.ensure_running(2)
         fake_nomad.break_task("sbx-1")  # stuck: restarting, never running
-        await asyncio.sleep(0.5)
+        # Until Nomad's client sees the task exit, its allocation still reads running (a loaded host takes a while).
+        await wait_until(
+            lambda: all(a.client_status != "running" for a in fake_nomad.allocs.values() if a.job_id == "sbx-1"),
+            timeout_s=30,
+        )
         assert await pool.fleet.backend.container_state("sbx-1") == "unresponsive"
         await pool.fleet.backend.prepare()
         assert sorted(job_id for _, job_id in fake_nomad.jobs) == ["sbx-0"]
