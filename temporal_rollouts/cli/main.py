@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.cli import envs as cli_envs
 from temporal_rollouts.cli import fork as cli_fork
+from temporal_rollouts.cli import images as cli_images
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
 from temporal_rollouts.cli import versions as cli_versions
@@ -432,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_fork.add_parser(sub)
     cli_versions.add_parser(sub)
     cli_envs.add_parser(sub)
+    cli_images.add_parser(sub)
     return parser
 
 
@@ -447,6 +449,7 @@ COMMANDS = {
     "train": cli_train.cmd_train,
     "fork": cli_fork.cmd_fork,
     "envs": cli_envs.cmd_envs,
+    "images": cli_images.cmd_images,
     **cli_inspect.COMMANDS,
     **cli_versions.COMMANDS,
 }

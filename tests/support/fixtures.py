@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client
@@ -27,6 +28,7 @@ from temporal_rollouts.runtime.temporal import (
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.images import unmount_under
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.run_api import RunApiProcess
@@ -140,6 +142,14 @@ async def backend(tmp_path) -> AsyncIterator[LocalBackend]:
     yield local
     for info in local.registry.load():
         await local.stop_container(info.container_id)
+
+
+@pytest.fixture
+def store_dir(tmp_path) -> Iterator[Path]:
+    """A folder for a test's own image store, unmounted at the end (tests/support/images.py)."""
+    store = tmp_path / "store"
+    yield store
+    unmount_under(store)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,71 @@
+"""`rollouts images`: the worker's image store, for people.
+
+`list` shows what the store holds, `load` brings in a `podman save` archive (the way to
+provide a base image no registry can serve here), `build` builds a context as a rollout would
+(and says whether it was cached), `bootstrap` makes Debian's base image ready ahead of a batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from temporal_rollouts.core.images import ImageSpec
+from temporal_rollouts.core.settings import Settings
+
+
+def add_parser(sub: Any) -> None:
+    images = sub.add_parser("images", help="item images: list, load, build, bootstrap the base image")
+    action = images.add_subparsers(dest="images_command", required=True)
+    listing = action.add_parser("list", help="the images in this worker's store")
+    listing.add_argument("--json", action="store_true")
+    load = action.add_parser("load", help="load a `podman save` archive (e.g. a base image) into the store")
+    load.add_argument("archive", type=Path)
+    build = action.add_parser("build", help="build a context (a folder with a Dockerfile) as a rollout would")
+    build.add_argument("context", type=Path)
+    build.add_argument("--dockerfile", default="Dockerfile")
+    build.add_argument("--name", default=None)
+    build.add_argument("--json", action="store_true")
+    action.add_parser("bootstrap", help="make debian:bookworm-slim ready in the store (from the Debian mirror)")
+
+
+async def cmd_images(args: argparse.Namespace, settings: Settings) -> int:
+    from temporal_rollouts.sandbox.images.builder import ImageBuilder
+
+    builder = ImageBuilder.from_settings(settings)
+    console = Console()
+    if args.images_command == "load":
+        for name in await builder.store.load(args.archive.resolve()):
+            console.print(f"loaded {name}", soft_wrap=True)
+        return 0
+    if args.images_command == "bootstrap":
+        image = await builder.ready(ImageSpec(reference="debian:bookworm-slim"), "rollouts images bootstrap")
+        console.print(f"{image.name} is ready ({image.image_id[:12]})", soft_wrap=True)
+        return 0
+    if args.images_command == "build":
+        spec = ImageSpec(context=str(args.context.resolve()), dockerfile=args.dockerfile, name=args.name)
+        image = await builder.ready(spec, str(args.context))
+        if args.json:
+            print(image.model_dump_json())
+        else:
+            how = f"built in {image.build_s:.1f}s" if image.built else "already built"
+            console.print(f"{image.name} ({how})", soft_wrap=True)
+        return 0
+    images = await builder.store.listing()
+    if args.json:
+        print(json.dumps(images))
+        return 0
+    console.print(f"image store: {builder.store.root}", soft_wrap=True)
+    table = Table("name", "id", "size (MB)", "created")
+    for image in images:
+        created = datetime.fromtimestamp(image.get("Created", 0)).isoformat(timespec="seconds")
+        for name in image.get("Names") or ["<none>"]:
+            table.add_row(name, image["Id"][:12], f"{image.get('Size', 0) / 1e6:.0f}", created)
+    console.print(table)
+    return 0
