@@ -224,6 +224,14 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def short_image_name(name: str | None) -> str:
+    """An image as a table shows it: `repository:<first 12 of the key>`, or `(own root)`."""
+    if name is None:
+        return "(own root)"
+    repository, colon, tag = name.rpartition(":")
+    return f"{repository.rpartition('/')[2]}:{tag[:12]}" if colon and "/" not in tag else name
+
+
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.sandbox.pool import SandboxPool
 
@@ -243,13 +251,14 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
             "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data"
         )
         return 0
-    table = Table("container", "slot", "state", "holder", "expires in (s)")
+    table = Table("container", "image", "slot", "state", "holder", "expires in (s)")
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
             state = "leased" if lease else "quarantined" if slot.quarantined else "free"
             table.add_row(
                 container.container_id,
+                short_image_name(container.image),
                 str(slot.slot),
                 state,
                 lease.holder.workflow_id if lease else "",

@@ -106,6 +106,7 @@ async def parts(settings: Settings) -> AsyncIterator[Parts]:
     for container in await backend.list_containers():
         await backend.stop_container(container.container_id)
     kill_servers_under(settings.data_dir)
+    unmount_under(settings.image_store)
 
 
 @pytest.fixture(scope="session")

@@ -33,10 +33,12 @@ from typing import Literal
 import httpx
 
 from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
 from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
+from temporal_rollouts.sandbox.images.builder import ImageBuilder
 from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
 from temporal_rollouts.sandbox_server.config import ServerOptions
 from temporal_rollouts.sandbox_server.schema import SlotLease
@@ -61,6 +63,7 @@ class LocalBackend(SandboxBackend):
         server: ServerOptions | None = None,
         start_timeout_s: float = 30.0,
         sweep_interval_s: float = 2.0,
+        images: ImageBuilder | None = None,
     ) -> None:
         self.directory = Path(data_dir).resolve() / "sandboxes"
         self.slots_per_container = slots_per_container
@@ -70,6 +73,8 @@ class LocalBackend(SandboxBackend):
         self.start_timeout_s = start_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.registry = ContainerRegistry(self.directory / "containers.json")
+        self.images = images
+        """Builds item images into this host's store and mounts them for servers; None: no item images."""
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
@@ -81,14 +86,16 @@ class LocalBackend(SandboxBackend):
             slots_per_container=sandbox.slots_per_container,
             host=host,
             server=sandbox.options(),
+            images=ImageBuilder.from_settings(settings),
         )
 
     def container_dir(self, container_id: str) -> Path:
         return self.directory / container_id
 
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Start a new container, or restart a stopped one under its old id (keeping its journals and leases)."""
-        container_id = container_id or f"local-{secrets.token_hex(4)}"
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        """Start a new container, or restart a stopped one under its old id (keeping its journals, leases
+        and image)."""
+        container_id = container_id or f"local-{image.short + '-' if image else ''}{secrets.token_hex(4)}"
         async with self.registry.locked():
             if (known := self.registry.find(container_id)) is not None:
                 verdict = await self._verdict(known)
@@ -96,7 +103,8 @@ class LocalBackend(SandboxBackend):
                     return known
                 if verdict == "unresponsive":
                     raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
-            info = await self._launch(container_id)
+                image = known.image
+            info = await self._launch(container_id, image)
             await self.registry.upsert(info)
             return info
 
@@ -106,6 +114,12 @@ class LocalBackend(SandboxBackend):
             if self.registry.find(container_id) is None:
                 raise SandboxError(f"sandbox {container_id} is not registered: it was stopped, or never started")
             return await self.start_container(container_id)
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Build the image into this host's store (once per content), or find it there."""
+        if self.images is None:
+            return await super().build_image(spec, wanted_by)
+        return await self.images.ready(spec, wanted_by)
 
     async def stop_container(self, container_id: str) -> None:
         """Unregister first (and drop the ready file), so no pool takes the stopping server for a dead one
@@ -166,7 +180,9 @@ class LocalBackend(SandboxBackend):
     def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.registry.locked()
 
-    async def _launch(self, container_id: str) -> ContainerInfo:
+    async def _launch(self, container_id: str, image: BuiltImage | None) -> ContainerInfo:
+        if image is not None:
+            raise SandboxError(f"the local sandbox server cannot run item images yet (image {image.name})")
         directory = self.container_dir(container_id)
         directory.mkdir(parents=True, exist_ok=True)
         token_file = directory / "token"
@@ -182,6 +198,7 @@ class LocalBackend(SandboxBackend):
             backend=self.name,
             token_file=token_file,
             started_at=time.time(),
+            image=image,
         )
         if await self._verdict(info) != "healthy":
             terminate(process.pid, signal.SIGKILL)
