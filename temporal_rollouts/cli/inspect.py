@@ -87,6 +87,8 @@ def format_rollout(record: RolloutRecord) -> str:
         out.append("no result recorded (the run left no state)")
         return "\n".join(out)
     stop = result.stop_reason.value + (f": {result.stop_detail}" if result.stop_detail else "")
+    if result.image:
+        out.append(f"image        {result.image}")
     out.append(f"stop reason  {stop}")
     out.append(
         f"score        {result.score:g}" + ("" if result.stop_reason.scored else "  (not scored: the rollout failed)")
@@ -299,16 +301,24 @@ async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.sandbox_server.hosts import AllowedHosts
     from temporal_rollouts.view.app import create_app
 
+    from temporal_rollouts.sandbox.pool import SandboxPool
+
     client, transcripts = await inspection_client(settings)
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts))
+    pool = SandboxPool.from_settings(settings)
+    app = create_app(
+        client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), sandboxes=pool.describe
+    )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     print(
         f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
         f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
         flush=True,
     )
-    await uvicorn.Server(config).serve()
+    try:
+        await uvicorn.Server(config).serve()
+    finally:
+        await pool.aclose()
     return 0
 
 

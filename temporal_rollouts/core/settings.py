@@ -280,6 +280,8 @@ class ImageSettings(BaseModel):
     """`host:port` pairs a build may reach with `build_network = "mirror"`: package mirrors."""
     registry: str | None = None
     """Where built images are pushed for backends whose hosts pull them (Nomad's docker driver), e.g. `registry.example.com:5000/rollouts`; unset: images stay in this worker's store."""
+    registry_tls_verify: bool = True
+    """Check the registry's TLS certificate when pushing (off only for a registry on a trusted network that speaks plain HTTP)."""
 
 
 class DemoPolicySettings(BaseModel):

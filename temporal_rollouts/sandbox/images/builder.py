@@ -11,11 +11,15 @@ first (`base_images`), and an unknown one is refused in one line. Its RUN steps 
 package mirrors (`build_network`). Intermediate layers are kept (`--layers`), so tasks whose
 Dockerfiles share their first steps share their layers. Each build's log is kept in the store
 (`logs/<name>-<key>.log`); a failed build's error ends with its tail.
+
+For backends whose hosts pull images (Nomad), `publish` adds the sandbox server's layer on top
+(`server_layer`: the server then runs inside the image) and pushes the result to a registry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import shutil
@@ -23,9 +27,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from temporal_rollouts.core.errors import ImageBuildFailed, ImageBuildTimedOut
+from temporal_rollouts.core.errors import ImageBuildFailed, ImageBuildTimedOut, SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.settings import ImageSettings, Settings
+from temporal_rollouts.sandbox.images import server_layer
 from temporal_rollouts.sandbox.images.base_images import BaseImages, default_cache
 from temporal_rollouts.sandbox.images.build_network import build_network
 from temporal_rollouts.sandbox.images.context import context_key
@@ -82,6 +87,34 @@ class ImageBuilder:
             image_id, config = await self.store.inspect(tag)
         log.info("built %s in %.1fs", tag, build_s)
         return BuiltImage(key=key, name=tag, image_id=image_id, config=config, built=True, build_s=build_s)
+
+    async def publish(self, image: BuiltImage, registry: str) -> BuiltImage:
+        """`image` with the sandbox server's layer on top, pushed to `registry` (once per content: the layer's
+        key covers the image's key and the server's package); `remote` names the pushed image."""
+        repository = image.name.rpartition(":")[0].rpartition("/")[2] or "image"
+        folder = self.store.root / "server-layers" / image.key[:32]
+        async with self.store.locked(f"layer:{image.key}", self.settings.build_timeout_s + LOCK_MARGIN_S):
+            wheels = await server_layer.wheels(self.store.root / "wheels")
+            await asyncio.to_thread(server_layer.stage_context, folder, image.name, wheels)
+            key = context_key(folder, "Dockerfile", [image.key])
+            tag = f"{TAG_PREFIX}-server/{repository}:{key}"
+            if not await self.store.exists(tag):
+                await self._build(folder, folder / "Dockerfile", tag, key, self.settings.build_timeout_s)
+            remote = f"{registry.rstrip('/')}/{repository}:{key}"
+            pushed = self.store.root / "pushed" / hashlib.sha256(remote.encode()).hexdigest()
+            if not pushed.exists():
+                await self._push(tag, remote)
+                pushed.parent.mkdir(parents=True, exist_ok=True)
+                pushed.write_text(remote + "\n")
+        return image.model_copy(update={"remote": remote})
+
+    async def _push(self, tag: str, remote: str) -> None:
+        verify = "true" if self.settings.registry_tls_verify else "false"
+        ran = await self.store.run(
+            "podman", "push", f"--tls-verify={verify}", tag, f"docker://{remote}", timeout_s=1800
+        )
+        if ran.returncode != 0:
+            raise SandboxUnreachable(f"pushing {tag} to {remote} failed: {ran.output.strip()[-LOG_TAIL_CHARS:]}")
 
     async def _build(self, context: Path, dockerfile: Path, tag: str, key: str, timeout_s: float) -> None:
         log_path = self.store.logs / f"{tag.rpartition('/')[2].replace(':', '-')[: 64 + 20]}.log"
