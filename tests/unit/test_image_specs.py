@@ -174,3 +174,16 @@ def test_a_bad_context_is_the_items_build_failure(tmp_path: Path) -> None:
     (tmp_path / "ctx" / "Dockerfile").symlink_to("/etc/hostname")
     with pytest.raises(ImageBuildFailed, match="no Dockerfile"):
         _checked_context(ImageSpec(context=str(tmp_path / "ctx")))
+
+
+def test_the_image_tasks_each_name_a_build_context_and_the_plain_tasks_none() -> None:
+    from envs import get_env
+
+    image_tasks = get_env("image_tasks")
+    items = with_images(image_tasks, image_tasks.load_items(image_tasks.item_count() or 0))
+    assert {item.id for item in items} == {"sum-sales-by-region", "fix-median-with-pytest", "read-ledger-config"}
+    for item in items:
+        assert item.image is not None and item.image.name == item.id
+        assert (Path(item.image.context or "") / "Dockerfile").is_file()
+    plain = get_env("terminal_tasks")
+    assert all(item.image is None for item in with_images(plain, plain.load_items(plain.item_count() or 0)))
