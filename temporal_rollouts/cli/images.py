@@ -31,6 +31,12 @@ def add_parser(sub: Any) -> None:
     build.add_argument("context", type=Path)
     build.add_argument("--dockerfile", default="Dockerfile")
     build.add_argument("--name", default=None)
+    build.add_argument(
+        "--push",
+        metavar="REGISTRY",
+        default=None,
+        help="also add the sandbox server's layer and push it there (for Nomad: name items by the printed reference)",
+    )
     build.add_argument("--json", action="store_true")
     action.add_parser("bootstrap", help="make debian:bookworm-slim ready in the store (from the Debian mirror)")
 
@@ -51,11 +57,15 @@ async def cmd_images(args: argparse.Namespace, settings: Settings) -> int:
     if args.images_command == "build":
         spec = ImageSpec(context=str(args.context.resolve()), dockerfile=args.dockerfile, name=args.name)
         image = await builder.ready(spec, str(args.context))
+        if args.push:
+            image = await builder.publish(image, args.push)
         if args.json:
             print(image.model_dump_json())
         else:
             how = f"built in {image.build_s:.1f}s" if image.built else "already built"
             console.print(f"{image.name} ({how})", soft_wrap=True)
+            if image.remote:
+                console.print(f"pushed with the sandbox server's layer: {image.remote}", soft_wrap=True)
         return 0
     images = await builder.store.listing()
     if args.json:
