@@ -17,7 +17,7 @@ from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox.requests import HealthQuery
-from tests.support.sandbox import eventually, holder
+from tests.support.sandbox import eventually, holder, local_backend
 
 A = BuiltImage(key="a" * 64, name="localhost/rollouts/task-a:" + "a" * 64)
 B = BuiltImage(key="b" * 64, name="localhost/rollouts/task-b:" + "b" * 64)
@@ -34,10 +34,8 @@ class LabelledBackend(LocalBackend):
 
 @pytest.fixture
 async def backend(tmp_path):
-    backend = LabelledBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3)
-    yield backend
-    for info in backend.registry.load():
-        await backend.stop_container(info.container_id)
+    async with local_backend(tmp_path / "data", 1, LabelledBackend) as backend:
+        yield backend
 
 
 def images_of(backend: LocalBackend) -> list[str | None]:

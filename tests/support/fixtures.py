@@ -30,6 +30,7 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.images import unmount_under
 from tests.support.processes import kill_servers_under
+from tests.support.sandbox import local_backend
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.run_api import RunApiProcess
 from worker import Parts, polling_worker
@@ -139,10 +140,8 @@ def client(project_client: Client, worker: None) -> Client:
 @pytest.fixture
 async def backend(tmp_path) -> AsyncIterator[LocalBackend]:
     """A local sandbox backend of two-slot containers in a test's own folder."""
-    local = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
-    yield local
-    for info in local.registry.load():
-        await local.stop_container(info.container_id)
+    async with local_backend(tmp_path / "data", 2) as local:
+        yield local
 
 
 @pytest.fixture
