@@ -44,16 +44,16 @@ from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
 from envs.sources import load_env_sources
-from temporal_rollouts.cli.progress import EXIT_ERROR
+from temporal_rollouts.cli.exit_codes import EXIT_ERROR
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
 from temporal_rollouts.runtime.config import load_settings, with_env_modules
-from temporal_rollouts.runtime.logs import one_line_activity_failures
+from temporal_rollouts.runtime.logs import configure_logging
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
 from temporal_rollouts.runtime.preflight import check_local_sandboxes
-from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
+from temporal_rollouts.runtime.store_claim import claim_queue
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
 from temporal_rollouts.runtime.versioning import become_current_if_newest, deployment_config, worker_version
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
@@ -138,7 +138,6 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     deterministic and import only pass-through modules; a test replays a rollout's
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
-    one_line_activity_failures()
     load_envs(settings)
     return Worker(
         client,
@@ -214,22 +213,22 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
     check_local_sandboxes(settings)  # before anything starts: a machine that cannot sandbox says what fixes it
     parts = Parts(settings)
-    client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
-    if settings.embedded:
-        await asyncio.to_thread(ensure_demo_policy, settings)
-    warn_about_local_storage(settings)
     try:
+        client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
+        warn_about_local_storage(settings)
         await check_local_backend_is_alone(client, settings)
+        await claim_queue(client, settings)  # this queue's store: recorded, or compared; before anything starts
+        if settings.embedded:
+            await asyncio.to_thread(ensure_demo_policy, settings)
         await parts.pool.fleet.backend.prepare()
         await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
         async with polling_worker(client, parts):
-            await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
         await parts.aclose()
 
 
-async def main_async(settings: Settings) -> None:
+async def main_async(settings: Settings, verbose: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -245,7 +244,8 @@ async def main_async(settings: Settings) -> None:
             settings.ui_url or "-",
         )
         if settings.worker.processes > 1:
-            await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)
+            more = ["--verbose"] if verbose else []
+            await WorkerProcesses(settings, settings.worker.processes - 1, [os.path.abspath(__file__), *more]).run(stop)
         else:
             await stop.wait()
         log.info("draining: running activities get %.0fs to finish", settings.worker.graceful_shutdown_s)
@@ -273,15 +273,21 @@ def main(argv: list[str] | None = None) -> int:
         help="load the envs of this module (a name on the import path, or a .py file) besides the bundled ones and "
         "installed packages' (repeatable; adds to settings env_modules)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print full tracebacks on the console too (they always go to <data_dir>/logs/worker.log)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
         if args.processes is not None:  # checked and reported as the setting it stands for
             os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
         settings = with_env_modules(load_settings(), args.env_modules)
-        asyncio.run(main_async(settings))
-    except ConfigError as err:
+        check_local_sandboxes(settings)  # a machine that cannot sandbox: one line, nothing made, not even the log
+        log_file = configure_logging(settings.data_dir, verbose=args.verbose)
+        log.info("logging to %s (one line per failed attempt here, tracebacks there)", log_file)
+        asyncio.run(main_async(settings, verbose=args.verbose))
+    except ConfigError as err:  # bad settings, or refused at start (no sandbox, another data folder's queue, ...)
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
     return 0

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -251,6 +252,7 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
     from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 
     torch.set_num_threads(args.threads)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     model = load_policy(args.weights)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     async with TrajectoryApi(args.run_api) as api:
@@ -267,7 +269,7 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
         for step in range(args.first_step, args.first_step + args.steps):
             batch = await pull_batch(api)
             stats = train_step(model, optimizer, batch, clip=args.clip)
-            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=args.api_key)
+            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=api_key)
             print(f"step {step:3d}  {stats.line()}", flush=True)
             if args.stats:
                 with open(args.stats, "a") as out:
@@ -278,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-api", default="http://127.0.0.1:8000", help="Atropos' trajectory API")
     parser.add_argument("--policy-server", default="http://127.0.0.1:30000", help="the CPU generate server")
-    parser.add_argument("--api-key", default=None, help="the policy server's bearer token, if it has one")
+    parser.add_argument(
+        "--api-key-env", default=None, metavar="NAME", help="the environment variable holding the policy server's key"
+    )
     parser.add_argument("--checkpoints", type=Path, default=Path("runs/grpo/checkpoints"))
     parser.add_argument("--weights", type=Path, default=None, help="start from this checkpoint (default: the GGUF)")
     parser.add_argument("--first-step", type=int, default=1, help="the version the first update publishes")

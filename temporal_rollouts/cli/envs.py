@@ -13,22 +13,10 @@ import argparse
 import difflib
 import json
 import sys
-from typing import Any
 
 from temporal_rollouts.core.settings import Settings
 
 _reported: set[str] = set()
-
-
-def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--env-module",
-        action="append",
-        dest="env_modules",
-        metavar="MODULE",
-        help="also load the envs of this module (a name on the import path, or a .py file); repeatable, "
-        "adds to settings env_modules",
-    )
 
 
 def load_envs(settings: Settings) -> None:
@@ -57,17 +45,6 @@ def env_is_known(name: str, settings: Settings) -> bool:
         file=sys.stderr,
     )
     return False
-
-
-def add_parser(sub: Any) -> None:
-    envs = sub.add_parser(
-        "envs",
-        help="every env, with where it comes from (bundled, a package's entry point, a module)",
-        description="Every env this machine's settings load: bundled, installed packages' entry points "
-        "(group temporal_rollouts.envs) and env_modules. Exits 1 when a source failed to load.",
-    )
-    add_env_module_flag(envs)
-    envs.add_argument("--json", action="store_true", help="one JSON object: envs and the sources that failed")
 
 
 async def cmd_envs(args: argparse.Namespace, settings: Settings) -> int:

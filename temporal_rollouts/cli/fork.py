@@ -17,17 +17,28 @@ import uuid
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.fork_points import ForkPoint, ForkPointInput, ForkPoints
-from temporal_rollouts.cli.progress import EXIT_OK, EXIT_PARTIAL
+from temporal_rollouts.cli.exit_codes import EXIT_OK, EXIT_PARTIAL
+from temporal_rollouts.cli.records import id_taken
 from temporal_rollouts.cli.resume import started_input
+from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, wrapped
 from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.forks import MAX_BRANCH_FACTOR, NOT_CARRIED, BranchSpec, ForkSpec, WorkspaceRebuild
+from temporal_rollouts.core.forks import (
+    MAX_BRANCH_FACTOR,
+    NOT_CARRIED,
+    BranchSpec,
+    ForkSpec,
+    WorkspaceRebuild,
+    branch_id,
+)
 from temporal_rollouts.core.records import TrajectoryInput
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.trees import RolloutTreeInput, RolloutTreeResult
 from temporal_rollouts.runtime.registration import add_missing_search_attributes
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -85,7 +96,8 @@ async def start_fork(
     point: ForkPoint | None = None,
     **options: Any,
 ) -> tuple[WorkflowHandle, ForkPoint, list[str]]:
-    """Start the fork's tree; (its handle, the fork point, the first continuation's id)."""
+    """Start the fork's tree; (its handle, the fork point, the id of every continuation: the first, which
+    rebuilds the workspace, then the branches that copy it, named as the tree names them)."""
     from workflows.tree import RolloutTreeWorkflow
 
     if not 1 <= count <= MAX_BRANCH_FACTOR:
@@ -103,10 +115,18 @@ async def start_fork(
         branch=BranchSpec(at_turns=[at_turn], factor=count) if count > 1 else None,
     )
     await add_missing_search_attributes(client, settings.temporal.namespace)
-    handle = await client.start_workflow(
-        RolloutTreeWorkflow.run, tree, id=tree_id, task_queue=settings.temporal.task_queue
-    )
-    return handle, point, [root]
+    try:
+        handle = await client.start_workflow(
+            RolloutTreeWorkflow.run,
+            tree,
+            id=tree_id,
+            task_queue=settings.temporal.task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError:
+        raise await id_taken(client, tree_id) from None
+    branches = [branch_id(root, at_turn, index) for index in range(1, count)]
+    return handle, point, [root, *branches]
 
 
 def describe_plan(
@@ -140,40 +160,62 @@ def describe_plan(
     }
 
 
-def format_plan(plan: dict[str, Any]) -> str:
+def format_plan(plan: dict[str, Any], width: int | None = None) -> str:
     reused = plan["reused"]
     tokens = f", {reused['tokens']} tokens with their logprobs" if reused["tokens"] is not None else ""
-    lines = [
-        f"forking {plan['source']} after turn {plan['at_turn']} into {plan['continuations']} continuation(s)",
-        f"  reused      {reused['turns']} turn(s), {reused['messages']} messages{tokens} (by reference, not generated again)",
-        f"  workspace   {plan['workspace']}",
+    fields = [
+        (
+            "reused",
+            f"{reused['turns']} turn(s), {reused['messages']} messages{tokens} (by reference, not generated again)",
+        ),
+        ("workspace", plan["workspace"]),
+        *(("not carried", item) for item in plan["not_carried"]),
     ]
-    lines += [f"  not carried {item}" for item in plan["not_carried"]]
     if plan["replayed_sessions"]:
-        lines.append(
-            "  note        the stateful terminal's commands are replayed in a new session; processes they "
-            "started are started again, not carried"
-        )
-    return "\n".join(lines)
-
-
-def format_results(tree: RolloutTreeResult) -> str:
-    lines = [f"{'rollout':<60} {'workspace':<9} {'stop':<15} {'score':>5} {'turns':>5}"]
-    for result in tree.results:
-        how = result.fork.workspace if result.fork else "-"
-        lines.append(
-            f"{result.rollout_id:<60} {how:<9} {result.stop_reason.value:<15} {result.score:>5g} {result.turns:>5}"
-        )
-        for divergence in (result.fork.divergences if result.fork else [])[:3]:
-            lines.append(
-                f"    diverged at turn {divergence.turn} ({divergence.tool}): recorded {divergence.recorded!r}, "
-                f"replayed {divergence.replayed!r}"
+        fields.append(
+            (
+                "note",
+                "the stateful terminal's commands are replayed in a new session; processes they started are "
+                "started again, not carried",
             )
-    return "\n".join(lines)
+        )
+    head = f"forking {plan['source']} after turn {plan['at_turn']} into {plan['continuations']} continuation(s)"
+    return "\n".join([head, *labelled(fields, width)])
+
+
+RESULT_COLUMNS = [
+    Column("rollout"),
+    Column("workspace"),
+    Column("stop"),
+    Column("score", right=True),
+    Column("turns", right=True),
+]
+
+
+def format_results(tree: RolloutTreeResult, width: int | None = None) -> str:
+    rows, notes = [], []
+    for result in tree.results:
+        score = f"{result.score:g}" if not result.failed else "-"
+        rows.append(
+            (
+                result.rollout_id,
+                result.fork.workspace if result.fork else "-",
+                result.stop_reason.value,
+                score,
+                str(result.turns),
+            )
+        )
+        notes.append(
+            [
+                f"    diverged at turn {d.turn} ({d.tool}): recorded {d.recorded!r}, replayed {d.replayed!r}"
+                for d in (result.fork.divergences if result.fork else [])[:3]
+            ]
+        )
+    return "\n".join(table_lines(RESULT_COLUMNS, rows, width, notes))
 
 
 async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings)
+    client = await command_client(settings)
     options = {
         "policy": args.policy,
         "temperature": args.temperature,
@@ -183,15 +225,24 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     point = await find_fork_point(client, settings, args.rollout_id, args.at_turn)
     plan = describe_plan(args.rollout_id, args.at_turn, args.n, point, args.rebuild)
     if not args.json:
-        print(format_plan(plan), flush=True)
+        print(format_plan(plan, screen_width()), flush=True)
     handle, point, roots = await start_fork(
         client, settings, args.rollout_id, args.at_turn, args.n, fork_id=args.id, point=point, **options
     )
-    summary: dict[str, Any] = {"fork_id": handle.id, **plan, "first": roots[0]}
+    summary: dict[str, Any] = {"fork_id": handle.id, **plan, "first": roots[0], "rollouts": roots}
     if not args.json:
-        print(f"started {handle.id}", flush=True)
+        print(f"started {handle.id}: {len(roots)} continuation(s)", flush=True)
+        print("\n".join(f"  {rollout}" for rollout in roots), flush=True)
     if not args.wait:
-        print(json.dumps(summary) if args.json else f"watch it with `rollouts show {roots[0]}`")
+        print(
+            json.dumps(summary)
+            if args.json
+            else "\n".join(
+                wrapped(
+                    f"watch them with `rollouts list {handle.id}`, one with `rollouts show ROLLOUT_ID`", screen_width()
+                )
+            )
+        )
         return EXIT_OK
     tree = RolloutTreeResult.model_validate(await handle.result())
     failed = [r for r in tree.results if r.failed]
@@ -201,7 +252,7 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
                 "rollout_id": r.rollout_id,
                 "workspace": r.fork.workspace if r.fork else None,
                 "stop_reason": r.stop_reason.value,
-                "score": r.score,
+                "score": None if r.failed else r.score,
                 "turns": r.turns,
                 "completion_tokens": r.completion_tokens,
                 "divergences": [d.model_dump() for d in (r.fork.divergences if r.fork else [])],
@@ -210,32 +261,5 @@ async def cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
         ]
         print(json.dumps(summary))
     else:
-        print(format_results(tree))
+        print(format_results(tree, screen_width()))
     return EXIT_PARTIAL if failed else EXIT_OK
-
-
-def add_parser(sub: Any) -> None:
-    fork = sub.add_parser(
-        "fork",
-        help="N continuations of a rollout from its turn K",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
-    )
-    fork.add_argument("rollout_id")
-    fork.add_argument("--at-turn", type=int, required=True, help="keep the first K model turns (0: only the prompt)")
-    fork.add_argument("-n", type=int, default=1, help="continuations (default: %(default)s)")
-    fork.add_argument("--policy", default=None, help="continue with another policy (default: the rollout's own)")
-    fork.add_argument("--temperature", type=float, default=None, help="continue at another temperature")
-    fork.add_argument(
-        "--rebuild",
-        choices=["auto", "snapshot", "replay"],
-        default="auto",
-        help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists",
-    )
-    fork.add_argument(
-        "--allow-divergence",
-        action="store_true",
-        help="go on when a replayed tool call answers differently than it did",
-    )
-    fork.add_argument("--id", default=None, help="the fork's workflow id (default: ROLLOUT_ID/fork-<random>)")
-    fork.add_argument("--wait", action="store_true", help="wait for the continuations and show how they ended")
-    fork.add_argument("--json", action="store_true", help="print one JSON object on stdout")

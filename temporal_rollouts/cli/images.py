@@ -1,4 +1,4 @@
-"""`rollouts images`: the worker's image store, for people.
+"""`rollouts images`: the worker's image store, for people (its flags are in `cli/parsers.py`).
 
 `list` shows what the store holds, `load` brings in a `podman save` archive (the way to
 provide a base image no registry can serve here), `build` builds a context as a rollout would
@@ -11,7 +11,6 @@ import argparse
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,34 +19,13 @@ from temporal_rollouts.core.images import ImageSpec
 from temporal_rollouts.core.settings import Settings
 
 
-def add_parser(sub: Any) -> None:
-    images = sub.add_parser("images", help="item images: list, load, build, bootstrap the base image")
-    action = images.add_subparsers(dest="images_command", required=True)
-    listing = action.add_parser("list", help="the images in this worker's store")
-    listing.add_argument("--json", action="store_true")
-    load = action.add_parser("load", help="load a `podman save` archive (e.g. a base image) into the store")
-    load.add_argument("archive", type=Path)
-    build = action.add_parser("build", help="build a context (a folder with a Dockerfile) as a rollout would")
-    build.add_argument("context", type=Path)
-    build.add_argument("--dockerfile", default="Dockerfile")
-    build.add_argument("--name", default=None)
-    build.add_argument(
-        "--push",
-        metavar="REGISTRY",
-        default=None,
-        help="also add the sandbox server's layer and push it there (for Nomad: name items by the printed reference)",
-    )
-    build.add_argument("--json", action="store_true")
-    action.add_parser("bootstrap", help="make debian:bookworm-slim ready in the store (from the Debian mirror)")
-
-
 async def cmd_images(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.sandbox.images.builder import ImageBuilder
 
     builder = ImageBuilder.from_settings(settings)
     console = Console()
     if args.images_command == "load":
-        for name in await builder.store.load(args.archive.resolve()):
+        for name in await builder.store.load(Path(args.archive).resolve()):
             console.print(f"loaded {name}", soft_wrap=True)
         return 0
     if args.images_command == "bootstrap":
@@ -55,7 +33,7 @@ async def cmd_images(args: argparse.Namespace, settings: Settings) -> int:
         console.print(f"{image.name} is ready ({image.image_id[:12]})", soft_wrap=True)
         return 0
     if args.images_command == "build":
-        spec = ImageSpec(context=str(args.context.resolve()), dockerfile=args.dockerfile, name=args.name)
+        spec = ImageSpec(context=str(Path(args.context).resolve()), dockerfile=args.dockerfile, name=args.name)
         image = await builder.ready(spec, str(args.context))
         if args.push:
             image = await builder.publish(image, args.push)

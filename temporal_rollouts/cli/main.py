@@ -2,56 +2,40 @@
 
 Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
 is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input. The parser,
-the batch and server commands live here; cli_progress.py (the progress display, status,
-exit codes), cli_resume.py and cli_inspect.py (show, export, list, cancel, view) hold the rest.
+the batch and server commands live here; progress.py (the progress display, status),
+resume.py, inspect.py (show, export, list, cancel, view), train.py and fork.py hold the
+rest, and parsers.py the flags of theirs. Each command imports what it uses when it runs,
+so that `rollouts --help` and a usage error answer at once (bench/cli_help.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-import time
-import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError, RPCStatusCode
-
-from temporal_rollouts.cli import envs as cli_envs
-from temporal_rollouts.cli import fork as cli_fork
-from temporal_rollouts.cli import images as cli_images
-from temporal_rollouts.cli import inspect as cli_inspect
-from temporal_rollouts.cli import train as cli_train
-from temporal_rollouts.cli import versions as cli_versions
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+from temporal_rollouts.cli import parsers
+from temporal_rollouts.cli.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_PIPE_CLOSED,
     EXIT_USAGE,
     batch_exit_code,
-    batch_status,
-    finish,
-    format_status,
     status_exit_code,
 )
-from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.resume import cmd_resume
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import InvalidInput, RolloutError
-from temporal_rollouts.core.inputs import parse_input
-from temporal_rollouts.core.records import BatchInput
-from temporal_rollouts.core.settings import DEMO_POLICY, Settings
-from temporal_rollouts.runtime.config import load_settings, with_env_modules
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `rollouts --help` imports none of it
+    from rich.console import Console
+    from temporalio.client import Client, WorkflowHandle
+    from temporalio.service import RPCError
+
+    from temporal_rollouts.core.records import BatchInput
+    from temporal_rollouts.core.settings import Settings
 
 DEMO_ENV = "terminal_tasks"
 
@@ -66,8 +50,12 @@ def resolve_policy(settings: Settings, policy: str | None) -> str:
 
 
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
+    from temporal_rollouts.cli.envs import env_is_known
+    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.records import BatchInput
+
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
-    known = cli_envs.env_is_known(args.env, settings)  # unknown here: the worker checks it in the first step
+    known = env_is_known(args.env, settings)  # unknown here: the worker checks it in the first step
     fields = {
         "env": args.env,
         "num_items": args.items,
@@ -97,6 +85,8 @@ def _check_items(batch: BatchInput) -> None:
 
 
 def _json_option(flag: str, text: str) -> Any:
+    from temporal_rollouts.core.errors import InvalidInput
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -106,6 +96,14 @@ def _json_option(flag: str, text: str) -> Any:
 async def start_batch(
     client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None
 ) -> WorkflowHandle:
+    import uuid
+
+    from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from temporal_rollouts.cli.records import id_taken
+    from temporal_rollouts.core import search_attributes as sa
     from workflows.batch import BatchWorkflow
 
     if batch.branch is not None:  # its rollouts carry RolloutForkedFrom, which an older server may lack
@@ -118,13 +116,17 @@ async def start_batch(
     workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
 
     async def start() -> WorkflowHandle:
-        return await client.start_workflow(
-            BatchWorkflow.run,
-            batch,
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            search_attributes=TypedSearchAttributes(attributes),
-        )
+        try:
+            return await client.start_workflow(
+                BatchWorkflow.run,
+                batch,
+                id=workflow_id,
+                task_queue=settings.temporal.task_queue,
+                search_attributes=TypedSearchAttributes(attributes),
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            raise await id_taken(client, workflow_id) from None
 
     try:
         return await start()
@@ -142,6 +144,7 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
 
     try:
         described = await client.workflow_service.describe_task_queue(
@@ -161,9 +164,17 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.core.settings import DEMO_POLICY
+    from temporal_rollouts.cli.connection import command_client
+
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
-    client = await connect(settings)
+    client = await command_client(settings)
     if settings.embedded and batch.policy == DEMO_POLICY:
         # `rollouts server stop` stopped it with the server; bring both back, not only the server
         from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -181,19 +192,27 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings, start_embedded=False)
+    from temporal_rollouts.cli import train as cli_train
+    from temporal_rollouts.cli.progress import batch_status, format_status
+    from temporal_rollouts.cli.records import describe_or_none
+    from temporal_rollouts.cli.screen import screen_width
+    from temporal_rollouts.cli.connection import command_client
+
+    client = await command_client(settings, start_embedded=False)
     described = await describe_or_none(client, args.batch_id)
     if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
         status = await cli_train.feed_status(client, args.batch_id)
-        print(status.model_dump_json() if args.json else cli_train.format_feed(status))
+        print(status.model_dump_json() if args.json else cli_train.format_feed(status, screen_width()))
         return 0
     data = await batch_status(client, args.batch_id)
-    print(json.dumps(data) if args.json else format_status(data))
+    print(json.dumps(data) if args.json else format_status(data, screen_width()))
     return status_exit_code(data)
 
 
 def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
     """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
+    from temporal_rollouts.core.records import BatchInput
+
     batch = BatchInput(
         env=DEMO_ENV, num_items=args.items, group_size=args.group_size, policy=resolve_policy(settings, None)
     )
@@ -202,8 +221,16 @@ def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    """The main job on the embedded default: a worker in this process, a demo batch, a summary. A demo
+    that fails stops what it started (its server, sandbox, demo policy) and leaves what it found running."""
+    import logging
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.runtime.logs import configure_logging
     from temporal_rollouts.runtime.preflight import check_local_sandboxes
+    from temporal_rollouts.runtime.started_here import StartedHere
     from worker import running_worker
 
     check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
@@ -213,9 +240,16 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         "(a scripted test policy that replays reference solutions, not a model)"
     )
     batch = demo_batch(args, settings)  # refused before a worker or server is started
-    async with running_worker(settings) as client:
-        handle = await start_batch(client, settings, batch)
-        code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    configure_logging(settings.data_dir, console_level=logging.WARNING)  # the bar owns the screen; details: the log
+    before = await StartedHere.note(settings)
+    try:
+        async with running_worker(settings) as client:
+            handle = await start_batch(client, settings, batch)
+            code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    except BaseException:
+        if stopped := await before.stop_the_rest():
+            console.print(f"the demo did not finish; stopped what it had started: {', '.join(stopped)}")
+        raise
     if settings.embedded:
         console.print(
             "The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
@@ -233,6 +267,11 @@ def short_image_name(name: str | None) -> str:
 
 
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
     from temporal_rollouts.sandbox.pool import SandboxPool
 
     pool = SandboxPool.from_settings(settings)
@@ -271,14 +310,17 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     """A pass of the slot-pool maintenance workflow, now: restart dead containers, free leases
     of closed rollouts, stop idle containers."""
+    from rich.console import Console
+
     from activities.pool import MaintenanceReport
-    from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
+    from temporal_rollouts.cli.connection import command_client
+    from temporal_rollouts.runtime.store_claim import claim_queue
     from workflows.pool import SlotPoolMaintenanceWorkflow
 
     console = Console(stderr=args.json)
-    client = await connect(settings)
+    client = await command_client(settings)
     await _warn_without_worker(client, settings, console)
-    handle = await ensure_maintenance_workflow(client, settings)
+    handle = await claim_queue(client, settings)
     raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)
     report = MaintenanceReport.model_validate(raw)
     if args.json:
@@ -294,9 +336,13 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from temporal_rollouts.runtime.logs import configure_logging
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from worker import main_async
 
-    await main_async(settings)
+    check_local_sandboxes(settings)  # as `python worker.py`: one line, and nothing made, not even the log
+    configure_logging(settings.data_dir, verbose=args.verbose)
+    await main_async(settings, verbose=args.verbose)
     return 0
 
 
@@ -345,12 +391,6 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
-def _env_names() -> str:
-    from envs.registry import env_names
-
-    return ", ".join(sorted(env_names()))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollouts",
@@ -366,16 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
     demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
-    cli_envs.add_env_module_flag(demo)
+    parsers.add_env_module_flag(demo)
 
     batch = sub.add_parser(
         "batch",
         help="start a batch of rollouts",
         formatter_class=defaults,
-        description=f"Start a batch of rollouts. Envs: {_env_names()}.",
+        description="Start a batch of rollouts.",
     )
-    batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
-    cli_envs.add_env_module_flag(batch)
+    batch.add_argument("--env", required=True, help="an env the workers know (`rollouts envs` lists them)")
+    parsers.add_env_module_flag(batch)
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument(
         "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
@@ -421,7 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="run the slot reaper now")
     reap.add_argument("--json", action="store_true")
 
-    cli_envs.add_env_module_flag(sub.add_parser("worker", help="run a worker (same as `python worker.py`)"))
+    worker = sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+    worker.add_argument("--verbose", action="store_true", help="full tracebacks on the console too")
+    parsers.add_env_module_flag(worker)
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop"])
@@ -437,12 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h",
     )
 
-    cli_inspect.add_parsers(sub)
-    cli_train.add_parser(sub)
-    cli_fork.add_parser(sub)
-    cli_versions.add_parser(sub)
-    cli_envs.add_parser(sub)
-    cli_images.add_parser(sub)
+    parsers.add_inspect_parsers(sub)
+    parsers.add_train_parser(sub)
+    parsers.add_fork_parser(sub)
+    parsers.add_versions_parser(sub)
+    parsers.add_envs_parser(sub)
+    parsers.add_images_parser(sub)
     return parser
 
 
@@ -452,19 +494,32 @@ COMMANDS = {
     "demo": cmd_demo,
     "slots": cmd_slots,
     "reap": cmd_reap,
-    "resume": cmd_resume,
+    "resume": "temporal_rollouts.cli.resume:cmd_resume",
     "worker": cmd_worker,
     "server": cmd_server,
-    "train": cli_train.cmd_train,
-    "fork": cli_fork.cmd_fork,
-    "envs": cli_envs.cmd_envs,
-    "images": cli_images.cmd_images,
-    **cli_inspect.COMMANDS,
-    **cli_versions.COMMANDS,
+    "train": "temporal_rollouts.cli.train:cmd_train",
+    "fork": "temporal_rollouts.cli.fork:cmd_fork",
+    "envs": "temporal_rollouts.cli.envs:cmd_envs",
+    "versions": "temporal_rollouts.cli.versions:cmd_versions",
+    "images": "temporal_rollouts.cli.images:cmd_images",
+    **{name: f"temporal_rollouts.cli.inspect:cmd_{name}" for name in ("show", "export", "list", "cancel", "view")},
 }
+"""Each command's function, or where to import it from when it runs."""
+
+
+def command(name: str):
+    found = COMMANDS[name]
+    if isinstance(found, str):
+        import importlib
+
+        module, _, function = found.partition(":")
+        found = getattr(importlib.import_module(module), function)
+    return found
 
 
 def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
+    from temporalio.service import RPCStatusCode
+
     where = settings.temporal_address if settings else "Temporal"
     if err.status == RPCStatusCode.NOT_FOUND:
         return f"not found on {where}: {err.message}"
@@ -483,12 +538,20 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = [*unknown, *args.rest]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    import asyncio
+
+    from pydantic import ValidationError
+    from temporalio.service import RPCError
+
+    from temporal_rollouts.core.errors import RolloutError
+    from temporal_rollouts.runtime.config import load_settings, with_env_modules
+
     settings: Settings | None = None
     try:
         settings = with_env_modules(load_settings(), getattr(args, "env_modules", None))
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
-        return asyncio.run(COMMANDS[args.command](args, settings))
+        return asyncio.run(command(args.command)(args, settings))
     except RolloutError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
@@ -506,10 +569,17 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """The `rollouts` command. It leaves with os._exit once its output is flushed: the Temporal
     client's native threads can abort the interpreter while it finalizes, which would turn a
-    finished command into a crash and a wrong exit code."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finished command into a crash and a wrong exit code. A reader that went away (`rollouts
+    list | head`) ends it quietly, as it ends `ls` or `git log`."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = EXIT_PIPE_CLOSED
+    try:
+        sys.stderr.flush()
+    except BrokenPipeError:
+        pass
     os._exit(code)
 
 

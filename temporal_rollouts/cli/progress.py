@@ -22,30 +22,23 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.exit_codes import EXIT_FAILED, batch_exit_code
 from temporal_rollouts.cli.progress_bar import BatchBar
+from temporal_rollouts.cli.screen import wrapped
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchProgress, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.cli.records import (
     QUERY_TIMEOUT,
+    batch_outcome,
     require_workflow,
     retry_summary,
+    status_name,
     waiting_on_retries,
 )
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
-"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
-2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
-(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
-
 RETRY_CHECK_S = 3.0
 """How often the progress display asks Temporal which rollouts are waiting on retries."""
-
-
-def batch_exit_code(completed: int, failed: int) -> int:
-    if failed == 0:
-        return EXIT_OK
-    return EXIT_PARTIAL if completed else EXIT_FAILED
 
 
 async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
@@ -59,7 +52,7 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
     result_task = asyncio.ensure_future(handle.result())
     retry_lines: list[str] = []
     next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with BatchBar(console) as bar:
+    with BatchBar(console, handle.id) as bar:
         task = bar.add_task(handle.id, total=None)
         bar.notes = [("loading items", "")]
         while not result_task.done():
@@ -163,18 +156,23 @@ async def finish(
 
 
 async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
+    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why.
+    `status` is the batch's outcome as `rollouts list` and the web page name it (`batch_outcome`:
+    a finished batch whose every rollout failed is `failed`, not `completed`); `workflow_status`
+    is how its workflow ended."""
     described = await require_workflow(client, batch_id, "BatchWorkflow")
     handle = client.get_workflow_handle(batch_id)
-    status = described.status.name.lower() if described.status else "unknown"
+    status = status_name(described.status)
     data: dict[str, Any] = {
         "batch_id": batch_id,
         "status": status,
+        "workflow_status": status,
         "policy": described.typed_search_attributes.get(sa.POLICY),
     }
     if described.status == WorkflowExecutionStatus.COMPLETED:
         result = BatchResult.model_validate(await handle.result())
-        return {**data, **summary_json(result), "status": "completed"}
+        data |= summary_json(result)
+        return {**data, "status": batch_outcome(status, result.completed, result.failed)}
     try:
         progress = await _progress(handle)
     except RPCError:
@@ -199,18 +197,11 @@ async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
             await handle.result()
         except WorkflowFailureError as err:
             data["error"] = root_cause(err)
-    return data
+    return {**data, "status": batch_outcome(status, data.get("completed"), data.get("failed"))}
 
 
-def status_exit_code(data: dict[str, Any]) -> int:
-    if data["status"] == "running":
-        return EXIT_OK
-    if data["status"] == "completed":
-        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
-    return EXIT_FAILED
-
-
-def format_status(data: dict[str, Any]) -> str:
+def format_status(data: dict[str, Any], width: int | None = None) -> str:
+    """`rollouts status` for people; a line longer than `width` wraps at its words, under itself."""
     lines = [
         f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")
     ]
@@ -242,4 +233,4 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  results: {data['output']}")
     if data.get("total"):
         lines.append(f"  rollouts: `rollouts list {data['batch_id']}` (ids, stop reasons, scores)")
-    return "\n".join(lines)
+    return "\n".join(part for line in lines for part in wrapped(line, width))

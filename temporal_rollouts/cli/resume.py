@@ -34,7 +34,7 @@ from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import BatchInput, TrajectoryInput
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 
 CLOSED_UNSUCCESSFULLY = ("Failed", "Terminated", "TimedOut", "Canceled")
 
@@ -94,7 +94,7 @@ async def resume_rollout(client: Client, settings: Settings, rollout: str) -> di
 async def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     """Resume a failed rollout, or every failed rollout of a batch and gather its groups again."""
     console = Console(stderr=args.json)
-    client = await connect(settings)
+    client = await command_client(settings)
     described = await describe_or_none(client, args.id)
     if described is None:
         raise ConfigError(f"no batch or rollout with id {args.id!r} (see `rollouts list`)")

@@ -19,70 +19,35 @@ import json
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.envs import add_env_module_flag, env_is_known
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+from temporal_rollouts.cli.envs import env_is_known
 from temporal_rollouts.cli.progress import root_cause
-from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
+from temporal_rollouts.cli.records import (
+    QUERY_TIMEOUT,
+    RETRIES_SAMPLED,
+    describe_or_none,
+    pending_notes,
+    require_workflow,
+    retry_summary,
+    status_name,
+    waiting_on_retries,
+)
+from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, when
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
+from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.connection import command_client
 
 FEED = "TrainingFeedWorkflow"
 WATCH_EVERY_S = 2.0
-
-
-def add_parser(sub: Any) -> None:
-    train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
-    actions = train.add_subparsers(dest="train_command", required=True)
-    start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
-    start.add_argument("name", help="the run's name (its workflow id)")
-    start.add_argument("--env", required=True, help="registered env")
-    start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
-    start.add_argument(
-        "--tokenizer",
-        default=None,
-        help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
-    )
-    start.add_argument("--group-size", type=int, default=8)
-    start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
-    start.add_argument(
-        "--stale-groups",
-        choices=[s.value for s in StaleGroups],
-        default=StaleGroups.POST.value,
-        help="what happens to a group that ends staler anyway",
-    )
-    start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
-    start.add_argument(
-        "--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped"
-    )
-    start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
-    start.add_argument("--max-turns", type=int, default=None)
-    start.add_argument("--temperature", type=float, default=None)
-    start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
-    start.add_argument("--env-config", default=None, help="JSON object passed to the env")
-    start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
-    start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
-    start.add_argument("--json", action="store_true")
-    add_env_module_flag(start)
-    status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
-    status.add_argument("name")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--watch", action="store_true", help="refresh until the run ends (Ctrl-C leaves it running)")
-    stop = actions.add_parser("stop", help="stop a run: no new groups; the ones in flight finish and are posted")
-    stop.add_argument("name")
-    stop.add_argument("--now", action="store_true", help="cancel the rollouts in flight instead")
-    actions.add_parser("list", help="training runs, newest first")
 
 
 def feed_input(args: argparse.Namespace) -> FeedInput:
@@ -145,21 +110,55 @@ async def start_feed(client: Client, settings: Settings, name: str, feed: FeedIn
         ) from None
 
 
-async def feed_status(client: Client, name: str) -> FeedStatus:
-    """The run's figures; a run that failed, or was terminated, is an error naming why."""
+class RunReport(FeedStatus):
+    """`rollouts train status`: the run's figures, what became of it, and what fails while it runs."""
+
+    outcome: str = Field(description="running, completed, or stopped (ended by `rollouts train stop`).")
+    retrying: list[str] = Field(
+        default_factory=list,
+        description="While it runs: the steps that failed and wait for a retry (its rollouts' and its own), "
+        "one line per cause, with the last error and the attempt.",
+    )
+
+
+def run_outcome(status: str, final: FeedStatus | None) -> str:
+    """What became of a run, one definition for `train status`, `train list` and the web page: a run
+    that ended because it was told to stop (`train stop`, `--now` or not) is `stopped`, never `completed`."""
+    if status == "completed" and final is not None and final.stopping:
+        return "stopped"
+    return status
+
+
+async def run_retries(client: Client, name: str, description: Any, sample: int = 50) -> list[str]:
+    """One line per cause of the retries of a running run: its own steps (registering with run-api,
+    posting) and its rollouts' (a model that cannot be reached, a template that cannot render)."""
+    own = [f"the run's {note.activity}: {note.headline}" for note in pending_notes(name, description)]
+    return own + retry_summary(await waiting_on_retries(client, name, sample))
+
+
+async def feed_status(client: Client, name: str) -> RunReport:
+    """The run's figures; a run that failed, or was terminated, is an error naming why. A finished run's
+    come from its result (no worker needs to answer); a running one's from its `status` query."""
     described = await require_workflow(client, name, FEED)
     handle = client.get_workflow_handle(name)
-    if described.status not in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        final = FeedStatus.model_validate(await handle.result())
+        return RunReport(**dict(final), outcome=run_outcome("completed", final))
+    if described.status != WorkflowExecutionStatus.RUNNING:
         state = described.status.name.lower() if described.status else "gone"
         try:
             await handle.result()
         except WorkflowFailureError as err:
             raise ConfigError(f"training run {name} {state}: {root_cause(err)}") from None
         raise ConfigError(f"training run {name} {state}")
-    return FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
+    status = FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
+    retrying = await run_retries(client, name, described.raw_description)
+    return RunReport(**dict(status), outcome="running", retrying=retrying)
 
 
-def format_feed(status: FeedStatus) -> str:
+def format_feed(status: RunReport, width: int | None = None) -> str:
+    """The run's figures for people: a label and its values a line, the values wrapped under
+    themselves when the screen (`width`) is narrower than they are long."""
     f, t = status.figures, status.trainer
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(f.dropped.items())) or "none"
     stale = ", ".join(f"{k}: {v}" for k, v in sorted(f.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
@@ -176,42 +175,58 @@ def format_feed(status: FeedStatus) -> str:
         if status.in_flight or t.registered
         else "-"
     )
-    lines = [
-        f"training run {status.run} ({status.env}): {status.phase}" + (" - stopping" if status.stopping else ""),
-        f"  groups: {f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for "
-        f"room in run-api), {f.groups_posted} posted, "
-        f"{f.groups_stale} posted stale, dropped: {dropped}",
-        f"  rollouts: {f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
-        f"{f.rollouts_retried} resumed after a machinery failure",
-        f"  tokens: {f.tokens_generated} generated, {f.tokens_posted} posted; staleness at posting (steps: groups): {stale}",
-        f"  trainer: {trainer}; admission {admission} (max staleness {status.max_staleness})",
+    state = status.outcome
+    if state == "running":
+        state = f"running ({status.phase}" + (", stopping)" if status.stopping else ")")
+    fields = [
+        (
+            "groups",
+            f"{f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for room "
+            f"in run-api), {f.groups_posted} posted, {f.groups_stale} posted stale, dropped: {dropped}",
+        ),
+        (
+            "rollouts",
+            f"{f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
+            f"{f.rollouts_retried} resumed after a machinery failure",
+        ),
+        ("tokens", f"{f.tokens_generated} generated, {f.tokens_posted} posted"),
+        ("staleness", f"at posting (trainer steps: groups) {stale}"),
+        ("trainer", trainer),
+        ("admission", f"{admission}, max staleness {status.max_staleness}"),
+        *(("retrying", line) for line in status.retrying),
     ]
     if status.output:
-        lines.append(f"  groups written to {status.output}")
-    return "\n".join(lines)
+        fields.append(("written to", status.output))
+    return "\n".join([f"training run {status.run} ({status.env}): {state}", *labelled(fields, width)])
 
 
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "start":
         check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
-    client = await connect(settings, start_embedded=args.train_command == "start")
+    client = await command_client(settings, start_embedded=args.train_command == "start")
     console = Console()
     if args.train_command == "start":
         feed = feed_input(args)
+        earlier = await describe_or_none(client, args.name)
         handle = await start_feed(client, settings, args.name, feed)
         if args.json:
             print(json.dumps({"run": handle.id, "status": "running"}))
-        else:
+            return 0
+        if earlier is not None:  # never silently: the name's earlier run is kept, this is a new one
             console.print(
-                f"started training run {handle.id}; watch it with `rollouts train status {handle.id} --watch`"
+                f"{args.name} ran before (its last run {status_name(earlier.status)}): this is a new run of it, "
+                "with its own figures; the earlier run's stay in its history"
             )
+        console.print(f"started training run {handle.id}; watch it with `rollouts train status {handle.id} --watch`")
         return 0
     if args.train_command == "list":
-        return await _list(client, console)
+        return await _list(client)
     if args.train_command == "stop":
         described = await require_workflow(client, args.name, FEED)
         if described.status != WorkflowExecutionStatus.RUNNING:
-            state = described.status.name.lower() if described.status else "gone"
+            state = status_name(described.status)
+            if described.status == WorkflowExecutionStatus.COMPLETED:  # completed, or stopped before
+                state = (await feed_status(client, args.name)).outcome
             raise ConfigError(f"training run {args.name} is not running (it is {state})")
         await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
         console.print(
@@ -219,15 +234,33 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
             f"`rollouts train status {args.name}` shows when it is done"
         )
         return 0
-    while True:
+    if args.json or not args.watch:
         status = await feed_status(client, args.name)
-        if args.json:
-            print(status.model_dump_json())
-        else:
-            console.print(format_feed(status), soft_wrap=True)
-        if not args.watch or status.phase == "done":
-            return 0
-        await asyncio.sleep(WATCH_EVERY_S)
+        print(status.model_dump_json() if args.json else format_feed(status, screen_width()))
+        return 0
+    await watch_run(client, args.name, console)
+    return 0
+
+
+async def watch_run(client: Client, name: str, console: Console) -> None:
+    """`train status --watch`: the figures redrawn in place every WATCH_EVERY_S until the run ends (on a
+    terminal; into a pipe, each refresh is a block of its own, as it cannot be redrawn)."""
+    from rich.live import Live
+    from rich.text import Text
+
+    if not console.is_terminal:
+        while (status := await feed_status(client, name)).outcome == "running":
+            print(format_feed(status), "", sep="\n", flush=True)
+            await asyncio.sleep(WATCH_EVERY_S)
+        print(format_feed(status))
+        return
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            status = await feed_status(client, name)
+            live.update(Text(format_feed(status, console.width)), refresh=True)
+            if status.outcome != "running":
+                return
+            await asyncio.sleep(WATCH_EVERY_S)
 
 
 class RunSummary(BaseModel):
@@ -235,48 +268,85 @@ class RunSummary(BaseModel):
 
     run: str
     status: str
+    outcome: str = Field(description="running, completed, stopped (by `rollouts train stop`), failed, ...")
     env: str | None = None
     started_at: datetime | None = None
     groups_posted: int | None = None
     in_flight: int | None = None
+    retrying: list[str] = Field(default_factory=list, description="While it runs: what fails and waits for a retry.")
 
 
-async def list_training_runs(client: Client, limit: int = 50) -> list[RunSummary]:
-    """Training runs, newest first; a running one with its posted and in-flight groups."""
+async def list_training_runs(
+    client: Client, limit: int = 50, finals: dict[str, FeedStatus | None] | None = None
+) -> list[RunSummary]:
+    """Training runs, newest first; a running one with its posted and in-flight groups and what it retries,
+    a finished one with what it posted and how it ended. `finals` keeps finished runs' results (by run id)."""
+    finals = {} if finals is None else finals
     runs: list[RunSummary] = []
     seen: set[str] = set()
     async for execution in client.list_workflows(f"WorkflowType = '{FEED}'"):
         if execution.id in seen:  # an earlier run of one that continued as new
             continue
         seen.add(execution.id)
-        summary = RunSummary(
-            run=execution.id,
-            status=status_name(execution.status),
-            env=execution.typed_search_attributes.get(sa.ENV),
-            started_at=execution.start_time,
+        status = status_name(execution.status)
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        figures: FeedStatus | None = None
+        retrying: list[str] = []
+        try:
+            if execution.status == WorkflowExecutionStatus.RUNNING:
+                figures = FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
+                described = await handle.describe()
+                retrying = await run_retries(client, execution.id, described.raw_description, RETRIES_SAMPLED)
+            elif execution.status == WorkflowExecutionStatus.COMPLETED:
+                if execution.run_id not in finals:
+                    finals[execution.run_id] = FeedStatus.model_validate(await handle.result(follow_runs=False))
+                figures = finals[execution.run_id]
+        except RPCError:
+            pass
+        runs.append(
+            RunSummary(
+                run=execution.id,
+                status=status,
+                outcome=run_outcome(status, figures),
+                env=execution.typed_search_attributes.get(sa.ENV),
+                started_at=execution.start_time,
+                groups_posted=figures.figures.groups_posted if figures else None,
+                in_flight=figures.in_flight
+                if figures and execution.status == WorkflowExecutionStatus.RUNNING
+                else None,
+                retrying=retrying,
+            )
         )
-        if execution.status == WorkflowExecutionStatus.RUNNING:
-            try:
-                status = FeedStatus.model_validate(
-                    await client.get_workflow_handle(execution.id).query("status", rpc_timeout=QUERY_TIMEOUT)
-                )
-                summary.groups_posted, summary.in_flight = status.figures.groups_posted, status.in_flight
-            except RPCError:
-                pass
-        runs.append(summary)
         if len(runs) >= limit:
             break
     return runs
 
 
-async def _list(client: Client, console: Console) -> int:
+RUN_COLUMNS = [
+    Column("run"),
+    Column("status"),
+    Column("posted", right=True),
+    Column("in flight", right=True),
+    Column("started"),
+    Column("env", optional=True),
+]
+
+
+async def _list(client: Client) -> int:
     runs = await list_training_runs(client, limit=200)
-    for run in runs:
-        started = run.started_at.isoformat(timespec="seconds") if run.started_at else "-"
-        line = f"{run.run}  {run.status}  started {started}"
-        if run.groups_posted is not None:
-            line += f"  posted {run.groups_posted}, in flight {run.in_flight}"
-        console.print(line, soft_wrap=True)
     if not runs:
-        console.print("no training runs (start one with `rollouts train start NAME --env ENV --policy P`)")
+        print("no training runs (start one with `rollouts train start NAME --env ENV --policy P`)")
+        return 0
+    rows = [
+        (
+            run.run,
+            run.outcome,
+            "-" if run.groups_posted is None else str(run.groups_posted),
+            "-" if run.in_flight is None else str(run.in_flight),
+            when(run.started_at),
+            run.env or "-",
+        )
+        for run in runs
+    ]
+    print("\n".join(table_lines(RUN_COLUMNS, rows, screen_width(), [[f"  ! {n}" for n in r.retrying] for r in runs])))
     return 0

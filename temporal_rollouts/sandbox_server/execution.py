@@ -23,7 +23,15 @@ from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
 from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
-from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SearchOp, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import (
+    ExecOp,
+    ExecuteRequest,
+    SearchOp,
+    SessionOp,
+    SlotLease,
+    StopProcessesOp,
+    ToolOutput,
+)
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
 
 
@@ -97,9 +105,9 @@ class CallRunner:
         async with slot.lock:
             confinement = self.confinement.with_limits(slot.limits)
             operation, launcher = request.operation, None
-            resident = (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or (
-                isinstance(operation, SearchOp) and operation.resident
-            )
+            resident = (
+                isinstance(operation, ExecOp) and operation.resident and not operation.cache and not operation.read_only
+            ) or (isinstance(operation, SearchOp) and operation.resident)
             if resident:  # the agent's own commands (its terminal calls, its searches); hooks' get their own sandboxes
                 launcher = await self.launchers.for_command(
                     slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
@@ -129,6 +137,8 @@ class CallRunner:
                 ran_s, refused = time.monotonic() - clock, setuid_bits_refused()
                 if over_disk := await settle_after_command(context, ran_s, refused):
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
+            elif isinstance(request.operation, StopProcessesOp):
+                output = await self._stop_processes(slot, request.call_id, confinement)
             else:
                 output = await run_operation(request.call_id, request.operation, context)
             self._executions.record(
@@ -143,6 +153,16 @@ class CallRunner:
             self._journal.put(stored)
         ran(slot, request.lease_id)
         return output
+
+    async def _stop_processes(self, slot: Slot, call_id: str, confinement: Confinement) -> ToolOutput:
+        """End every process of the slot (`StopProcessesOp`); the slot's lock is held, so none of its
+        operations runs meanwhile, and the next command starts in a sandbox of its own."""
+        await self.sessions.stop(slot.index, slot.workspace)
+        await self.launchers.stop(slot.index)
+        left = await asyncio.to_thread(confinement.kill_slot, slot.index)
+        left += await asyncio.to_thread(confinement.kill_uid, slot.index)
+        said = f"{left} left running were killed" if left else "none was left running"
+        return ToolOutput(call_id=call_id, ok=True, output=f"stopped every process of the slot ({said})")
 
     async def _outcome(self, task: asyncio.Task[ToolOutput]) -> ToolOutput:
         try:

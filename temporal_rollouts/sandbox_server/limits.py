@@ -38,6 +38,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,6 +380,31 @@ class Confinement:
                     part.rmdir()
             killed += _kill_cgroup(directory)
         return killed
+
+    def kill_uid(self, slot: int) -> int:
+        """SIGKILL every process of the slot's own uid on this host, wherever it runs (a slot of a root-run
+        server; with a shared uid nothing is signalled, and `kill_slot` is what reaches its processes).
+        A process of that uid calls kill(-1): the kernel signals every process it may signal while it
+        holds the task list, so no fork slips between a scan and a kill. Returns the tasks the uid had."""
+        if not self.dedicated_uids:
+            return 0
+        uid = self.uid(slot)
+        running = processes_of_uid(uid)
+        if running:
+            killer = ["/bin/sh", "-c", "kill -KILL -1 2>/dev/null; true"]
+            subprocess.run(
+                killer,
+                user=uid,
+                group=self.gid(slot),
+                extra_groups=[],
+                cwd="/",
+                env={},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                check=False,
+                timeout=30,
+            )
+        return running
 
     def unwatched_limits(self) -> set[str]:
         """The slot-wide limits no cgroup holds here, which the watchdog must: "memory", "cpus"."""

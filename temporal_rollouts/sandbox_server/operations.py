@@ -19,7 +19,7 @@ from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
 from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.files import read_text, write_text
-from temporal_rollouts.sandbox_server.isolation import run_command
+from temporal_rollouts.sandbox_server.isolation import isolation_mode, run_command
 from temporal_rollouts.sandbox_server.config import MIB
 from temporal_rollouts.sandbox_server.launcher import Launcher
 from temporal_rollouts.sandbox_server.limits import Confinement
@@ -76,6 +76,8 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         raise BadToolRequest("timeout_s must be positive")
     if op.cache and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache")
+    if op.read_only and isolation_mode(slot.require_isolation) != "bubblewrap":
+        raise BadToolRequest("a read-only workspace needs bubblewrap, and this server runs commands unisolated")
     cache = [slot.cache.path(name) for name in dict.fromkeys(op.cache)] if slot.cache is not None else []
     result = await run_command(
         op.command,
@@ -88,8 +90,11 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         slot=slot.slot,
         cache=cache,
         launcher=slot.launcher,
+        read_only=op.read_only,
     )
-    output, over_disk = result.output, await settle_after_command(slot, result.duration_s, result.bits_refused)
+    output = result.output
+    # A read-only command changed nothing: no walk (its mount refuses setuid bits and new bytes alike).
+    over_disk = "" if op.read_only else await settle_after_command(slot, result.duration_s, result.bits_refused)
     if over_disk:
         output += over_disk
     return ToolOutput(

@@ -22,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from temporal_rollouts.cli.records import (
@@ -30,19 +30,25 @@ from temporal_rollouts.cli.records import (
     describe_or_none,
     list_batches,
     load_rollout,
+    retry_summary,
     rollout_branches,
     status_name,
+    waiting_on_retries,
 )
 from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
 from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.feed import FeedStatus
 from temporal_rollouts.sandbox.pool import ContainerSlots
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.codec import codec_routes
 from temporal_rollouts.view.figures import Counts, batch_figures, counts_of_rows
 from temporal_rollouts.view.outcome_cache import OutcomeCache
 
+KEY_COOKIE = "rollouts_view_key"
+"""The cookie that carries the view's key once the page was opened as `/?key=KEY`."""
 PAGE = Path(__file__).with_name("page.html")
 MAX_ROLLOUTS = 2000
 """Rollouts listed for one batch at most (filters narrow a larger one); the figures count them all."""
@@ -76,14 +82,18 @@ def create_app(
     transcripts: TranscriptStore,
     ui_origins: list[str] | None = None,
     allowed_hosts: AllowedHosts | None = None,
+    key: str | None = None,
     sandboxes: Callable[[], Awaitable[list[ContainerSlots]]] | None = None,
 ) -> Starlette:
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
-    header is refused, so a web page cannot read the conversations through DNS rebinding.
-    `sandboxes`: the pool's containers with their image and slots (`rollouts slots`), when it can see them."""
+    header is refused, so a web page cannot read the conversations through DNS rebinding. `key`:
+    every route then needs it, as a bearer token or the cookie the page sets when opened once as
+    `/?key=KEY` (`sandbox_server.keys`). `sandboxes`: the pool's containers with their image and slots
+    (`rollouts slots`), when this process can see them."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}
+    finals: dict[str, FeedStatus | None] = {}
     outcomes = OutcomeCache(client)
 
     async def page(request: Request) -> FileResponse:
@@ -95,7 +105,7 @@ def create_app(
         return JSONResponse([batch.model_dump(mode="json") for batch in found])
 
     async def runs(request: Request) -> JSONResponse:
-        found = await list_training_runs(client, int(request.query_params.get("limit", "50")))
+        found = await list_training_runs(client, int(request.query_params.get("limit", "50")), finals)
         return JSONResponse([run.model_dump(mode="json") for run in found])
 
     async def rollouts(request: Request) -> JSONResponse:
@@ -107,7 +117,7 @@ def create_app(
         described = await describe_or_none(client, batch_id)
         if described is None or described.workflow_type not in KINDS:
             raise ConfigError(f"no batch or training run with id {batch_id!r}")
-        rows = await list_rollouts(client, batch_id)
+        rows = [row for row in await list_rollouts(client, batch_id) if not row.outside(batch_id)]  # not its forks
         known, pending = await outcomes.outcomes(rows, FIGURES_WAIT_S)
         kind = KINDS[described.workflow_type]
         counts = counts_of_rows(rows)
@@ -120,15 +130,18 @@ def create_app(
         shown = batch_figures(batch_id, kind, status_name(described.status), counts, rows, known, pending)
         if kind == "training_run":
             try:
-                shown.feed = (await feed_status(client, batch_id)).model_dump(mode="json")
+                report = await feed_status(client, batch_id)
+                shown.feed, shown.retrying = report.model_dump(mode="json"), report.retrying
             except RPCError as err:
                 shown.feed_error = f"the run's figures need a worker to answer its status query ({err.message})"
+        elif described.status == WorkflowExecutionStatus.RUNNING:
+            shown.retrying = retry_summary(await waiting_on_retries(client, batch_id))
         return JSONResponse(shown.model_dump(mode="json"))
 
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
         record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
-        return JSONResponse(record.model_dump(mode="json", exclude_none=True))
+        return JSONResponse(record.shown())
 
     async def containers(request: Request) -> JSONResponse:
         if sandboxes is None:
@@ -168,5 +181,6 @@ def create_app(
                 if ui_origins
                 else []
             ),
+            Middleware(BearerKey, key=key, open_paths=(), cookie=KEY_COOKIE),
         ],
     )

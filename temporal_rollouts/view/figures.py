@@ -65,6 +65,8 @@ class Figures(BaseModel):
     outcomes_pending: int
     feed: dict | None = None
     feed_error: str | None = None
+    retrying: list[str] = []
+    """While it runs: what its steps retry and why, one line per cause."""
 
 
 def _label(value: float) -> str:

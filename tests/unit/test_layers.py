@@ -115,6 +115,8 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
 SHARED_IMPORTS = {
     ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.hosts"): "the Host-header guard every "
     "server of the project shares lives in the sandbox server, the one program that may import nothing else",
+    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.keys"): "so does the key every server "
+    "of the project asks for beyond loopback, for the same reason",
 }
 
 
