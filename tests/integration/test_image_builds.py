@@ -138,3 +138,26 @@ async def test_a_link_in_the_context_that_points_out_copies_nothing_from_outside
         return
     log = next((store_dir / "logs").glob(f"links-{built.key[:12]}*.log")).read_text()
     assert "host-secret-do-not-copy" not in log
+
+
+async def test_a_base_image_provided_as_the_refusal_says_is_then_built_on(tmp_path: Path, store_dir: Path) -> None:
+    """The refusal's advice works: a `podman save` archive of the base, loaded into the store."""
+    context = write_context(tmp_path / "on-python", "FROM python:3.11-slim\nRUN echo built-on-the-loaded-base\n")
+    spec = ImageSpec(context=str(context), name="on-python")
+    other = tmp_path / "other-store"
+    try:
+        donor = builder_on(other)
+        base = await donor.ready(ImageSpec(reference="debian:bookworm-slim"))
+        await donor.store.checked("podman", "tag", base.name, "docker.io/library/python:3.11-slim")
+        archive = tmp_path / "python.tar"
+        await donor.store.checked("podman", "save", "--output", str(archive), "docker.io/library/python:3.11-slim")
+    finally:
+        unmount_under(other)
+    builder = builder_on(store_dir)
+    with pytest.raises(UnknownBaseImage):
+        await builder.ready(spec)
+    assert "docker.io/library/python:3.11-slim" in await builder.store.load(archive)
+    built = await builder.ready(spec)
+    assert built.built
+    listed = {name for image in await builder.store.listing() for name in image.get("Names") or []}
+    assert {"docker.io/library/python:3.11-slim", built.name} <= listed
