@@ -291,6 +291,8 @@ class ImageSettings(BaseModel):
     """The Debian mirror `debian:bookworm-slim` is bootstrapped from (mmdebstrap), when the store lacks it."""
     build_timeout_s: float = Field(default=1800.0, gt=0)
     """How long one build may take, unless the item's image says otherwise."""
+    max_concurrent_builds: int | None = Field(default=None, ge=1)
+    """Builds at once on this host, by every worker process together (others wait their turn, heartbeating); the host's CPU count when unset."""
     build_network: Literal["mirror", "none", "host"] = "mirror"
     """What a build's RUN steps reach: `mirror` only `mirror_hosts` (through relays in a network namespace of the build's own: nothing else, not this host's services), `none` nothing, `host` everything this host reaches (trusted Dockerfiles only)."""
     mirror_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_MIRROR_HOSTS))

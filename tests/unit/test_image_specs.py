@@ -187,3 +187,25 @@ def test_the_image_tasks_each_name_a_build_context_and_the_plain_tasks_none() ->
         assert (Path(item.image.context or "") / "Dockerfile").is_file()
     plain = get_env("terminal_tasks")
     assert all(item.image is None for item in with_images(plain, plain.load_items(plain.item_count() or 0)))
+
+
+async def test_builds_take_turns_on_a_host(tmp_path: Path) -> None:
+    import asyncio
+
+    from temporal_rollouts.sandbox.images.store import ImageStore
+
+    store, other = ImageStore(tmp_path / "one"), ImageStore(tmp_path / "two")
+    order: list[str] = []
+
+    async def build(store: ImageStore, name: str, turns: int) -> None:
+        async with store.build_turn(turns):
+            order.append(f"{name} in")
+            await asyncio.sleep(0.3)
+            order.append(f"{name} out")
+
+    if store.runroot.parent == other.runroot.parent:  # stores of one host share the turns
+        await asyncio.gather(build(store, "a", 1), build(other, "b", 1))
+        assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
+    order.clear()
+    await asyncio.gather(build(store, "a", 2), build(store, "b", 2))
+    assert order[:2] == ["a in", "b in"], "two turns: both at once"

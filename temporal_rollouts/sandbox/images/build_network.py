@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
+NETNS_PREFIX = "rollouts-build-"
+"""Build namespaces are named `rollouts-build-<pid of the worker>-<random>`, so one a dead worker left is found."""
 RELAY_CHUNK = 64 * 1024
 CONNECT_TIMEOUT_S = 30.0
 
@@ -80,7 +82,8 @@ async def _mirror_only(mirror_hosts: Sequence[str]) -> AsyncIterator[BuildNetwor
             'images.build_network = "mirror" makes a network namespace per build, which needs root; '
             'set it to "none" (no network) or "host" (trusted Dockerfiles only)'
         )
-    name = f"rollouts-build-{secrets.token_hex(6)}"
+    await _remove_stale_namespaces()
+    name = f"{NETNS_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     await _ip("netns", "add", name)
     servers: list[asyncio.Server] = []
     try:
@@ -97,6 +100,15 @@ async def _mirror_only(mirror_hosts: Sequence[str]) -> AsyncIterator[BuildNetwor
         for server in servers:
             server.close()
         await _ip("netns", "delete", name, check=False)
+
+
+async def _remove_stale_namespaces() -> None:
+    """Delete the build namespaces of workers that died mid-build (SIGKILL leaves them behind)."""
+    for entry in NETNS_DIR.glob(f"{NETNS_PREFIX}*") if NETNS_DIR.is_dir() else []:
+        pid = entry.name[len(NETNS_PREFIX) :].partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            log.info("removing build network %s of a worker that is gone", entry.name)
+            await _ip("netns", "delete", entry.name, check=False)
 
 
 def _listen_in(netns: Path, address: str, port: int) -> socket.socket:

@@ -6,6 +6,9 @@ cache: a key that is in it is handed out at once. A key that is not is built und
 lock for that key, which every process of the host shares, so rollouts of one task that ask at
 the same moment build it once and the others find it built when the lock frees.
 
+At most `images.max_concurrent_builds` builds run on the host at once (`store.build_turn`): a task
+set of hundreds of images queues its builds instead of starting them all on a few cores.
+
 A build never pulls (`--pull=never`: no registry is reachable); its base images are made ready
 first (`base_images`), and an unknown one is refused in one line. Its RUN steps reach only the
 package mirrors (`build_network`). Intermediate layers are kept (`--layers`), so tasks whose
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -117,6 +121,11 @@ class ImageBuilder:
             raise SandboxUnreachable(f"pushing {tag} to {remote} failed: {ran.output.strip()[-LOG_TAIL_CHARS:]}")
 
     async def _build(self, context: Path, dockerfile: Path, tag: str, key: str, timeout_s: float) -> None:
+        turns = self.settings.max_concurrent_builds or os.cpu_count() or 1
+        async with self.store.build_turn(turns):
+            await self._build_now(context, dockerfile, tag, key, timeout_s)
+
+    async def _build_now(self, context: Path, dockerfile: Path, tag: str, key: str, timeout_s: float) -> None:
         log_path = self.store.logs / f"{tag.rpartition('/')[2].replace(':', '-')[: 64 + 20]}.log"
         self.store.prepare()
         log_path.write_bytes(b"")

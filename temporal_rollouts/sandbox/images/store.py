@@ -209,6 +209,29 @@ class ImageStore:
         self.prepare()
         return file_lock(self.locks / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock", wait_s)
 
+    @contextlib.asynccontextmanager
+    async def build_turn(self, turns: int) -> AsyncIterator[None]:
+        """Hold one of `turns` build turns of this host (a lock file each beside the run state, shared by
+        every process and store of the host), waiting as long as it takes: the caller's step heartbeats
+        meanwhile, and its timeout bounds it."""
+        self.prepare()
+        folder = self.runroot.parent / "build-turns"
+        folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            for turn in range(turns):
+                fd = os.open(folder / f"turn-{turn}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                try:
+                    yield
+                finally:
+                    os.close(fd)
+                return
+            await asyncio.sleep(LOCK_POLL_S * 5)
+
 
 @contextlib.asynccontextmanager
 async def file_lock(path: Path, wait_s: float) -> AsyncIterator[None]:
