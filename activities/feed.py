@@ -76,18 +76,21 @@ class TrainerQuery(BaseModel):
 
 
 class FeedGroupInput(BaseModel):
+    """One finished group of a training run, to post. The run's settings (`sink`, `max_staleness`,
+    `stale_groups`) come from its FeedInput every time, so they have no default here: FeedInput's is the one."""
+
     run: str
     group_id: str
     results: list[TrajectoryResult]
     policy: str | None = None
     tokenizer: str | None = Field(default=None, description="The run's tokenizer, for a chat policy with none.")
-    sink: Literal["atropos", "jsonl"] = "atropos"
+    sink: Literal["atropos", "jsonl"]
     output: str | None = None
     api_url: str | None = None
     env_id: int | None = None
     max_token_length: int = 0
-    max_staleness: int = 1
-    stale_groups: StaleGroups = StaleGroups.POST
+    max_staleness: int
+    stale_groups: StaleGroups
     prefix_tokens: PrefixTokens | None = None
 
 

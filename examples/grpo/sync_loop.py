@@ -37,7 +37,7 @@ import torch
 
 from envs import get_env
 from examples.grpo.trainer import load_policy, save_and_publish, train_step
-from temporal_rollouts.cli.main import start_batch
+from temporal_rollouts.client.batches import start_batch
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits, Sampling
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.services import wait_for_port

@@ -1,6 +1,6 @@
 """`rollouts show`, `export`, `list` and `cancel`: read what agents did, and stop a batch.
 
-Everything here reads through temporal_rollouts/cli/records.py, which joins a
+Everything here reads through temporal_rollouts/client/records.py, which joins a
 rollout's result in Temporal with its conversation in the object store; these functions
 only print. Text output is for people (tool results cut to a readable length); `--json`
 and `export` give everything.
@@ -9,44 +9,29 @@ and `export` give everything.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
-
-from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.messages import Message
-from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.cli.list_rollouts import cmd_list_rollouts, refuse_filters_without_a_batch
-from temporal_rollouts.cli.records import (
+from temporal_rollouts.cli.screen import Column, screen_width, table_lines, when
+from temporal_rollouts.client.batches import cancel_batch
+from temporal_rollouts.client.connection import inspection_client
+from temporal_rollouts.client.exports import export_batch
+from temporal_rollouts.client.records import (
     BatchSummary,
     RolloutRecord,
     RolloutResult,
-    batch_rollout_ids,
     list_batches,
     load_rollout,
-    require_workflow,
     rollout_branches,
 )
-from temporal_rollouts.cli.parsers import BATCHES_LISTED
-from temporal_rollouts.cli.screen import Column, screen_width, table_lines, when
-from temporal_rollouts.cli.connection import command_client
-from temporal_rollouts.storage.objects import object_client
-from temporal_rollouts.storage.transcripts import TranscriptStore
+from temporal_rollouts.core.defaults import BATCHES_LISTED
+from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.messages import Message
+from temporal_rollouts.core.settings import Settings
 
 TOOL_RESULT_CHARS = 800
 """A tool result longer than this is shown as its head and tail in `rollouts show`."""
-EXPORT_CONCURRENCY = 16
-"""Rollouts `rollouts export` reads at once (each is a describe, a result and a transcript walk)."""
-
-
-async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
-    """A client that never starts a server (reading must not bring one up) and the transcript store."""
-    objects = object_client(settings)
-    client = await command_client(settings, objects=objects, start_embedded=False)
-    return client, TranscriptStore(objects, settings.storage.bucket)
 
 
 def cut(text: str, limit: int = TOOL_RESULT_CHARS) -> str:
@@ -86,8 +71,6 @@ def format_rollout(record: RolloutRecord) -> str:
     if result is None:
         out.append("no result recorded (the run left no state)")
         return "\n".join(out)
-    if result.image:
-        out.append(f"image        {result.image}")
     if result.stop_reason is None:  # running: it has neither yet
         step = f" ({record.phase})" if record.phase else ""
         out.append(f"stop reason  - (still running{step})")
@@ -138,27 +121,6 @@ async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(format_rollout(record))
     return 0
-
-
-async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: str, output: Path) -> dict[str, Any]:
-    """Every rollout of a batch, failed ones included, one JSON object a line."""
-    await require_workflow(client, batch_id, "BatchWorkflow")
-    ids = await batch_rollout_ids(client, batch_id)
-    reading = asyncio.Semaphore(EXPORT_CONCURRENCY)
-
-    async def load(rollout: str) -> RolloutRecord:
-        async with reading:
-            return await load_rollout(client, transcripts, rollout)
-
-    records = await asyncio.gather(*(load(rollout) for rollout in ids))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(json.dumps(record.shown()) + "\n")
-    statuses: dict[str, int] = {}
-    for record in records:
-        statuses[record.status] = statuses.get(record.status, 0) + 1
-    return {"batch_id": batch_id, "output": str(output), "rollouts": len(records), "statuses": statuses}
 
 
 def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
@@ -257,46 +219,11 @@ def batch_lines(batches: list[BatchSummary], width: int | None) -> list[str]:
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel a batch: its running rollouts are cancelled too, and each releases its slot on the way out."""
     client, _ = await inspection_client(settings)
-    described = await require_workflow(client, args.batch_id, "BatchWorkflow")
-    if described.status != WorkflowExecutionStatus.RUNNING:
-        raise ConfigError(f"batch {args.batch_id} is not running (it is {described.status.name.lower()})")
-    await client.get_workflow_handle(args.batch_id).cancel()
+    await cancel_batch(client, args.batch_id)
     message = {"batch_id": args.batch_id, "status": "cancel_requested"}
     print(
         json.dumps(message)
         if args.json
         else f"cancelling {args.batch_id}: its running rollouts stop and give their slots back"
     )
-    return 0
-
-
-async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve the web page of temporal_rollouts/view until Ctrl-C."""
-    import uvicorn
-
-    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
-    from temporal_rollouts.sandbox_server.keys import key_from_env, require_key
-    from temporal_rollouts.view.app import create_app
-
-    from temporal_rollouts.sandbox.pool import SandboxPool
-
-    key = key_from_env(args.api_key_env)
-    require_key(args.host, key, "rollouts view")  # it shows every conversation
-    client, transcripts = await inspection_client(settings)
-    origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    pool = SandboxPool.from_settings(settings)
-    app = create_app(
-        client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), key, sandboxes=pool.describe
-    )
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    opened = f"?key=<the key in ${args.api_key_env}>" if key else ""
-    print(
-        f"rollouts view: http://{args.host}:{args.port}/{opened}  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
-        f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
-        flush=True,
-    )
-    try:
-        await uvicorn.Server(config).serve()
-    finally:
-        await pool.aclose()
     return 0

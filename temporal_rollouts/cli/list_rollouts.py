@@ -11,19 +11,11 @@ import json
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.parsers import ROLLOUTS_LISTED
-from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.rollout_rows import (
-    RolloutFilter,
-    RolloutRow,
-    list_rollouts,
-    read_outcomes,
-)
 from temporal_rollouts.cli.screen import Column, screen_width, table_lines
+from temporal_rollouts.client.rollout_rows import RolloutFilter, RolloutRow, rollouts_of
+from temporal_rollouts.core.defaults import ROLLOUTS_LISTED
 from temporal_rollouts.core.errors import ConfigError
 
-TREE = "RolloutTreeWorkflow"
-LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow", TREE)
 FILTER_FLAGS = ("status", "stop_reason", "min_score", "max_score")
 
 
@@ -62,32 +54,9 @@ def format_rows(rows: list[RolloutRow], width: int | None = None) -> list[str]:
     return table_lines(ROW_COLUMNS, cells, width)
 
 
-async def tree_roots(client: Client, tree_id: str, run_id: str) -> list[str]:
-    """The root rollouts of a rollout tree (a fork's, or a branching batch item's), from its input."""
-    from temporal_rollouts.cli.resume import started_input
-    from temporal_rollouts.core.trees import RolloutTreeInput
-
-    tree = await started_input(client, client.get_workflow_handle(tree_id, run_id=run_id), RolloutTreeInput)
-    assert isinstance(tree, RolloutTreeInput)
-    return tree.root_ids
-
-
 async def cmd_list_rollouts(client: Client, args: argparse.Namespace) -> int:
-    described = await describe_or_none(client, args.batch_id)
-    if described is None:
-        raise ConfigError(f"no batch, training run or fork with id {args.batch_id!r} (see `rollouts list`)")
-    if described.workflow_type not in LISTED_TYPES:
-        raise ConfigError(
-            f"{args.batch_id!r} is a {described.workflow_type}, not a batch, a training run or a fork "
-            + ("(`rollouts show` shows a rollout)" if described.workflow_type == "TrajectoryWorkflow" else "")
-        )
-    roots = await tree_roots(client, args.batch_id, described.run_id) if described.workflow_type == TREE else None
     wanted = wanted_rollouts(args)
-    rows = await list_rollouts(client, args.batch_id, wanted, limit=args.limit or ROLLOUTS_LISTED, roots=roots)
-    outcomes = await read_outcomes(client, rows)
-    for row in rows:
-        if (outcome := outcomes.get(row.rollout_id)) is not None:
-            row.turns = outcome.turns
+    rows = await rollouts_of(client, args.batch_id, wanted, limit=args.limit or ROLLOUTS_LISTED)
     if args.json:
         print(json.dumps([row.model_dump(mode="json") for row in rows]))
         return 0

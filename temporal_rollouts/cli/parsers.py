@@ -1,4 +1,4 @@
-"""The flags of `rollouts show`, `export`, `list`, `view`, `cancel`, `train`, `fork`, `envs`, `versions` and `images`.
+"""The flags of `rollouts show`, `export`, `list`, `cancel`, `train`, `fork`, `envs`, `versions` and `images`.
 
 Apart from the commands, and importing nothing but argparse: `rollouts --help` builds every
 parser, and a command's modules (pydantic, the Temporal client, rich) cost more than a second
@@ -12,14 +12,25 @@ import argparse
 from typing import Any
 
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.sandbox_server.keys import add_key_argument  # argparse and the standard library only
+from temporal_rollouts.core import defaults  # plain values, importing nothing
+from temporal_rollouts.core.defaults import BATCHES_LISTED, ROLLOUTS_LISTED
 
-BATCHES_LISTED = 20
-"""Batches `rollouts list` shows unless --limit says otherwise."""
-ROLLOUTS_LISTED = 10_000
-"""Rows listed for one batch at most; a filter narrows a larger batch."""
 STALE_GROUPS = ("post", "scores_only", "drop")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
+WORKSPACE_REBUILDS = ("auto", "snapshot", "replay")
+"""`core.forks.WorkspaceRebuild`, spelt out for the same reason (the same test compares them)."""
+
+
+def json_flag(flag: str, text: str) -> Any:
+    """The value of a flag that takes JSON (`--env-config`), or an error naming the flag."""
+    import json
+
+    from temporal_rollouts.core.errors import InvalidInput
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
@@ -88,24 +99,12 @@ def add_inspect_parsers(sub: Any) -> None:
     listing.add_argument("--json", action="store_true")
 
     view = sub.add_parser(
-        "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
+        "view",
+        help="a local web page of batches, rollouts and trajectories",
+        add_help=False,
+        prefix_chars="\0",  # every flag is the page's own: `rollouts view --help` is its help (view/serve.py)
     )
-    view.add_argument(
-        "--host", default="127.0.0.1", help="address to bind; beyond loopback the page needs a key (--api-key-env)"
-    )
-    view.add_argument("--port", type=int, default=8300)
-    view.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the page is reached by (repeatable); it refuses every other Host header",
-    )
-    add_key_argument(
-        view,
-        "the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
-        "or send 'Authorization: Bearer KEY'; required with a --host beyond loopback",
-    )
+    view.add_argument("rest", nargs=argparse.REMAINDER)
 
     cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
     cancel.add_argument("batch_id")
@@ -124,22 +123,37 @@ def add_train_parser(sub: Any) -> None:
         default=None,
         help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
     )
-    start.add_argument("--group-size", type=int, default=8)
-    start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
+    start.add_argument("--group-size", type=int, default=defaults.FEED_GROUP_SIZE)
     start.add_argument(
-        "--stale-groups", choices=STALE_GROUPS, default="post", help="what happens to a group that ends staler anyway"
+        "--max-staleness", type=int, default=defaults.FEED_MAX_STALENESS, help="trainer steps a posted token may lag"
     )
-    start.add_argument("--in-flight", type=int, default=16, help="groups whose rollouts run at once")
     start.add_argument(
-        "--max-groups", type=int, default=0, help="stop after posting this many groups; 0: until stopped"
+        "--stale-groups",
+        choices=STALE_GROUPS,
+        default=defaults.FEED_STALE_GROUPS,
+        help="what happens to a group that ends staler anyway",
     )
-    start.add_argument("--max-retries", type=int, default=3, help="runs a rollout gets after a machinery failure")
+    start.add_argument(
+        "--in-flight", type=int, default=defaults.FEED_GROUPS_IN_FLIGHT, help="groups whose rollouts run at once"
+    )
+    start.add_argument(
+        "--max-groups",
+        type=int,
+        default=defaults.FEED_MAX_GROUPS,
+        help="stop after posting this many groups; 0: until stopped",
+    )
+    start.add_argument(
+        "--max-retries",
+        type=int,
+        default=defaults.FEED_MAX_RETRIES,
+        help="runs a rollout gets after a machinery failure",
+    )
     start.add_argument("--max-turns", type=int, default=None)
     start.add_argument("--temperature", type=float, default=None)
     start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
     start.add_argument("--env-config", default=None, help="JSON object passed to the env")
     start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
+    start.add_argument("--sink", choices=["atropos", "jsonl"], default=defaults.FEED_SINK)
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
     add_env_module_flag(start)
@@ -171,8 +185,8 @@ def add_fork_parser(sub: Any) -> None:
     fork.add_argument("--temperature", type=float, default=None, help="continue at another temperature")
     fork.add_argument(
         "--rebuild",
-        choices=["auto", "snapshot", "replay"],
-        default="auto",
+        choices=WORKSPACE_REBUILDS,
+        default=defaults.FORK_REBUILD,
         help="how the workspace is rebuilt: auto takes a snapshot of turn K when one exists",
     )
     fork.add_argument(

@@ -1,7 +1,7 @@
 """The batch progress display, summaries, `rollouts status` and the exit codes of batch commands.
 
-Split from cli.py: what a person watching a batch sees (the bar, the rollouts waiting on
-retries and why, the summary) and how that becomes an exit code.
+What a person watching a batch sees (the bar, the rollouts waiting on retries and why, the
+summary) and how that becomes an exit code; the figures come from client/batches.py.
 """
 
 from __future__ import annotations
@@ -14,36 +14,19 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-    WorkflowFailureError,
-    WorkflowHandle,
-)
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.exit_codes import EXIT_FAILED, batch_exit_code
 from temporal_rollouts.cli.progress_bar import BatchBar
 from temporal_rollouts.cli.screen import wrapped
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.records import BatchProgress, BatchResult
+from temporal_rollouts.client.batches import batch_progress, summary_json
+from temporal_rollouts.client.records import retry_summary, root_cause, waiting_on_retries
+from temporal_rollouts.core.records import BatchResult
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.cli.records import (
-    QUERY_TIMEOUT,
-    batch_outcome,
-    require_workflow,
-    retry_summary,
-    status_name,
-    waiting_on_retries,
-)
+from temporal_rollouts.runtime.exit_codes import EXIT_FAILED, batch_exit_code
 
 RETRY_CHECK_S = 3.0
 """How often the progress display asks Temporal which rollouts are waiting on retries."""
-
-
-async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
-    raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
-    return BatchProgress.model_validate(raw) if raw else None
 
 
 async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
@@ -57,7 +40,7 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
         bar.notes = [("loading items", "")]
         while not result_task.done():
             try:
-                progress = await _progress(handle)
+                progress = await batch_progress(handle)
                 if time.monotonic() >= next_retry_check:
                     retry_lines = retry_summary(await waiting_on_retries(client, handle.id))
                     next_retry_check = time.monotonic() + RETRY_CHECK_S
@@ -71,25 +54,6 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
         bar.notes = []
         bar.update(task, total=result.total, completed=result.completed + result.failed)
     return result
-
-
-def summary_json(result: BatchResult) -> dict[str, Any]:
-    return {
-        "batch_id": result.batch_id,
-        "env": result.env,
-        "total": result.total,
-        "completed": result.completed,
-        "failed": result.failed,
-        "mean_score": result.mean_score,
-        "stop_reasons": result.stop_reasons,
-        "stop_details": result.stop_details,
-        "items": result.items,
-        "distinct_items": result.distinct_items,
-        "output": result.output,
-        "groups_written": result.groups_written,
-        "groups_pending": result.groups_pending,
-        "resumed": result.resumed,
-    }
 
 
 def print_summary(result: BatchResult, console: Console, settings: Settings, policy: str | None = None) -> None:
@@ -117,18 +81,6 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
         console.print(f"Temporal UI: {page}", soft_wrap=True)
 
 
-def root_cause(err: BaseException) -> str:
-    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
-    message = str(err)
-    cause: BaseException | None = err
-    while cause is not None:
-        text = getattr(cause, "message", None) or str(cause)
-        if text:
-            message = text
-        cause = getattr(cause, "cause", None) or cause.__cause__
-    return message
-
-
 async def finish(
     client: Client,
     handle: WorkflowHandle,
@@ -153,51 +105,6 @@ async def finish(
     else:
         print_summary(result, console, settings, policy)
     return batch_exit_code(result.completed, result.failed)
-
-
-async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why.
-    `status` is the batch's outcome as `rollouts list` and the web page name it (`batch_outcome`:
-    a finished batch whose every rollout failed is `failed`, not `completed`); `workflow_status`
-    is how its workflow ended."""
-    described = await require_workflow(client, batch_id, "BatchWorkflow")
-    handle = client.get_workflow_handle(batch_id)
-    status = status_name(described.status)
-    data: dict[str, Any] = {
-        "batch_id": batch_id,
-        "status": status,
-        "workflow_status": status,
-        "policy": described.typed_search_attributes.get(sa.POLICY),
-    }
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        result = BatchResult.model_validate(await handle.result())
-        data |= summary_json(result)
-        return {**data, "status": batch_outcome(status, result.completed, result.failed)}
-    try:
-        progress = await _progress(handle)
-    except RPCError:
-        progress = None
-    if progress:
-        data |= {
-            "total": progress.total,
-            "completed": progress.completed,
-            "failed": progress.failed,
-            "running": progress.running,
-            "mean_score": progress.mean_score,
-            "stop_reasons": progress.stop_reasons,
-            "stop_details": progress.stop_details,
-            "output": progress.output,
-        }
-    if described.status == WorkflowExecutionStatus.RUNNING:
-        data["retrying"] = [
-            note.model_dump() | {"headline": note.headline} for note in await waiting_on_retries(client, batch_id)
-        ]
-    elif described.status == WorkflowExecutionStatus.FAILED:
-        try:
-            await handle.result()
-        except WorkflowFailureError as err:
-            data["error"] = root_cause(err)
-    return {**data, "status": batch_outcome(status, data.get("completed"), data.get("failed"))}
 
 
 def format_status(data: dict[str, Any], width: int | None = None) -> str:

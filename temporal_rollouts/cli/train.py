@@ -16,37 +16,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
 from rich.console import Console
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
-from temporal_rollouts.cli.envs import env_is_known
-from temporal_rollouts.cli.progress import root_cause
-from temporal_rollouts.cli.records import (
-    QUERY_TIMEOUT,
-    RETRIES_SAMPLED,
-    describe_or_none,
-    pending_notes,
-    require_workflow,
-    retry_summary,
-    status_name,
-    waiting_on_retries,
-)
+from temporal_rollouts.cli.envs import note_unknown_env
+from temporal_rollouts.cli.parsers import json_flag
 from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, when
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.feed import FeedInput, FeedStatus
+from temporal_rollouts.client.connection import command_client
+from temporal_rollouts.client.records import describe_or_none, status_name
+from temporal_rollouts.client.training import (
+    FEED,
+    RunReport,
+    check_start,
+    feed_status,
+    list_training_runs,
+    start_feed,
+    stop_run,
+)
+from temporal_rollouts.core.feed import FeedInput
 from temporal_rollouts.core.inputs import parse_input
-from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.cli.connection import command_client
+from temporal_rollouts.core.settings import Settings
 
-FEED = "TrainingFeedWorkflow"
 WATCH_EVERY_S = 2.0
 
 
@@ -66,94 +58,13 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
         "output": args.output,
     }
     if args.env_config:
-        try:
-            fields["env_config"] = json.loads(args.env_config)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"--env-config: not valid JSON ({err})") from None
+        fields["env_config"] = json_flag("--env-config", args.env_config)
     if args.max_turns:
         fields["limits"] = {"max_turns": args.max_turns}
     sampling = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens)) if v is not None}
     if sampling:
         fields["sampling"] = sampling
     return parse_input(FeedInput, fields, FEED)
-
-
-def check_start(feed: FeedInput, settings: Settings) -> None:
-    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run
-    (an env unknown here only gets a notice: a worker may know it, and the run's first step checks it)."""
-    env_is_known(feed.env, settings)
-    endpoint = settings.policy_endpoint(feed.policy)
-    if isinstance(endpoint, ChatPolicy) and not (endpoint.tokenizer or feed.tokenizer):
-        name = feed.policy or settings.default_policy
-        raise ConfigError(
-            f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
-            f"or a chat policy with a tokenizer (policies.{name}.tokenizer, or --tokenizer)"
-        )
-
-
-async def start_feed(client: Client, settings: Settings, name: str, feed: FeedInput) -> WorkflowHandle:
-    """Start the run `name`; a ConfigError when one of that name is already running."""
-    from workflows.feed import TrainingFeedWorkflow
-
-    try:
-        return await client.start_workflow(
-            TrainingFeedWorkflow.run,
-            feed,
-            id=name,
-            task_queue=settings.temporal.task_queue,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.ENV, feed.env)]),
-        )
-    except WorkflowAlreadyStartedError:
-        raise ConfigError(
-            f"a training run named {name!r} is running: watch it with `rollouts train status {name}`, "
-            f"or stop it with `rollouts train stop {name}`"
-        ) from None
-
-
-class RunReport(FeedStatus):
-    """`rollouts train status`: the run's figures, what became of it, and what fails while it runs."""
-
-    outcome: str = Field(description="running, completed, or stopped (ended by `rollouts train stop`).")
-    retrying: list[str] = Field(
-        default_factory=list,
-        description="While it runs: the steps that failed and wait for a retry (its rollouts' and its own), "
-        "one line per cause, with the last error and the attempt.",
-    )
-
-
-def run_outcome(status: str, final: FeedStatus | None) -> str:
-    """What became of a run, one definition for `train status`, `train list` and the web page: a run
-    that ended because it was told to stop (`train stop`, `--now` or not) is `stopped`, never `completed`."""
-    if status == "completed" and final is not None and final.stopping:
-        return "stopped"
-    return status
-
-
-async def run_retries(client: Client, name: str, description: Any, sample: int = 50) -> list[str]:
-    """One line per cause of the retries of a running run: its own steps (registering with run-api,
-    posting) and its rollouts' (a model that cannot be reached, a template that cannot render)."""
-    own = [f"the run's {note.activity}: {note.headline}" for note in pending_notes(name, description)]
-    return own + retry_summary(await waiting_on_retries(client, name, sample))
-
-
-async def feed_status(client: Client, name: str) -> RunReport:
-    """The run's figures; a run that failed, or was terminated, is an error naming why. A finished run's
-    come from its result (no worker needs to answer); a running one's from its `status` query."""
-    described = await require_workflow(client, name, FEED)
-    handle = client.get_workflow_handle(name)
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        final = FeedStatus.model_validate(await handle.result())
-        return RunReport(**dict(final), outcome=run_outcome("completed", final))
-    if described.status != WorkflowExecutionStatus.RUNNING:
-        state = described.status.name.lower() if described.status else "gone"
-        try:
-            await handle.result()
-        except WorkflowFailureError as err:
-            raise ConfigError(f"training run {name} {state}: {root_cause(err)}") from None
-        raise ConfigError(f"training run {name} {state}")
-    status = FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
-    retrying = await run_retries(client, name, described.raw_description)
-    return RunReport(**dict(status), outcome="running", retrying=retrying)
 
 
 def format_feed(status: RunReport, width: int | None = None) -> str:
@@ -202,11 +113,12 @@ def format_feed(status: RunReport, width: int | None = None) -> str:
 
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "start":
-        check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
+        feed = feed_input(args)
+        note_unknown_env(feed.env, settings)  # a notice only: a worker may know it, and the run's first step checks it
+        check_start(feed, settings)  # a run that could never post is refused before anything starts
     client = await command_client(settings, start_embedded=args.train_command == "start")
     console = Console()
     if args.train_command == "start":
-        feed = feed_input(args)
         earlier = await describe_or_none(client, args.name)
         handle = await start_feed(client, settings, args.name, feed)
         if args.json:
@@ -222,13 +134,7 @@ async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     if args.train_command == "list":
         return await _list(client)
     if args.train_command == "stop":
-        described = await require_workflow(client, args.name, FEED)
-        if described.status != WorkflowExecutionStatus.RUNNING:
-            state = status_name(described.status)
-            if described.status == WorkflowExecutionStatus.COMPLETED:  # completed, or stopped before
-                state = (await feed_status(client, args.name)).outcome
-            raise ConfigError(f"training run {args.name} is not running (it is {state})")
-        await client.get_workflow_handle(args.name).signal("stop_now" if args.now else "stop")
+        await stop_run(client, args.name, now=args.now)
         console.print(
             f"{'cancelling' if args.now else 'draining'} {args.name}: "
             f"`rollouts train status {args.name}` shows when it is done"
@@ -261,65 +167,6 @@ async def watch_run(client: Client, name: str, console: Console) -> None:
             if status.outcome != "running":
                 return
             await asyncio.sleep(WATCH_EVERY_S)
-
-
-class RunSummary(BaseModel):
-    """One training run in `rollouts train list` and on the web page."""
-
-    run: str
-    status: str
-    outcome: str = Field(description="running, completed, stopped (by `rollouts train stop`), failed, ...")
-    env: str | None = None
-    started_at: datetime | None = None
-    groups_posted: int | None = None
-    in_flight: int | None = None
-    retrying: list[str] = Field(default_factory=list, description="While it runs: what fails and waits for a retry.")
-
-
-async def list_training_runs(
-    client: Client, limit: int = 50, finals: dict[str, FeedStatus | None] | None = None
-) -> list[RunSummary]:
-    """Training runs, newest first; a running one with its posted and in-flight groups and what it retries,
-    a finished one with what it posted and how it ended. `finals` keeps finished runs' results (by run id)."""
-    finals = {} if finals is None else finals
-    runs: list[RunSummary] = []
-    seen: set[str] = set()
-    async for execution in client.list_workflows(f"WorkflowType = '{FEED}'"):
-        if execution.id in seen:  # an earlier run of one that continued as new
-            continue
-        seen.add(execution.id)
-        status = status_name(execution.status)
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        figures: FeedStatus | None = None
-        retrying: list[str] = []
-        try:
-            if execution.status == WorkflowExecutionStatus.RUNNING:
-                figures = FeedStatus.model_validate(await handle.query("status", rpc_timeout=QUERY_TIMEOUT))
-                described = await handle.describe()
-                retrying = await run_retries(client, execution.id, described.raw_description, RETRIES_SAMPLED)
-            elif execution.status == WorkflowExecutionStatus.COMPLETED:
-                if execution.run_id not in finals:
-                    finals[execution.run_id] = FeedStatus.model_validate(await handle.result(follow_runs=False))
-                figures = finals[execution.run_id]
-        except RPCError:
-            pass
-        runs.append(
-            RunSummary(
-                run=execution.id,
-                status=status,
-                outcome=run_outcome(status, figures),
-                env=execution.typed_search_attributes.get(sa.ENV),
-                started_at=execution.start_time,
-                groups_posted=figures.figures.groups_posted if figures else None,
-                in_flight=figures.in_flight
-                if figures and execution.status == WorkflowExecutionStatus.RUNNING
-                else None,
-                retrying=retrying,
-            )
-        )
-        if len(runs) >= limit:
-            break
-    return runs
 
 
 RUN_COLUMNS = [

@@ -57,6 +57,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from temporal_rollouts.core.inputs import field_default
+from temporal_rollouts.core.settings import DemoPolicySettings
 from temporal_rollouts.core.tasks import ScriptedCall
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.keys import (
@@ -375,7 +377,7 @@ def _config(app: Starlette, log_level: str, **kwargs: Any) -> uvicorn.Config:
 
 async def serve(
     host: str = "127.0.0.1",
-    port: int = 8765,
+    port: int = field_default(DemoPolicySettings, "port"),
     *,
     faults: Faults | dict[str, Any] | None = None,
     log_level: str = "warning",
@@ -468,7 +470,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Serve the demo policy (a test fixture that replays reference solutions; not a model).",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=int, default=field_default(DemoPolicySettings, "port"))
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--allowed-host",

@@ -388,6 +388,7 @@ async def run_command(
     if confinement is None:
         confinement = default_confinement()
     part = f"command-{uuid.uuid4().hex[:12]}"
+    stops = confinement.stops(slot)
     output = BoundedOutput(max_output_chars)
     script_fd = _script_file(command)
     started_read, started_write = os.pipe()
@@ -445,7 +446,7 @@ async def run_command(
         reap_orphans()
     text, truncated = output.text()
     started_ok = _read_started(started_read)
-    if not started_ok and not timed_out and returncode != 0:
+    if not started_ok and not timed_out and returncode != 0 and confinement.stops(slot) == stops:
         raise SandboxLaunchFailed(
             f"the sandbox could not start the command (status {returncode}): "
             f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}"

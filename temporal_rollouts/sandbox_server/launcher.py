@@ -402,9 +402,12 @@ class SlotLaunchers:
         await self.stop(slot)
         if self._failed.get(slot) == lease_id:
             return None
+        stops = confinement.stops(slot)
         try:
             launcher = await Launcher.start(slot, workspace, key, confinement, self.require_isolation)
         except LauncherBroken as err:
+            if confinement.stops(slot) != stops:  # killed by a stop for a limit: the next command starts another
+                return None
             self._failed[slot] = lease_id
             log.warning("slot %d runs this lease's commands in sandboxes of their own: %s", slot, err)
             return None

@@ -299,8 +299,13 @@ class HealthStatus(BaseModel):
     )
     limits: dict[str, str] = Field(
         default_factory=dict,
-        description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, "
+        description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, files, "
         "wall_time, setuid_bits) and the mechanism enforcing it here, or `off`.",
+    )
+    not_held: dict[str, str] = Field(
+        default_factory=dict,
+        description="Limits this server cannot hold whole, each with what escapes it (no cgroup, no filesystem "
+        "per slot); empty when every limit in force is held.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
     slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")

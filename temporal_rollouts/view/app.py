@@ -1,6 +1,6 @@
 """The web page `rollouts view` serves: batches and training runs, their rollouts and figures, one trajectory at a time.
 
-A small JSON API over temporal_rollouts/cli (the same reads as `rollouts list`, `show` and
+A small JSON API over the control layer, temporal_rollouts/client (the same reads as `rollouts list`, `show` and
 `train status`) plus one static page that renders it and refreshes while something runs.
 Rollout lists come from the visibility store (search attributes: status, stop reason, score),
 so filtering a batch of thousands costs one query, not a result fetch per rollout; the
@@ -25,7 +25,7 @@ from starlette.routing import Route
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.records import (
+from temporal_rollouts.client.records import (
     batch_counts,
     describe_or_none,
     list_batches,
@@ -35,8 +35,8 @@ from temporal_rollouts.cli.records import (
     status_name,
     waiting_on_retries,
 )
-from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
-from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
+from temporal_rollouts.client.rollout_rows import RolloutFilter, list_rollouts
+from temporal_rollouts.client.training import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedStatus
 from temporal_rollouts.sandbox.pool import ContainerSlots

@@ -12,7 +12,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.client.rollout_rows import RolloutOutcome, RolloutRow
 from temporal_rollouts.core.records import StopReason
 
 MAX_BARS = 12

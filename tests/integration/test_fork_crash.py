@@ -16,7 +16,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.client.forks import start_fork
 from temporal_rollouts.core.records import BatchInput, BatchResult, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item

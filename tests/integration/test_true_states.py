@@ -16,9 +16,10 @@ import pytest
 from temporalio.client import Client
 
 from temporal_rollouts.cli import inspect as cli_inspect
-from temporal_rollouts.cli.main import build_parser, start_batch
-from temporal_rollouts.cli.records import list_batches, waiting_on_retries
-from temporal_rollouts.cli.train import feed_status, list_training_runs
+from temporal_rollouts.cli.main import build_parser
+from temporal_rollouts.client.batches import start_batch
+from temporal_rollouts.client.records import list_batches, waiting_on_retries
+from temporal_rollouts.client.training import feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits

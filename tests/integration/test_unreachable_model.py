@@ -15,11 +15,12 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.cli.exit_codes import status_exit_code
-from temporal_rollouts.cli.progress import batch_status, format_status, print_summary, watch
+from temporal_rollouts.runtime.exit_codes import status_exit_code
+from temporal_rollouts.cli.progress import format_status, print_summary, watch
+from temporal_rollouts.client.batches import batch_status
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.cli.records import waiting_on_retries
+from temporal_rollouts.client.records import waiting_on_retries
 from temporal_rollouts.runtime.logs import OneLineFormatter
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import batch_id, wait_until

@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
-from temporal_rollouts.cli.fork import start_fork
-from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.client.forks import start_fork
+from temporal_rollouts.client.rollout_rows import RolloutOutcome, RolloutRow
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings

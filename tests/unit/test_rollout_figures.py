@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from temporal_rollouts.cli.records import natural_key
-from temporal_rollouts.cli.rollout_rows import (
+from temporal_rollouts.client.records import natural_key
+from temporal_rollouts.client.rollout_rows import (
     RolloutFilter,
     RolloutOutcome,
     RolloutRow,

@@ -8,6 +8,9 @@ the demo policy, the CPU policy server and `rollouts view`."""
 from __future__ import annotations
 
 import hmac
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,7 +145,7 @@ def test_the_view_takes_its_key_once_in_the_address_then_as_a_cookie() -> None:
 
 def test_each_server_refuses_to_start_beyond_loopback_without_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before it binds anything, and for the CPU policy server before it loads the model."""
-    from temporal_rollouts.cli.main import main as rollouts
+    from temporal_rollouts.view.serve import main as view
 
     monkeypatch.setattr(cpu_generate, "load_sampler", lambda *a: pytest.fail("the model was loaded"))
     started = threading.active_count()
@@ -153,7 +156,25 @@ def test_each_server_refuses_to_start_beyond_loopback_without_a_key(monkeypatch:
     with pytest.raises(KeyRequired, match="every local process"):
         cpu_generate.main(["--api-key", KEY])
     with pytest.raises(KeyRequired, match="rollouts view"):
-        rollouts(["view", "--host", "0.0.0.0"])
-    with pytest.raises(KeyRequired, match="the demo policy"):
-        rollouts(["policy", "serve", "--host", "0.0.0.0"])
+        view(["--host", "0.0.0.0"])
     assert threading.active_count() == started
+
+
+@pytest.mark.parametrize(("command", "server"), [(["view"], "rollouts view"), (["policy", "serve"], "the demo policy")])
+def test_the_rollouts_commands_that_serve_refuse_beyond_loopback_without_a_key(
+    command: list[str], server: str, tmp_path: Path
+) -> None:
+    """`rollouts view` and `rollouts policy serve` run the server's own program in their place, which
+    refuses before it loads or binds anything: one line, exit code 1."""
+    env = {**os.environ, "ROLLOUTS_DATA_DIR": str(tmp_path)}
+    env.pop("ROLLOUTS_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "temporal_rollouts.cli", *command, "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert server in done.stderr and "--api-key-env" in done.stderr and "Traceback" not in done.stderr

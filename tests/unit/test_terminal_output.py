@@ -9,14 +9,15 @@ from datetime import UTC, datetime
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from temporal_rollouts.cli.exit_codes import status_exit_code
+from temporal_rollouts.runtime.exit_codes import status_exit_code
 from temporal_rollouts.cli.inspect import batch_lines, format_rollout
 from temporal_rollouts.cli.list_rollouts import format_rows
 from temporal_rollouts.cli.progress import format_status
-from temporal_rollouts.cli.records import BatchSummary, RolloutRecord, RolloutResult, batch_outcome
-from temporal_rollouts.cli.rollout_rows import RolloutRow
 from temporal_rollouts.cli.screen import Column, labelled, table_lines
-from temporal_rollouts.cli.train import RunReport, format_feed, run_outcome
+from temporal_rollouts.cli.train import format_feed
+from temporal_rollouts.client.records import BatchSummary, RolloutRecord, RolloutResult, batch_outcome
+from temporal_rollouts.client.rollout_rows import RolloutRow
+from temporal_rollouts.client.training import RunReport, run_outcome
 from temporal_rollouts.core.feed import FeedFigures, FeedStatus, TrainerView
 from temporal_rollouts.core.records import StopReason, TrajectoryResult
 

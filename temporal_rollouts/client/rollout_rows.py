@@ -24,9 +24,9 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.parsers import ROLLOUTS_LISTED
-from temporal_rollouts.cli.records import natural_key, quoted, status_name
+from temporal_rollouts.client.records import describe_or_none, natural_key, quoted, status_name
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.defaults import ROLLOUTS_LISTED
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import (
     StopReason,
@@ -36,6 +36,9 @@ from temporal_rollouts.core.records import (
 
 READ_CONCURRENCY = 32
 """Rollout results read at once."""
+TREE = "RolloutTreeWorkflow"
+LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow", TREE)
+"""What has rollouts to list: a batch, a training run, a fork (or a branching item's tree)."""
 
 STATUS_FILTERS = {
     "running": "Running",
@@ -208,3 +211,33 @@ async def read_outcomes(client: Client, rows: Iterable[RolloutRow]) -> dict[str,
 
     found = await asyncio.gather(*(read(row) for row in closed))
     return {row.rollout_id: outcome for row, outcome in zip(closed, found, strict=True) if outcome is not None}
+
+
+async def tree_roots(client: Client, tree_id: str, run_id: str) -> list[str]:
+    """The root rollouts of a rollout tree (a fork's, or a branching batch item's), from its input."""
+    from activities.resume import run_input
+    from temporal_rollouts.core.trees import RolloutTreeInput
+
+    return (await run_input(client, tree_id, run_id, RolloutTreeInput)).root_ids
+
+
+async def rollouts_of(
+    client: Client, listed_id: str, wanted: RolloutFilter | None = None, limit: int = ROLLOUTS_LISTED
+) -> list[RolloutRow]:
+    """`rollouts list ID`: the rows of a batch's, a training run's or a fork's rollouts that match `wanted`,
+    each closed one with its turns; a ConfigError naming what `listed_id` is when it has no rollouts to list."""
+    described = await describe_or_none(client, listed_id)
+    if described is None:
+        raise ConfigError(f"no batch, training run or fork with id {listed_id!r} (see `rollouts list`)")
+    if described.workflow_type not in LISTED_TYPES:
+        raise ConfigError(
+            f"{listed_id!r} is a {described.workflow_type}, not a batch, a training run or a fork "
+            + ("(`rollouts show` shows a rollout)" if described.workflow_type == "TrajectoryWorkflow" else "")
+        )
+    roots = await tree_roots(client, listed_id, described.run_id) if described.workflow_type == TREE else None
+    rows = await list_rollouts(client, listed_id, wanted, limit=limit, roots=roots)
+    outcomes = await read_outcomes(client, rows)
+    for row in rows:
+        if (outcome := outcomes.get(row.rollout_id)) is not None:
+            row.turns = outcome.turns
+    return rows

@@ -28,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.defaults import BATCHES_LISTED
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.records import BatchProgress, BatchResult, StopReason, TrajectoryResult
@@ -164,6 +165,18 @@ async def first_started_at(client: Client, execution: WorkflowExecution) -> date
     except RPCError:
         pass
     return execution.start_time
+
+
+def root_cause(err: BaseException) -> str:
+    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
+    message = str(err)
+    cause: BaseException | None = err
+    while cause is not None:
+        text = getattr(cause, "message", None) or str(cause)
+        if text:
+            message = text
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return message
 
 
 def status_name(status: WorkflowExecutionStatus | None) -> str:
@@ -308,7 +321,7 @@ async def batch_counts(
 
 async def list_batches(
     client: Client,
-    limit: int = 20,
+    limit: int = BATCHES_LISTED,
     closed_counts: dict[str, dict[str, Any]] | None = None,
     first_starts: dict[str, datetime | None] | None = None,
 ) -> list[BatchSummary]:

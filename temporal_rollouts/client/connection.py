@@ -11,6 +11,8 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.store_claim import check_store
 from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.storage.objects import object_client
+from temporal_rollouts.storage.transcripts import TranscriptStore
 
 
 async def command_client(
@@ -19,3 +21,10 @@ async def command_client(
     client = await connect(settings, objects=objects, start_embedded=start_embedded)
     await check_store(client, settings)
     return client
+
+
+async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
+    """A client that never starts a server (reading must not bring one up) and the transcript store."""
+    objects = object_client(settings)
+    client = await command_client(settings, objects=objects, start_embedded=False)
+    return client, TranscriptStore(objects, settings.storage.bucket)
