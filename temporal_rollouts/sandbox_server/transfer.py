@@ -73,7 +73,7 @@ async def receive(
 ) -> TransferResult:
     """Write an upload into the slot: a file at `query.path`, or a tar stream unpacked under it."""
     limit = min(query.max_bytes, max_bytes)
-    target = ToolPath.parse(query.path)
+    target = slot.tool_path(query.path)
     try:
         spools = spool_dir(slot, in_volume=query.format == "file")
         fd, spool = tempfile.mkstemp(dir=spools, prefix="up-")
@@ -105,7 +105,7 @@ async def send(
     opened now, so a later change to the workspace cannot redirect it; a folder as a tar (gzipped when
     the format says tar.gz), packed into a spool first from the folder's descriptor, within `max_pack_s`."""
     limit = min(query.max_bytes, max_bytes)
-    target = ToolPath.parse(query.path)
+    target = slot.tool_path(query.path)
     source = _open_in(slot.workspace, target, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(source)
@@ -165,7 +165,7 @@ async def copy_workspace(
 
 def list_entries(slot: Slot, query: ListQuery) -> FileListing:
     """The files under a workspace folder (a slot's artifacts), walked by descriptor, links not followed."""
-    top = ToolPath.parse(query.path)
+    top = slot.tool_path(query.path)
     folder = _open_in(slot.workspace, top, os.O_RDONLY | os.O_DIRECTORY)
     entries: list[FileEntry] = []
     try:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -185,15 +185,14 @@ class LocalBackend(SandboxBackend):
         return self.registry.locked()
 
     async def _launch(self, container_id: str, image: BuiltImage | None) -> ContainerInfo:
-        if image is not None:
-            raise SandboxError(f"the local sandbox server cannot run item images yet (image {image.name})")
+        on_image = await self._image_options(image) if image is not None else {}
         directory = self.container_dir(container_id)
         directory.mkdir(parents=True, exist_ok=True)
         token_file = directory / "token"
         _ensure_token(token_file)
         ready_file = directory / "ready.json"
         ready_file.unlink(missing_ok=True)
-        process = self._spawn_server(container_id, directory, token_file, ready_file)
+        process = self._spawn_server(container_id, directory, token_file, ready_file, on_image)
         try:  # until it is registered nobody else can find it to stop it, so a start given up stops it here
             ready = await self._wait_until_ready(process, ready_file, directory / "server.log")
             info = ContainerInfo(
@@ -232,8 +231,20 @@ class LocalBackend(SandboxBackend):
             return "healthy"
         return "unresponsive" if process_known else "dead"
 
+    async def _image_options(self, image: BuiltImage) -> dict[str, Any]:
+        """What a server running its slots on `image` is given: the image's layer folders in this host's
+        store, topmost first, its WORKDIR and ENV (`sandbox_server.image_root`)."""
+        if self.images is None:
+            raise SandboxError(f"this local backend has no image store for image {image.name}")
+        return {
+            "image_layers": await self.images.store.layers(image.name),
+            "image_workdir": image.config.workdir,
+            "image_env": list(image.config.env),
+            "image_name": image.name,
+        }
+
     def _spawn_server(
-        self, container_id: str, directory: Path, token_file: Path, ready_file: Path
+        self, container_id: str, directory: Path, token_file: Path, ready_file: Path, on_image: dict[str, Any]
     ) -> subprocess.Popen[bytes]:
         config = self.server.for_container(
             root=directory / "root",
@@ -244,6 +255,7 @@ class LocalBackend(SandboxBackend):
             token_file=token_file,
             sweep_interval_s=self.sweep_interval_s,
             ready_file=ready_file,
+            **on_image,
         )
         argv = [sys.executable, "-m", "temporal_rollouts.sandbox_server", *config.argv()]
         if not config.require_isolation:

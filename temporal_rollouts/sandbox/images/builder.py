@@ -53,6 +53,10 @@ STOP_GRACE_S = 15.0
 class ImageBuilder:
     """Builds item images into one store (`images.store`), or finds them there."""
 
+    store: ImageStore
+    """The store the images are built into and slots' roots are stacked from."""
+    settings: ImageSettings
+
     def __init__(self, settings: ImageSettings, store: ImageStore) -> None:
         self.settings = settings
         self.store = store

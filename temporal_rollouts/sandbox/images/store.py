@@ -167,6 +167,15 @@ class ImageStore:
             user=config.get("User") or "",
         )
 
+    async def layers(self, name: str) -> list[Path]:
+        """The image's layer folders in this store, topmost first (what a slot's root stacks, `image_root`)."""
+        described = json.loads(await self.checked("podman", "image", "inspect", "--format", "json", name))[0]
+        data = (described.get("GraphDriver") or {}).get("Data") or {}
+        if "UpperDir" not in data:
+            raise SandboxError(f"image {name} is not in an overlay store: its layers cannot be stacked for a slot")
+        lower = [Path(folder) for folder in (data.get("LowerDir") or "").split(":") if folder]
+        return [Path(data["UpperDir"]), *lower]
+
     async def content_id(self, name: str) -> str | None:
         """A digest of what the image is (its layers' content digests and its config), the same in every
         store that holds it: an image's own id differs per import (it covers the import's time). None
