@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,6 +113,7 @@ class SlotRoot:
     folder: Path
     """The server's folder of the slot: the mount points live here, never in the slot's volume."""
     _mapped_for: int | None = field(default=None, repr=False)
+    _mounted_with: tuple[Path, Path, int] | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
@@ -124,7 +126,7 @@ class SlotRoot:
 
     @property
     def mounted(self) -> bool:
-        return os.path.ismount(self.path)
+        return os.path.ismount(self.path)  # an overlay has a device of its own
 
     def mount(self, upper: Path, work: Path, uid: int) -> None:
         """Mount the slot's root: the image's layers, idmapped for `uid`, under `upper` (the slot's own layer,
@@ -143,7 +145,20 @@ class SlotRoot:
                 errno.E2BIG, f"image {self.image.name} has too many layers ({len(self.image.layers)}) to stack"
             )
         _mount_overlay(options, self.path)
+        self._mounted_with = (upper, work, uid)
         self._make_workdir(uid)
+
+    @contextlib.contextmanager
+    def remounted(self) -> Iterator[None]:
+        """Unmount the slot's root while its layer is rewritten from outside (a snapshot restored, a copy from
+        another slot), then mount it again over the new layer: overlay must not see its layer change under it."""
+        again = self._mounted_with
+        self.unmount()
+        try:
+            yield
+        finally:
+            if again is not None:
+                self.mount(*again)
 
     def _make_workdir(self, uid: int) -> None:
         """The image's WORKDIR, made (as the slot's, so root's inside) where the image lacks it, as a container
@@ -184,11 +199,12 @@ class SlotRoot:
         self._mapped_for = uid
 
     def _unmap_layers(self) -> None:
+        """Unmount every layer's bind (tried on each folder: a bind of a folder on the same filesystem has
+        the same device, so `ismount` cannot tell it; unmounting a folder that is none does nothing)."""
         folder = self.folder / LAYERS_DIR
         if folder.is_dir():
             for target in sorted(folder.iterdir(), reverse=True):
-                if os.path.ismount(target):
-                    _umount(target)
+                _umount(target)
         self._mapped_for = None
 
 

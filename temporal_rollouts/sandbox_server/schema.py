@@ -229,6 +229,11 @@ class TransferQuery(LeaseRequest):
     )
     max_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0, description="Refuse payloads larger than this.")
     replace: bool = Field(default=False, description="Upload of a folder: empty the target folder first.")
+    whole: bool = Field(
+        default=False,
+        description="The slot's whole state, for a snapshot and its restore: its workspace, or on an item image "
+        "its writable layer (deletions of the image's files included); `path` is then ignored.",
+    )
 
 
 CACHE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
