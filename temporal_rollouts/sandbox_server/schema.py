@@ -313,6 +313,10 @@ class HealthStatus(BaseModel):
         "per slot); empty when every limit in force is held.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
+    image: str | None = Field(
+        default=None,
+        description="The item image the slots run on (each with its own writable layer); None: the server's own root.",
+    )
     slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")
     slot_uids: dict[int, int] = Field(
         default_factory=dict, description="The uid each slot claimed on this host (a root-run server; else empty)."

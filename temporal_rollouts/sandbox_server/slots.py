@@ -403,6 +403,7 @@ class SlotManager:
             slot_limits=self.confinement.limits,
             slot_uids=dict(self.confinement.slot_uids),
             uid_range=(c.uid_base, c.uid_base + c.uid_count - 1) if (c := self.confinement).dedicated_uids else None,
+            image=self.confinement.image.name if self.confinement.image is not None else None,
         )
 
     def slot_states(self) -> list[SlotState]:

@@ -29,11 +29,13 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server import transfer
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.image_root import ImageRoot
+from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
     ExecuteRequest,
     Holder,
     ReadFileOp,
+    SessionOp,
     TransferQuery,
     WriteFileOp,
 )
@@ -100,6 +102,12 @@ async def test_each_slot_is_root_of_its_own_namespace_and_a_distinct_host_uid_wi
         assert first == "0" and mapping[0] == "0" and mapping[2] == "1", answer
         uids.append(int(mapping[1]))
     assert len(set(uids)) == 2 and min(uids) >= 1000, "two slots, two unprivileged host uids"
+    terminal = pool.lease(a)
+    started = await terminal.execute("session-start", SessionOp(action="run", text="cd /data && id -u"))
+    again = await terminal.execute("session-again", SessionOp(action="run", text="pwd; cat kept"))
+    assert "0" in started.output and again.output.split() == ["/data", "image-file"], (started, again)
+    health = await pool.fleet.send(a.container_id, HealthQuery())
+    assert health.image == attack_image.name
     with socket.create_server(("0.0.0.0", 0)) as listener:
         port = listener.getsockname()[1]
         probe = f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo REACHED || echo BLOCKED; cat /proc/net/dev"
