@@ -5,9 +5,6 @@ failed build is the item's failure, not a score, until the Dockerfile is fixed a
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,9 +23,8 @@ from temporal_rollouts.core.records import BatchInput, BatchResult, StopReason, 
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
-from tests.support import REPO
 from tests.support.images import needs_image_tools, write_context
-from tests.support.processes import settings_environment
+from tests.support.processes import run_rollouts_cli
 from tests.support.servers.process import free_port
 from tests.support.waiting import leased_slots
 from workflows.batch import BatchWorkflow
@@ -107,18 +103,6 @@ async def test_the_image_tasks_score_1_with_the_demo_policy_0_when_nothing_is_do
     assert {r.image for r in first} <= described, "each image's container shows its image"
 
 
-def resume_by_cli(settings: Settings, rollout: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "temporal_rollouts.cli", "resume", rollout, "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **settings_environment(settings)},
-    )
-    assert done.returncode in (0, 2), done.stderr
-
-
 async def test_a_failed_build_stops_the_rollout_unscored_and_resumes_once_the_dockerfile_is_fixed(
     client: Client, settings: Settings, pool: SandboxPool, tmp_path: Path
 ) -> None:
@@ -138,7 +122,7 @@ async def test_a_failed_build_stops_the_rollout_unscored_and_resumes_once_the_do
         "RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\n"
         "WORKDIR /workspace\n",
     )
-    await asyncio.to_thread(resume_by_cli, settings, rollout)
+    await asyncio.to_thread(run_rollouts_cli, settings, "resume", rollout, "--json")
     result = TrajectoryResult.model_validate(await client.get_workflow_handle(rollout).result())
     assert (result.stop_reason, result.score) == (StopReason.COMPLETED, 1.0), result.verify_details
     assert result.image is not None and result.image.startswith("localhost/rollouts/csv-task:")
