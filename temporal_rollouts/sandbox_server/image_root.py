@@ -95,8 +95,9 @@ class ImageRoot:
         return environment
 
     def problem(self) -> str | None:
-        """Why slots cannot run on this image here, or None: a root server, layers that exist, a kernel
-        that mounts idmapped overlays (tried once on the first layer)."""
+        """Why slots cannot run on this image here, or None: a root server and layers that exist. A kernel
+        that cannot mount idmapped overlays is found when a slot's root is mounted: that slot is quarantined
+        with the kernel's error."""
         if os.geteuid() != 0:
             return "slots on an item image need a sandbox server run as root (to mount the image's layers)"
         missing = [str(layer) for layer in self.layers if not layer.is_dir()]
