@@ -12,6 +12,16 @@ Each variant runs `--commands` commands; the figures are the wall time per comma
 time the command's own processes (bwrap, podman, conmon, runc) used, from `RUSAGE_CHILDREN`.
 The `image` variant also times what a slot's first command pays once: the overlay mount.
 
+`--builds` first times the builds of the image tasks' contexts (`envs/terminal_tasks/images`) in
+a fresh store, one after the other (the base image imported, apt from the Debian mirror), then
+asks for each again: the second round is what a second batch over the same tasks pays (a key found).
+
+`--slots` (with `--builds`: it runs on the `pytest` task's image) then compares the product's slots
+on a real sandbox server each: a slot on the host's root against a slot on the image (idmapped
+layers under an overlay on the slot's volume). For each: a fresh lease's first command (acquire to
+output; the image slot mounts its root on the lease), and resident tool calls with the server's CPU
+per call (`bench/tools.py`'s round trips).
+
     python bench/image_roots.py                 # 40 commands per variant
     python bench/image_roots.py --commands 100 --allow-busy
 """
@@ -37,9 +47,14 @@ from temporal_rollouts.sandbox.images.base_images import default_cache  # noqa: 
 from temporal_rollouts.sandbox.images.builder import ImageBuilder  # noqa: E402
 from temporal_rollouts.core.images import ImageSpec  # noqa: E402
 from temporal_rollouts.sandbox.images.store import ImageStore  # noqa: E402
+from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
+from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox_server.isolation import bubblewrap_argv, bubblewrap_path  # noqa: E402
+from temporal_rollouts.sandbox_server.schema import ExecOp, Holder  # noqa: E402
+from bench.tools import round_trips  # noqa: E402
 
 FIGURES: dict[str, float] = {}
+TASK_IMAGES = Path(__file__).resolve().parent.parent / "envs" / "terminal_tasks" / "images"
 
 
 def children_cpu_s() -> float:
@@ -71,6 +86,62 @@ def report(name: str, walls: list[float], cpu_s: float) -> None:
     )
 
 
+async def time_builds(builder: ImageBuilder) -> None:
+    """Each image task's build in this (fresh) store, then the same request again (found by its key)."""
+    specs = [ImageSpec(context=str(folder), name=folder.name) for folder in sorted(TASK_IMAGES.iterdir())]
+    for phase in ("build", "again"):
+        for spec in specs:
+            started = time.perf_counter()
+            await builder.ready(spec, "the benchmark")
+            seconds = time.perf_counter() - started
+            FIGURES[f"{phase}_{spec.name}_s"] = round(seconds, 3)
+            print(f"{phase:<6} {spec.name:<16} {seconds:8.3f} s")
+
+
+async def time_slots(builder: ImageBuilder, data: Path, rounds: int) -> None:
+    """A fresh lease's first command and resident tool calls, on the host's root and on the `pytest` image."""
+    image = await builder.ready(ImageSpec(context=str(TASK_IMAGES / "pytest"), name="pytest"), "the benchmark")
+    backend = LocalBackend(data, slots_per_container=1, images=builder)
+    async with SandboxPool(backend, min_containers=0, max_containers=2) as pool:
+        try:
+            for name, on in (("host_slot", None), ("image_slot", image)):
+                firsts = []
+                for index in range(rounds // 4 + 1):
+                    started = time.perf_counter()
+                    lease = await pool.acquire(Holder(workflow_id=f"bench-{name}"), ttl_s=600, wait_s=120, image=on)
+                    output = await pool.lease(lease).execute(f"first-{index}", ExecOp(command="echo ping"))
+                    if index:  # the first lease also starts the container
+                        firsts.append(time.perf_counter() - started)
+                    assert output.ok, output
+                    await pool.release(lease)
+                FIGURES[f"{name}_first_command_ms"] = round(statistics.median(firsts) * 1000, 1)
+                lease = await pool.acquire(Holder(workflow_id=f"bench-{name}"), ttl_s=600, wait_s=120, image=on)
+                (info,) = [c for c in backend.registry.load() if c.container_id == lease.container_id]
+                assert info.pid is not None
+                calls = await round_trips(
+                    pool, lease, rounds, lambda: ExecOp(command="echo ping", resident=True), info.pid
+                )
+                await pool.release(lease)
+                for key, value in calls.items():
+                    FIGURES[f"{name}_tool_{key}"] = value
+                print(f"{name:<10} first command {FIGURES[f'{name}_first_command_ms']:7.1f} ms   tool call {calls}")
+        finally:
+            for info in backend.registry.load():
+                await backend.stop_container(info.container_id)
+
+
+def unmount_under(folder: str) -> None:
+    """Unmount everything under `folder`, deepest first, until nothing is left (containers-storage may
+    have mounted its overlay home over itself more than once: one pass leaves a mount, and the folder busy)."""
+    for _ in range(10):
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        points = sorted((point for point in mounts if point.startswith(folder + "/")), key=len, reverse=True)
+        if not points:
+            return
+        for point in points:
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
 def overlay_argv(bwrap: str, merged: Path) -> list[str]:
     return [
         bwrap,
@@ -85,6 +156,8 @@ def overlay_argv(bwrap: str, merged: Path) -> list[str]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--commands", type=int, default=40)
+    parser.add_argument("--builds", action="store_true", help="also time the image tasks' builds, cold and again")
+    parser.add_argument("--slots", action="store_true", help="also compare the product's host-root and image slots")
     quiet.add_argument(parser)
     args = parser.parse_args()
     host = quiet.check_host(args.allow_busy)
@@ -95,7 +168,12 @@ async def main() -> None:
         work = Path(scratch)
         store = ImageStore(work / "store")
         builder = ImageBuilder(ImageSettings(base_cache=default_cache()), store)
+        started = time.perf_counter()
         image = await builder.ready(ImageSpec(reference="debian:bookworm-slim"), "the benchmark")
+        FIGURES["base_import_s"] = round(time.perf_counter() - started, 3)
+        print(f"base image ready in the fresh store: {FIGURES['base_import_s']:.1f} s")
+        if args.builds:
+            await time_builds(builder)
         env = store.environment()
         workspace = work / "workspace"
         workspace.mkdir()
@@ -130,13 +208,10 @@ async def main() -> None:
                 report("podman", *timed(["podman", "exec", container, "true"], args.commands, env))
             finally:
                 subprocess.run(["podman", "rm", "-f", "-t", "0", container], env=env, capture_output=True, check=False)
+            if args.slots:  # last: its servers are children too, and would count in the variants' CPU
+                await time_slots(builder, work / "data", args.commands)
         finally:
-            for point in sorted(
-                (line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if scratch in line),
-                key=len,
-                reverse=True,
-            ):
-                subprocess.run(["umount", "-l", point], check=False)
+            unmount_under(scratch)
     print(json.dumps({"bench": "image_roots", **FIGURES, **host.report()}))
 
 
