@@ -21,10 +21,10 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
-def run_rollouts_cli(settings: Settings, *args: str) -> str:
-    """The `rollouts` command as a user runs it, configured through the environment: its stdout, once it
-    exits with 0 or 2 (done, or done with failed rollouts)."""
-    done = subprocess.run(
+def rollouts_process(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    """The `rollouts` command as a user runs it, configured through the environment (run it in a thread
+    where the test process also runs the worker)."""
+    return subprocess.run(
         [sys.executable, "-m", "temporal_rollouts.cli", *args],
         cwd=REPO,
         capture_output=True,
@@ -32,6 +32,11 @@ def run_rollouts_cli(settings: Settings, *args: str) -> str:
         timeout=300,
         env={**os.environ, **settings_environment(settings)},
     )
+
+
+def run_rollouts_cli(settings: Settings, *args: str) -> str:
+    """`rollouts_process`'s stdout, once it exits with 0 or 2 (done, or done with failed rollouts)."""
+    done = rollouts_process(settings, *args)
     assert done.returncode in (0, 2), done.stderr
     return done.stdout
 
