@@ -11,9 +11,11 @@ from temporalio import activity
 
 from envs import get_env
 from temporal_rollouts.core.errors import SlotUnavailable, activity_boundary
+from temporal_rollouts.core.images import BuiltImage
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.core.steps import heartbeating
+from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, ReleaseResult, SlotLease, SlotLimitsRequest
 
@@ -29,6 +31,11 @@ class AcquireSlotInput(BaseModel):
     """Ignored (kept so that inputs written by older workflows still parse): see `env`."""
     near: str | None = None
     """A container to try first: a branch's parent's, whose workspace its server then copies in place."""
+    item: Item | None = None
+    """The item the slot is for: the env may set network and limits per item (`Env.slot_network`,
+    `Env.slot_limits`)."""
+    image: BuiltImage | None = None
+    """The item's image, as the build step made it ready: the slot runs on it. None: the server's own root."""
 
 
 class SlotActivities:
@@ -57,6 +64,7 @@ class SlotActivities:
                         allow_network=allow_network,
                         may_hold=info.attempt > 1,
                         near=input.near,
+                        image=input.image,
                     )
                 )
             except SlotUnavailable as err:
@@ -83,4 +91,7 @@ def slot_terms(input: AcquireSlotInput) -> tuple[bool, SlotLimitsRequest | None]
     if not input.env:
         return False, None
     env = get_env(input.env, input.env_config)
-    return env.allow_network, SlotLimitsRequest(**env.sandbox_limits) if env.sandbox_limits else None
+    if input.item is None:
+        return env.allow_network, SlotLimitsRequest(**env.sandbox_limits) if env.sandbox_limits else None
+    limits = env.slot_limits(input.item)
+    return env.slot_network(input.item), SlotLimitsRequest(**limits) if limits else None

@@ -12,11 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from temporal_rollouts.core.errors import BadItem
+from temporal_rollouts.core.images import ImageSpec
 from temporal_rollouts.core.messages import Message, ToolSpec
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
 from temporal_rollouts.sandbox.handle import LeasedSlot as SlotHandle
 
-__all__ = ["Env", "Item", "ScriptedCall", "SlotHandle", "Verdict"]
+__all__ = ["Env", "ImageSpec", "Item", "ScriptedCall", "SlotHandle", "Verdict", "with_images"]
 
 
 class Env(ABC):
@@ -44,6 +46,29 @@ class Env(ABC):
 
         Called one page at a time (a batch never asks for all of its items at once), so
         `count` is small; an env must not build more than `count` items to answer."""
+
+    def image(self, item: Item) -> ImageSpec | None:
+        """The image the item's slots run in (a build context or a reference), or None for the sandbox
+        server's own root. Called on the worker when the item is loaded; by default the item's own
+        `image`, else its data's `"image"` (`{"context": "/abs/folder"}` or `{"reference": "name:tag"}`,
+        with `dockerfile`, `name`, `build_timeout_s` as `ImageSpec` has them)."""
+        if item.image is not None:
+            return item.image
+        named = item.data.get("image")
+        if named is None:
+            return None
+        try:
+            return ImageSpec.model_validate(named)
+        except ValueError as err:
+            raise BadItem(f"item {item.id!r} of {self.name} names a bad image: {err}") from None
+
+    def slot_network(self, item: Item) -> bool:
+        """Whether the item's slot gets network (the server must allow it too); by default `allow_network`."""
+        return self.allow_network
+
+    def slot_limits(self, item: Item) -> dict[str, float]:
+        """The item's slot limits, narrower than the server's (`sandbox_limits` names); by default the env's."""
+        return dict(self.sandbox_limits)
 
     def item_count(self) -> int | None:
         """How many distinct items the env has; None when there is no end (generated items).
@@ -80,3 +105,11 @@ class Env(ABC):
         from temporal_rollouts.tools.catalogue import tool_specs
 
         return tool_specs(self.config.get("tools") or self.tool_names)
+
+
+def with_images(env: Env, items: list[Item]) -> list[Item]:
+    """The items with the image each runs in, as `env.image` names it, set on the item itself: the
+    workflow sees it (and builds it first) without loading env code."""
+    return [
+        item if (image := env.image(item)) == item.image else item.model_copy(update={"image": image}) for item in items
+    ]

@@ -46,6 +46,16 @@ class StepParams:
 
 
 LOAD_ITEMS = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(5))
+# Building an item's image: the builder enforces the image's own build timeout; this step's timeout
+# only bounds it from outside (waiting for another rollout's build of it, then its own).
+DEFAULT_BUILD_TIMEOUT_S = 3600.0
+
+
+def build_image(build_timeout_s: float | None) -> StepParams:
+    timeout_s = build_timeout_s or DEFAULT_BUILD_TIMEOUT_S
+    return StepParams(start_to_close_s=2 * timeout_s + 600, heartbeat_s=30, retry=_retry(4, max_interval_s=60))
+
+
 # Acquire waits for a free slot itself (up to the sandbox acquire timeout) and heartbeats meanwhile.
 ACQUIRE_SLOT = StepParams(start_to_close_s=3600, heartbeat_s=10, retry=_retry(10))
 SETUP_WORKSPACE = StepParams(start_to_close_s=900, heartbeat_s=10, retry=_retry(5))

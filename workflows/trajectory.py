@@ -20,6 +20,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.images import BuildImageInput, ImageActivities
     from activities.llm import LlmActivities, LlmTurnInput
     from activities.resume import ResumeActivities, RunRef
     from activities.slots import AcquireSlotInput, SlotActivities
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from temporal_rollouts.core import search_attributes as sa
     from temporal_rollouts.core.forks import BRANCH_COPIED, BRANCH_WAITING, BranchCopied
+    from temporal_rollouts.core.images import BuiltImage
     from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import (
         ROLLOUT_FAILED,
@@ -102,11 +104,12 @@ class TrajectoryWorkflow:
             if forking:
                 self._phase = "fork"
                 await self._forking.locate(input, self._step)
+            image = await self._image(input)
             self._phase = "acquire"
             near = self._forking.near(input) if forking else None
             lease = await self._step(
                 SlotActivities.acquire_slot,
-                AcquireSlotInput(env=input.env, env_config=input.env_config, near=near),
+                AcquireSlotInput(env=input.env, env_config=input.env_config, near=near, item=input.item, image=image),
                 params.ACQUIRE_SLOT,
                 StopReason.SANDBOX_ERROR,
                 "acquire",
@@ -188,6 +191,23 @@ class TrajectoryWorkflow:
                 non_retryable=True,
             )
         return result
+
+    async def _image(self, input: TrajectoryInput) -> BuiltImage | None:
+        """The item's image, built (or found built) before the rollout takes a slot; None when it names none."""
+        spec = input.item.image
+        if spec is None:
+            return None
+        self._phase = "image"
+        built = await self._step(
+            ImageActivities.build_image,
+            BuildImageInput(image=spec, item_id=input.item.id, env=input.env),
+            params.build_image(spec.build_timeout_s),
+            StopReason.IMAGE_BUILD_FAILED,
+            "image",
+        )
+        assert self._result is not None
+        self._result.image = built.name
+        return built
 
     async def _resume_point(self, input: TrajectoryInput) -> str | None:
         """Take over an earlier run's progress; returns the snapshot to restore, if any."""

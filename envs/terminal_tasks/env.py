@@ -11,9 +11,10 @@ from typing import Any
 from envs.base import Env, SlotHandle
 from envs.registry import register_env
 from envs.terminal_tasks import fingerprint
-from envs.terminal_tasks.loader import bundled_tasks
+from envs.terminal_tasks.loader import IMAGES_DIR, bundled_image_tasks, bundled_tasks
 from envs.terminal_tasks.model import TerminalTask
 from temporal_rollouts.core.errors import BadItem, TaskError
+from temporal_rollouts.core.images import ImageSpec
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
 from temporal_rollouts.sandbox_server.schema import ToolOutput
@@ -109,6 +110,22 @@ class TerminalTasksEnv(Env):
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
         return self.task(item).turns()
+
+    def image(self, item: Item) -> ImageSpec | None:
+        task = self.task(item)
+        return ImageSpec(context=str(IMAGES_DIR / task.image), name=task.id) if task.image else super().image(item)
+
+
+@register_env
+class ImageTasksEnv(TerminalTasksEnv):
+    """Terminal tasks that need their own image: a package the sandbox host lacks, Python with pytest, a
+    service account only root could make. Each names a build context under `images/`; they run only where
+    item images do (`docs/images.md`)."""
+
+    name = "image_tasks"
+
+    def tasks(self) -> dict[str, TerminalTask]:
+        return bundled_image_tasks()
 
 
 async def _fingerprint(slot: SlotHandle, key: str) -> dict[str, str] | str:

@@ -37,6 +37,12 @@ class TerminalTask(BaseModel):
         "tasks whose result is a running server or job rather than files.",
     )
     solution: tuple[tuple[ScriptedCall, ...], ...] = Field(description="Turns of tool calls that solve the task.")
+    image: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The task's image: a build context under `images/` (a folder with a Dockerfile); None runs "
+        "on the sandbox server's own root.",
+    )
 
     @field_validator("check", mode="before")
     @classmethod

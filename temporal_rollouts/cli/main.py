@@ -174,19 +174,23 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def short_image_name(name: str | None) -> str:
+    """An image as a table shows it: `repository:<first 12 of the key>`, or `(own root)`."""
+    if name is None:
+        return "(own root)"
+    repository, colon, tag = name.rpartition(":")
+    return f"{repository.rpartition('/')[2]}:{tag[:12]}" if colon and "/" not in tag else name
+
+
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
     from rich.console import Console
     from rich.table import Table
 
-    from temporal_rollouts.sandbox.pool import SandboxPool
+    from temporal_rollouts.client.slots import describe_sandboxes
 
-    pool = SandboxPool.from_settings(settings)
-    try:
-        containers = await pool.describe()
-    finally:
-        await pool.aclose()
+    containers = await describe_sandboxes(settings)
     if args.json:
         print(json.dumps([c.model_dump(mode="json") for c in containers]))
         return 0
@@ -198,13 +202,14 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
             "(`python worker.py`) with this config, or point ROLLOUTS_DATA_DIR / ROLLOUTS_CONFIG at its data"
         )
         return 0
-    table = Table("container", "slot", "state", "holder", "expires in (s)")
+    table = Table("container", "image", "slot", "state", "holder", "expires in (s)")
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
             state = "leased" if lease else f"quarantined: {slot.quarantined}" if slot.quarantined else "free"
             table.add_row(
                 container.container_id,
+                short_image_name(container.image),
                 str(slot.slot),
                 state,
                 lease.holder.workflow_id if lease else "",
@@ -406,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     parsers.add_fork_parser(sub)
     parsers.add_versions_parser(sub)
     parsers.add_envs_parser(sub)
+    parsers.add_images_parser(sub)
     return parser
 
 
@@ -422,6 +428,7 @@ COMMANDS = {
     "fork": "temporal_rollouts.cli.fork:cmd_fork",
     "envs": "temporal_rollouts.cli.envs:cmd_envs",
     "versions": "temporal_rollouts.cli.versions:cmd_versions",
+    "images": "temporal_rollouts.cli.images:cmd_images",
     **{name: f"temporal_rollouts.cli.inspect:cmd_{name}" for name in ("show", "export", "list", "cancel")},
 }
 """Each command's function, or where to import it from when it runs."""

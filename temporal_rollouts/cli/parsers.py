@@ -1,4 +1,4 @@
-"""The flags of `rollouts show`, `export`, `list`, `cancel`, `train`, `fork`, `envs` and `versions`.
+"""The flags of `rollouts show`, `export`, `list`, `cancel`, `train`, `fork`, `envs`, `versions` and `images`.
 
 Apart from the commands, and importing nothing but argparse: `rollouts --help` builds every
 parser, and a command's modules (pydantic, the Temporal client, rich) cost more than a second
@@ -214,3 +214,24 @@ def add_versions_parser(sub: Any) -> None:
     versions = sub.add_parser("versions", help="worker builds: which takes new work, which are drained")
     versions.add_argument("--set-current", metavar="BUILD", default=None, help="make BUILD take new batches")
     versions.add_argument("--json", action="store_true")
+
+
+def add_images_parser(sub: Any) -> None:
+    images = sub.add_parser("images", help="item images: list, load, build, bootstrap the base image")
+    action = images.add_subparsers(dest="images_command", required=True)
+    listing = action.add_parser("list", help="the images in this worker's store")
+    listing.add_argument("--json", action="store_true")
+    load = action.add_parser("load", help="load a `podman save` archive (e.g. a base image) into the store")
+    load.add_argument("archive", help="the archive file")
+    build = action.add_parser("build", help="build a context (a folder with a Dockerfile) as a rollout would")
+    build.add_argument("context", help="the build context folder")
+    build.add_argument("--dockerfile", default="Dockerfile")
+    build.add_argument("--name", default=None, help="a readable name for the tag; the folder's name by default")
+    build.add_argument(
+        "--push",
+        metavar="REGISTRY",
+        default=None,
+        help="also add the sandbox server's layer and push it there (for Nomad: name items by the printed reference)",
+    )
+    build.add_argument("--json", action="store_true")
+    action.add_parser("bootstrap", help="make debian:bookworm-slim ready in the store (from the Debian mirror)")

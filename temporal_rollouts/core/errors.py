@@ -7,7 +7,10 @@
     ├── TaskError                   an env or one of its items is wrong
     │   ├── UnknownEnv
     │   ├── BadItem
-    │   └── PayloadTooLarge         env data too big to travel through Temporal
+    │   ├── PayloadTooLarge         env data too big to travel through Temporal
+    │   └── ImageBuildFailed        an item's image could not be built (the build log's tail)
+    │       ├── UnknownBaseImage    a Dockerfile's FROM names an image the store lacks
+    │       └── ImageBuildTimedOut  a build ran past its timeout (retried once)
     ├── SandboxError                the sandbox server or a slot (defined beside the server)
     │   ├── SandboxUnreachable      connection refused / timed out (retryable)
     │   ├── SandboxLaunchFailed     a command could not be started (fork, exec, cgroup; retryable)
@@ -60,6 +63,8 @@ __all__ = [
     "BadToolRequest",
     "ConfigError",
     "ContextOverflow",
+    "ImageBuildFailed",
+    "ImageBuildTimedOut",
     "LeaseLost",
     "MalformedModelReply",
     "ModelError",
@@ -79,6 +84,7 @@ __all__ = [
     "SnapshotTooLarge",
     "TaskError",
     "TransferTooLarge",
+    "UnknownBaseImage",
     "UnknownEnv",
     "activity_boundary",
     "as_application_error",
@@ -112,6 +118,26 @@ class BadItem(TaskError):
 
 class PayloadTooLarge(TaskError):
     pass
+
+
+class ImageBuildFailed(TaskError):
+    """The item's image could not be built: a Dockerfile step failed (the message ends with the build
+    log's tail). The same files would fail the same way, so it is never retried; the rollout stops
+    unscored and can be resumed once the Dockerfile is fixed (a fixed context is a new image)."""
+
+    stop_reason = "image_build_failed"
+
+
+class UnknownBaseImage(ImageBuildFailed):
+    """A Dockerfile's FROM names an image the store does not hold, and no registry is reachable to
+    pull it from: the message names the image and says how to provide it, in one line."""
+
+
+class ImageBuildTimedOut(ImageBuildFailed):
+    """A build ran past its timeout: a slow mirror may be to blame, so it is tried once more."""
+
+    retryable = True
+    give_up_after_attempts = 2
 
 
 class ModelError(RolloutError):

@@ -35,6 +35,7 @@ class StopReason(StrEnum):
     SLOT_UNAVAILABLE = "slot_unavailable"
     SANDBOX_ERROR = "sandbox_error"
     BAD_ITEM = "bad_item"
+    IMAGE_BUILD_FAILED = "image_build_failed"
     ENV_ERROR = "env_error"
     CONFIG_ERROR = "config_error"
     FORK_DIVERGED = "fork_diverged"
@@ -253,6 +254,9 @@ class TrajectoryResult(BaseModel):
     )
     fork: ForkOrigin | None = Field(default=None, description="The rollout and turn this one was forked from.")
     branches: list[BranchRecord] = Field(default_factory=list, description="Where this rollout branched, into which.")
+    image: str | None = Field(
+        default=None, description="The image its slot ran on (its name in the store); None: the server's own root."
+    )
 
     def version_range(self) -> tuple[int, int] | None:
         """(oldest, newest) known policy version of the rollout's turns."""

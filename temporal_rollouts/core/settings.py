@@ -236,6 +236,8 @@ class SandboxSettings(ServerOptions):
     """A slot lease not renewed for this long expires; longer than the longest step."""
     acquire_timeout_s: float = 600.0
     """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
+    max_containers_per_image: int | None = Field(default=None, ge=1)
+    """Containers of one item image at most (`max_containers` still bounds them all together); unset: `max_containers`. Containers of an image are started when its rollouts find no free slot, and stopped like any idle container (`idle_stop_s`), or at once when another image needs the room."""
 
     @model_validator(mode="before")
     @classmethod
@@ -271,6 +273,34 @@ class SandboxSettings(ServerOptions):
     def start_containers(self) -> bool:
         """Whether this process may start and restart containers (never for `static`)."""
         return bool(getattr(self.backend, "start_containers", False))
+
+
+DEFAULT_MIRROR_HOSTS = ("deb.debian.org:80", "deb.debian.org:443", "pypi.org:443", "files.pythonhosted.org:443")
+
+
+class ImageSettings(BaseModel):
+    """Item images: where they are built and kept, and what a build may reach (docs/images.md)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    store: Path | None = None
+    """The image store (podman/buildah's containers-storage) of this worker's builds; `<data_dir>/images` when unset."""
+    base_cache: Path | None = None
+    """Where bootstrapped base images are kept as tars, shared by every data folder and CI run; `$XDG_CACHE_HOME/temporal-rollouts/base-images` (else `~/.cache/...`) when unset."""
+    debian_mirror: str = "http://deb.debian.org/debian"
+    """The Debian mirror `debian:bookworm-slim` is bootstrapped from (mmdebstrap), when the store lacks it."""
+    build_timeout_s: float = Field(default=1800.0, gt=0)
+    """How long one build may take, unless the item's image says otherwise."""
+    max_concurrent_builds: int | None = Field(default=None, ge=1)
+    """Builds at once on this host, by every worker process together (others wait their turn, heartbeating); the host's CPU count when unset."""
+    build_network: Literal["mirror", "none", "host"] = "mirror"
+    """What a build's RUN steps reach: `mirror` only `mirror_hosts` (through relays in a network namespace of the build's own: nothing else, not this host's services), `none` nothing, `host` everything this host reaches (trusted Dockerfiles only)."""
+    mirror_hosts: list[str] = Field(default_factory=lambda: list(DEFAULT_MIRROR_HOSTS))
+    """`host:port` pairs a build may reach with `build_network = "mirror"`: package mirrors."""
+    registry: str | None = None
+    """Where built images are pushed for backends whose hosts pull them (Nomad's docker driver), e.g. `registry.example.com:5000/rollouts`; unset: images stay in this worker's store."""
+    registry_tls_verify: bool = True
+    """Check the registry's TLS certificate when pushing (off only for a registry on a trusted network that speaks plain HTTP)."""
 
 
 class DemoPolicySettings(BaseModel):
@@ -377,6 +407,7 @@ class Settings(BaseSettings):
     demo_policy: DemoPolicySettings = Field(default_factory=DemoPolicySettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    images: ImageSettings = Field(default_factory=ImageSettings)
     atropos: AtroposSettings = Field(default_factory=AtroposSettings)
 
     def __init__(self, **values: Any) -> None:
@@ -442,6 +473,10 @@ class Settings(BaseSettings):
     @property
     def results_dir(self) -> Path:
         return self.data_dir / "results"
+
+    @property
+    def image_store(self) -> Path:
+        return self.images.store or self.data_dir / "images"
 
     @property
     def storage_path(self) -> Path:

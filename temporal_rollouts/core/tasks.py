@@ -10,14 +10,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from temporal_rollouts.core.images import ImageSpec
+
 
 class Item(BaseModel):
-    """One task, as the workflow carries it: an id plus small JSON data."""
+    """One task, as the workflow carries it: an id plus small JSON data, and the image it runs in."""
 
     model_config = ConfigDict(frozen=True)
 
     id: str
     data: dict[str, Any] = Field(default_factory=dict)
+    image: ImageSpec | None = None
+    """The image the item's slots run in, as the env's `image` hook named it when the item was loaded;
+    None runs on the sandbox server's own root, as every item did before images."""
 
 
 class Verdict(BaseModel):

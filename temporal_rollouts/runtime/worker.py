@@ -37,6 +37,7 @@ from activities.envs import EnvActivities
 from activities.feed import FeedActivities
 from activities.fork_points import ForkPoints
 from activities.forks import ForkActivities
+from activities.images import ImageActivities
 from activities.llm import LlmActivities
 from activities.pool import PoolActivities
 from activities.resume import ResumeActivities
@@ -106,6 +107,7 @@ def build_activities(client: Client, parts: Parts) -> list:
     forks = ForkActivities(client, pool, transcripts, parts.objects, settings.storage)
     return [
         EnvActivities(settings).load_items,
+        ImageActivities(pool).build_image,
         slots.acquire_slot,
         slots.release_slot,
         WorkspaceActivities(pool, transcripts, settings.sandbox.max_transfer_bytes).setup_workspace,

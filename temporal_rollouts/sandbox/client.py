@@ -127,7 +127,7 @@ class SandboxClient:
 
     async def download(self, query: TransferQuery, destination: Path) -> tuple[int, str]:
         """Stream a slot's file (or a folder as a tar) into a local file; (bytes, "file" or "dir")."""
-        params = query.model_dump(mode="json", include={"slot", "lease_id", "path", "format", "max_bytes"})
+        params = query.model_dump(mode="json", include={"slot", "lease_id", "path", "format", "max_bytes", "whole"})
         what = f"{DOWNLOAD.method} {DOWNLOAD.path}"
         try:
             async with self._http.request(

@@ -10,6 +10,13 @@ one) are taken under the backend's lock (`exclusive`), after listing again; a st
 happens only after the server itself agreed that it is idle (`POST /drain`, atomic on
 the server, after which it refuses new leases).
 
+Each container runs one image: the server's own root (`image` None: items that name no
+image) or an item image. The bounds hold per image: at most `max_containers_per_image` of
+one image, `max_containers` of all together, `min_containers` kept of the server's own
+root and none of an item image, whose containers are stopped once idle. An image that needs
+a container while all `max_containers` exist takes the place of the longest-idle container
+of another image (`make_room`), so a task set of many images runs within the same bound.
+
 A request to a container that cannot be reached because its process died restarts it
 in place (same id and directory, so leases, stored results and workspaces survive) and
 is sent once more. That is safe for every request: acquire returns the holder's
@@ -28,6 +35,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.backends.registry import RegistryBusy
 from temporal_rollouts.sandbox.client import SandboxClient
@@ -53,7 +61,9 @@ class Fleet:
     slots_per_container: int
     min_containers: int
     max_containers: int
-    """The most containers the fleet starts when every slot is taken."""
+    """The most containers the fleet starts when every slot is taken (of all images together)."""
+    max_per_image: int
+    """The most containers of one item image."""
     idle_stop_s: float
     client_timeout_s: float
 
@@ -67,6 +77,7 @@ class Fleet:
         min_containers: int = 1,
         max_containers: int = 1,
         idle_stop_s: float = 300.0,
+        max_per_image: int | None = None,
     ) -> None:
         if not 0 <= min_containers <= max(max_containers, 1):
             raise ConfigError("need 0 <= min_containers <= max_containers")
@@ -76,6 +87,7 @@ class Fleet:
         self.slots_per_container = slots_per_container or getattr(backend, "slots_per_container", 1)
         self.min_containers = min_containers
         self.max_containers = max_containers
+        self.max_per_image = min(max_per_image or max_containers, max_containers)
         self.idle_stop_s = idle_stop_s
         self._containers: dict[str, ContainerInfo] = {}
         self._clients: dict[str, SandboxClient] = {}
@@ -85,7 +97,8 @@ class Fleet:
     # which containers there are ----------------------------------------------------------
 
     async def ensure_running(self, min_containers: int | None = None) -> list[ContainerInfo]:
-        """Reuse live containers, restart dead ones in place, start more until there are `min_containers`."""
+        """Reuse live containers, restart dead ones in place, start more until there are `min_containers`
+        (of the server's own root: item images get containers when their rollouts need them)."""
         wanted = self.min_containers if min_containers is None else min_containers
         async with self.backend.exclusive():
             live = await self.backend.list_containers()
@@ -95,11 +108,12 @@ class Fleet:
                         live.append(await self.backend.restart_container(dead.container_id))
                     except RolloutError as err:
                         log.warning("cannot restart sandbox %s in place: %s", dead.container_id, err)
-            if len(live) < wanted and not self.start_containers:
+            plain = sum(info.image is None for info in live)
+            if plain < wanted and not self.start_containers:
                 raise SandboxUnreachable(
-                    f"{len(live)} sandbox container(s) running, {wanted} needed, and starting them is off"
+                    f"{plain} sandbox container(s) running, {wanted} needed, and starting them is off"
                 )
-            while len(live) < wanted:
+            for _ in range(wanted - plain):
                 live.append(await self.backend.start_container())
         self._remember(live)
         return live
@@ -119,20 +133,34 @@ class Fleet:
         info = self._containers.get(container_id)
         return info is None or info.accepting
 
-    async def start_one_more(self, known: set[str], looked_again: bool) -> ContainerInfo | Literal["appeared"] | None:
-        """Start one container if this fleet may and fewer than `max_containers` exist (live or dead, as a
-        dead one will be restarted). "appeared" when a container not in `known` was started elsewhere
-        meanwhile (unless the caller `looked_again` already); None when the caller should wait instead."""
+    def runs(self, container_id: str, image_key: str | None) -> bool:
+        """Whether the container (as last listed) runs that image (None: the server's own root)."""
+        info = self._containers.get(container_id)
+        return info is not None and info.image_key == image_key
+
+    async def start_one_more(
+        self, known: set[str], looked_again: bool, image: BuiltImage | None = None
+    ) -> ContainerInfo | Literal["appeared"] | None:
+        """Start one container of `image` if this fleet may, fewer than `max_per_image` of it exist and
+        fewer than `max_containers` in all (live or dead, as a dead one will be restarted), or an idle
+        container of another image gives up its place. "appeared" when a container of the image not in
+        `known` was started elsewhere meanwhile (unless the caller `looked_again` already); None when the
+        caller should wait instead."""
         if not self.start_containers:
             return None
+        key = image.key if image is not None else None
         async with self.backend.exclusive():
             live = await self.backend.list_containers()
             dead = await self.backend.dead_containers()
-            if not looked_again and {info.container_id for info in live} - known:
+            mine = [info for info in live if info.image_key == key]
+            if not looked_again and {info.container_id for info in mine} - known:
                 return "appeared"
-            if sum(info.accepting for info in live) + len(dead) >= self.max_containers:
+            if image is not None and sum(info.accepting for info in mine) + _count(dead, key) >= self.max_per_image:
                 return None
-            started = await self.backend.start_container()
+            if sum(info.accepting for info in live) + len(dead) >= self.max_containers:
+                if not await self._make_room(live, key):
+                    return None
+            started = await self.backend.start_container(image=image)
         self._containers[started.container_id] = started
         started_now, self._started = self._started, asyncio.Event()
         started_now.set()
@@ -227,8 +255,9 @@ class Fleet:
         return report
 
     async def scale_down(self, min_containers: int | None = None, idle_s: float | None = None) -> list[str]:
-        """Stop containers above `min_containers` that had no lease and no waiter for `idle_s`, and every
-        retiring one (not `accepting`) once idle; their ids."""
+        """Stop containers that had no lease and no waiter for `idle_s`, above `min_containers` of the
+        server's own root and down to none of an item image, and every retiring one (not `accepting`)
+        once idle; their ids."""
         min_containers = self.min_containers if min_containers is None else min_containers
         idle_s = self.idle_stop_s if idle_s is None else idle_s
         stopped: list[str] = []
@@ -239,22 +268,40 @@ class Fleet:
                 if not info.accepting and await self._stop_if_idle(info.container_id, 0.0):
                     stopped.append(info.container_id)
             live = [info for info in listed if info.accepting]
-            healths = await asyncio.gather(*(self._health(info.container_id) for info in live))
-            idle = sorted(
-                (health.idle_since, health.container_id)
-                for health in healths
-                if health is not None and health.idle_since is not None and time.time() - health.idle_since >= idle_s
-            )
-            remaining = len(live)
-            for _, container_id in idle:
-                if remaining <= min_containers:
-                    break
-                if await self._stop_if_idle(container_id, idle_s):
-                    stopped.append(container_id)
-                    remaining -= 1
+            remaining = {key: _count(live, key) for key in {info.image_key for info in live}}
+            for info in await self._idle(live, idle_s):
+                if remaining[info.image_key] <= (min_containers if info.image is None else 0):
+                    continue
+                if await self._stop_if_idle(info.container_id, idle_s):
+                    stopped.append(info.container_id)
+                    remaining[info.image_key] -= 1
         if stopped:
             log.info("stopped idle sandbox containers: %s", ", ".join(stopped))
         return stopped
+
+    async def _make_room(self, live: list[ContainerInfo], key: str | None) -> bool:
+        """Stop the longest-idle container of another image (keeping `min_containers` of the server's own
+        root), so one of image `key` can start within `max_containers`; whether one was stopped."""
+        others = [info for info in live if info.image_key != key and info.accepting]
+        plain = _count(others, None)
+        for info in await self._idle(others, 0.0):
+            if info.image is None and plain <= self.min_containers:
+                continue
+            if await self._stop_if_idle(info.container_id, 0.0):
+                log.info("stopped idle sandbox %s to make room for image %s", info.container_id, key or "(none)")
+                return True
+        return False
+
+    async def _idle(self, containers: list[ContainerInfo], idle_s: float) -> list[ContainerInfo]:
+        """Those of `containers` with no lease and no waiter for `idle_s`, longest idle first."""
+        healths = await asyncio.gather(*(self._health(info.container_id) for info in containers))
+        now = time.time()
+        idle = sorted(
+            (health.idle_since, index)
+            for index, health in enumerate(healths)
+            if health is not None and health.idle_since is not None and now - health.idle_since >= idle_s
+        )
+        return [containers[index] for _, index in idle]
 
     async def _stop_if_idle(self, container_id: str, idle_s: float) -> bool:
         """Stop a container if its server agrees it has been idle `idle_s` (and from then on refuses leases)."""
@@ -297,3 +344,7 @@ class Fleet:
         self._containers.pop(container_id, None)
         if (client := self._clients.pop(container_id, None)) is not None:
             self.in_background(client.aclose())
+
+
+def _count(containers: list[ContainerInfo], key: str | None) -> int:
+    return sum(info.image_key == key for info in containers)

@@ -99,14 +99,15 @@ class Lease:
         return await self._fleet.call(self._ref.container_id, lambda c: c.upload(query, Path(archive)))
 
     async def archive_to(self, destination: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> int:
-        """Stream the slot's whole workspace, as a gzipped tar, into a local file; its size."""
-        query = TransferQuery(**self._held(), path=".", format="tar.gz", max_bytes=max_bytes)
+        """Stream the slot's whole state, as a gzipped tar, into a local file; its size. The state is its
+        workspace, or on an item image its writable layer (`TransferQuery.whole`)."""
+        query = TransferQuery(**self._held(), path=".", format="tar.gz", max_bytes=max_bytes, whole=True)
         size, _ = await self._fleet.call(self._ref.container_id, lambda c: c.download(query, destination))
         return size
 
     async def restore_from(self, archive: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> TransferResult:
-        """Replace the slot's workspace with a gzipped tar written by `archive_to`, streamed."""
-        return await self._upload(archive, ".", "tar.gz", max_bytes, replace=True)
+        """Replace the slot's whole state with a gzipped tar written by `archive_to`, streamed."""
+        return await self._upload(archive, ".", "tar.gz", max_bytes, replace=True, whole=True)
 
     async def copy_from(self, source: SlotRef, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> TransferResult:
         """Replace this slot's workspace with `source`'s, a slot of the same container the caller also holds;
@@ -118,9 +119,17 @@ class Lease:
         )
 
     async def _upload(
-        self, source: Path, remote: str, format: TransferFormat, max_bytes: int, replace: bool = False
+        self,
+        source: Path,
+        remote: str,
+        format: TransferFormat,
+        max_bytes: int,
+        replace: bool = False,
+        whole: bool = False,
     ) -> TransferResult:
-        query = TransferQuery(**self._held(), path=remote, format=format, max_bytes=max_bytes, replace=replace)
+        query = TransferQuery(
+            **self._held(), path=remote, format=format, max_bytes=max_bytes, replace=replace, whole=whole
+        )
         return await self._fleet.call(self._ref.container_id, lambda c: c.upload(query, source))
 
     async def _send(self, request: Any) -> Any:

@@ -17,6 +17,12 @@ One acquire runs in rounds:
    so two workers never both start the one that was missing.
 4. Otherwise the request waits in line on every live container at once
    (`sandbox.lines`), and looks again when this process starts another container.
+
+Every round considers only containers of the request's image (an item image, or the
+server's own root), so the bounds, the first-come-first-served line and the no-leak
+promises hold per image. A request whose image has no container to wait on (every
+container of the pool is busy with other images) looks again when this process starts
+a container, or after a pause that grows to `IMAGE_PAUSE_MAX_S`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from typing import Literal
 
 from temporal_rollouts.core.errors import SandboxUnreachable, SlotUnavailable
+from temporal_rollouts.core.images import BuiltImage
 from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.fleet import Fleet
 from temporal_rollouts.sandbox.lines import wait_everywhere
@@ -43,6 +50,7 @@ from temporal_rollouts.sandbox_server.schema import (
 log = logging.getLogger(__name__)
 
 RETRY_PAUSE_S = 0.2
+IMAGE_PAUSE_MAX_S = 2.0
 FULL_LOOK_EVERY_S = 5.0
 
 
@@ -54,14 +62,18 @@ class Placement:
         self._free_hints: dict[str, int] = {}
         self._looked_at = float("-inf")  # monotonic time of the last full look
 
-    async def acquire(self, request: AcquireRequest, *, may_hold: bool = True) -> SlotLease:
-        """Lease a slot on some container within `request.wait_s`; a holder that already has a slot gets
-        the same lease again. `may_hold=False` says the holder cannot hold one yet (a first attempt),
-        which spares the look at every slot of every container."""
+    async def acquire(
+        self, request: AcquireRequest, *, may_hold: bool = True, image: BuiltImage | None = None
+    ) -> SlotLease:
+        """Lease a slot on some container of `image` within `request.wait_s`; a holder that already has a
+        slot gets the same lease again. `may_hold=False` says the holder cannot hold one yet (a first
+        attempt), which spares the look at every slot of every container."""
         deadline = time.monotonic() + request.wait_s
         at_once = request.model_copy(update={"wait_s": 0.0})
+        key = image.key if image is not None else None
         looked_again = False
         look = may_hold
+        pause = RETRY_PAUSE_S
         while True:
             if look or time.monotonic() - self._looked_at > FULL_LOOK_EVERY_S:
                 await self._fleet.restart_dead()
@@ -69,10 +81,10 @@ class Placement:
                     if any(state.lease and state.lease.holder == request.holder for state in slots):
                         return await self._fleet.send(container_id, at_once)
             look = False  # the rounds of this call hand back every lease they do not return
-            known = list(self._free_hints)
-            if (lease := await self._take_free(at_once)) is not None:
+            known = [container_id for container_id in self._free_hints if self._fleet.runs(container_id, key)]
+            if (lease := await self._take_free(at_once, key)) is not None:
                 return lease
-            grown = await self._grow(set(known), looked_again)
+            grown = await self._grow(set(known), looked_again, image)
             if grown == "appeared":
                 looked_again = look = True
                 continue
@@ -82,24 +94,40 @@ class Placement:
                 except SlotUnavailable:
                     continue
             if not known and not self._fleet.start_containers:
-                raise SandboxUnreachable("no sandbox container is running, and the pool may not start one")
+                raise SandboxUnreachable(
+                    "no sandbox container is running"
+                    + (f" for image {image.name}" if image else "")
+                    + ", and the pool may not start one"
+                )
             remaining = deadline - time.monotonic()
-            if remaining > 0:
-                open_lines = [container_id for container_id in known if self._fleet.accepting(container_id)]
+            open_lines = [container_id for container_id in known if self._fleet.accepting(container_id)]
+            if remaining > 0 and open_lines:
                 waiting = request.model_copy(update={"wait_s": remaining})
                 lease = await wait_everywhere(self._fleet, open_lines, waiting, self.release)
                 if lease is not None:
                     return lease
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise SlotUnavailable(f"no sandbox slot became free within {request.wait_s:g}s")
-            await asyncio.sleep(min(RETRY_PAUSE_S, remaining))  # every line closed early (drained, died): look again
+                raise SlotUnavailable(
+                    f"no sandbox slot became free within {request.wait_s:g}s"
+                    + (f" for image {image.name}" if image else "")
+                )
+            if open_lines:  # every line closed early (drained, died): look again
+                await asyncio.sleep(min(RETRY_PAUSE_S, remaining))
+            else:  # no container of this image to wait on: until this process starts one, or a while
+                await _wait_for(self._fleet.next_start(), min(pause, remaining))
+                pause = min(pause * 2, IMAGE_PAUSE_MAX_S)
 
-    async def acquire_near(self, request: AcquireRequest, container_id: str) -> SlotLease | None:
-        """A free slot on `container_id` at once, or None when it has none (or does not answer). A branch of
-        a rollout asks beside its parent, whose workspace its server then copies in place. Only for a first
-        attempt: a holder that may already hold a slot elsewhere must go through `acquire`."""
-        if not self._fleet.accepting(container_id):
+    async def acquire_near(
+        self, request: AcquireRequest, container_id: str, image: BuiltImage | None = None
+    ) -> SlotLease | None:
+        """A free slot on `container_id` at once, or None when it has none, does not answer or runs another
+        image. A branch of a rollout asks beside its parent, whose workspace its server then copies in place.
+        Only for a first attempt: a holder that may already hold a slot elsewhere must go through `acquire`."""
+        key = image.key if image is not None else None
+        if self._fleet.known(container_id) is None:
+            await self._fleet.refresh()
+        if not self._fleet.accepting(container_id) or not self._fleet.runs(container_id, key):
             return None
         try:
             lease = await self._fleet.send(container_id, request.model_copy(update={"wait_s": 0.0}))
@@ -137,12 +165,12 @@ class Placement:
         self._looked_at = time.monotonic()
         return states
 
-    async def _take_free(self, at_once: AcquireRequest) -> SlotLease | None:
+    async def _take_free(self, at_once: AcquireRequest, key: str | None) -> SlotLease | None:
         hints = self._free_hints
         for container_id in sorted(hints, key=hints.__getitem__, reverse=True):
             if hints.get(container_id, 0) <= 0:
                 break
-            if not self._fleet.accepting(container_id):
+            if not self._fleet.accepting(container_id) or not self._fleet.runs(container_id, key):
                 continue
             try:
                 lease = await self._fleet.send(container_id, at_once)
@@ -156,10 +184,21 @@ class Placement:
             return lease
         return None
 
-    async def _grow(self, known: set[str], looked_again: bool) -> ContainerInfo | Literal["appeared"] | None:
+    async def _grow(
+        self, known: set[str], looked_again: bool, image: BuiltImage | None
+    ) -> ContainerInfo | Literal["appeared"] | None:
         """A container the fleet started for this request, "appeared" when one was started elsewhere
         (look again), or None when the request should wait."""
-        started = await self._fleet.start_one_more(known, looked_again)
+        started = await self._fleet.start_one_more(known, looked_again, image)
         if isinstance(started, ContainerInfo):
             self._free_hints[started.container_id] = self._fleet.slots_per_container
         return started
+
+
+async def _wait_for(awaitable, timeout_s: float) -> None:
+    """Wait for `awaitable` at most `timeout_s` (it is cancelled if it has not finished)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.wait({task}, timeout=timeout_s)
+    finally:
+        task.cancel()

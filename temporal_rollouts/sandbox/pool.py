@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import SandboxBackend
 from temporal_rollouts.sandbox.fleet import Fleet
@@ -54,6 +55,8 @@ __all__ = ["ContainerSlots", "SandboxPool"]
 class ContainerSlots(BaseModel):
     container_id: str
     url: str
+    image: str | None = None
+    """The name of the item image its slots run on; None: the server's own root."""
     slots: list[SlotState]
 
 
@@ -71,9 +74,11 @@ class SandboxPool:
         min_containers: int = 1,
         max_containers: int = 1,
         idle_stop_s: float = 300.0,
+        max_per_image: int | None = None,
     ) -> None:
         """`start_containers=False` makes a pool that never starts or restarts a container process;
-        `max_containers` bounds how many the pool starts when every slot is taken."""
+        `max_containers` bounds how many the pool starts when every slot is taken, `max_per_image`
+        how many of one item image."""
         self.fleet = Fleet(
             backend,
             start_containers=start_containers,
@@ -82,6 +87,7 @@ class SandboxPool:
             min_containers=min_containers,
             max_containers=max_containers,
             idle_stop_s=idle_stop_s,
+            max_per_image=max_per_image,
         )
         self.placement = Placement(self.fleet)
 
@@ -98,6 +104,7 @@ class SandboxPool:
             min_containers=sandbox.min_containers,
             max_containers=sandbox.max_containers,
             idle_stop_s=sandbox.idle_stop_s,
+            max_per_image=sandbox.max_containers_per_image,
         )
 
     @property
@@ -114,13 +121,19 @@ class SandboxPool:
         *,
         may_hold: bool = True,
         near: str | None = None,
+        image: BuiltImage | None = None,
     ) -> SlotLease:
-        """Lease a slot on some container, waiting up to `wait_s`; see `Placement.acquire`. `near` names a
-        container to try first (only when the holder cannot hold a slot yet: `may_hold=False`)."""
+        """Lease a slot on some container of `image` (None: the server's own root), waiting up to `wait_s`;
+        see `Placement.acquire`. `near` names a container to try first (only when the holder cannot hold a
+        slot yet: `may_hold=False`)."""
         request = AcquireRequest(holder=holder, ttl_s=ttl_s, wait_s=wait_s, allow_network=allow_network)
-        if near is not None and not may_hold and (lease := await self.placement.acquire_near(request, near)):
+        if near is not None and not may_hold and (lease := await self.placement.acquire_near(request, near, image)):
             return lease
-        return await self.placement.acquire(request, may_hold=may_hold)
+        return await self.placement.acquire(request, may_hold=may_hold, image=image)
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Make an item's image ready for this pool's containers (build it once, or find it built)."""
+        return await self.fleet.backend.build_image(spec, wanted_by)
 
     async def release(self, lease: SlotRef) -> ReleaseResult:
         """Give a lease back; its slot is emptied for the next holder. Releasing twice is harmless."""
@@ -138,7 +151,9 @@ class SandboxPool:
         """Every live container with its slots, for people (the `slots` command)."""
         states = await self.placement.look()
         return [
-            ContainerSlots(container_id=container_id, url=info.url, slots=slots)
+            ContainerSlots(
+                container_id=container_id, url=info.url, image=info.image.name if info.image else None, slots=slots
+            )
             for container_id, slots in states.items()
             if (info := self.fleet.known(container_id)) is not None
         ]

@@ -52,33 +52,42 @@ class _OpenHow(ctypes.Structure):
 
 @dataclass(frozen=True)
 class ToolPath:
-    """A path a tool named, as components under the workspace; `shown` is how the slot sees it."""
+    """A path a tool named, as components under the slot's root folder; `shown` is how the slot sees it.
+
+    The root folder is the workspace, mounted at /workspace (`mount`), and a relative path starts there.
+    On an item image the root folder is the slot's whole root, `/` (`image_root`), and a relative path
+    starts at the image's WORKDIR (`cwd`)."""
 
     parts: tuple[str, ...]
+    mount: str = WORKSPACE_MOUNT
 
     @classmethod
-    def parse(cls, path: str) -> ToolPath:
+    def parse(cls, path: str, mount: str = WORKSPACE_MOUNT, cwd: tuple[str, ...] = ()) -> ToolPath:
         if "\0" in path:
             raise BadToolRequest("path contains a NUL character")
-        if path == WORKSPACE_MOUNT or path.startswith(WORKSPACE_MOUNT + "/"):
-            relative = path[len(WORKSPACE_MOUNT) :]
+        inside = mount.rstrip("/")
+        if mount == "/" and path.startswith("/"):
+            relative, start = path, []
+        elif path == inside or path.startswith(inside + "/"):
+            relative, start = path[len(inside) :], []
         elif path.startswith("/"):
-            raise BadToolRequest(f"path {path!r} is outside the workspace; use a path under {WORKSPACE_MOUNT}")
+            raise BadToolRequest(f"path {path!r} is outside the workspace; use a path under {mount}")
         else:
-            relative = path
-        parts: list[str] = []
+            relative, start = path, list(cwd)
+        parts: list[str] = start
         for part in relative.split("/"):
             if part == "..":
                 if not parts:
-                    raise BadToolRequest(f"path {path!r} leads outside the workspace")
+                    raise BadToolRequest(f"path {path!r} leads outside the {'root' if mount == '/' else 'workspace'}")
                 parts.pop()
             elif part not in ("", "."):
                 parts.append(part)
-        return cls(tuple(parts))
+        return cls(tuple(parts), mount)
 
     @property
     def shown(self) -> str:
-        return "/".join((WORKSPACE_MOUNT, *self.parts)) if self.parts else WORKSPACE_MOUNT
+        inside = self.mount.rstrip("/")
+        return "/".join((inside, *self.parts)) if self.parts else self.mount
 
     @property
     def relative(self) -> str:

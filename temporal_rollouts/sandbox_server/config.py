@@ -180,6 +180,15 @@ class ServerConfig(ServerOptions):
     """Seconds between lease expiry sweeps."""
     ready_file: Path | None = None
     """Written as JSON {url, pid, container_id} once it listens."""
+    image_layers: list[Path] = Field(default_factory=list)
+    """The item image its slots run on, as the host's image store keeps it: its layer folders, topmost first
+    (`image_root`); none: slots run on this server's own root."""
+    image_workdir: str = "/"
+    """The image's WORKDIR: where the slots' commands start."""
+    image_env: list[str] = Field(default_factory=list)
+    """The image's ENV, `NAME=value` each: the slots' commands' environment (its PATH above all)."""
+    image_name: str | None = None
+    """The image's name, for /health and the logs."""
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ServerConfig:
@@ -229,7 +238,7 @@ class ServerConfig(ServerOptions):
                 help_text = (field.description or "").strip() or None
                 if kind is bool:
                     parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
-                elif name == "allowed_hosts":
+                elif name in LIST_FIELDS:
                     parser.add_argument(*names, dest=name, action="append", help=help_text)
                 else:
                     parser.add_argument(*names, dest=name, help=help_text)
@@ -261,7 +270,9 @@ def options_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 ENV_PREFIX = "ROLLOUTS_SANDBOX__"
-FLAGS = {"allowed_hosts": "--allowed-host"}
+FLAGS = {"allowed_hosts": "--allowed-host", "image_layers": "--image-layer"}
+LIST_FIELDS = ("allowed_hosts", "image_layers", "image_env")
+"""Fields given as a flag repeated once per item."""
 """Flags that are not their field's name with dashes."""
 ALIASES = {"use_cgroups": ["--cgroups"], "sweep_interval_s": ["--sweep-interval"]}
 """Older spellings, still read."""

@@ -118,7 +118,7 @@ class DiskWatch:
         walk did not reach keeps its bits, in a folder only the slot's uid may enter, bound nosuid into
         every sandbox."""
         started = time.monotonic()
-        usage = await asyncio.to_thread(settle, volume.workspace, volume.files_limit(limits))
+        usage = await asyncio.to_thread(settle, volume.tree, volume.files_limit(limits))
         self.walked_at = time.monotonic()
         self.walk_s, self.ran_s, self.fresh = self.walked_at - started, 0.0, True
         self.walks += 1

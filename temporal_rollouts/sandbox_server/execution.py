@@ -33,6 +33,8 @@ from temporal_rollouts.sandbox_server.schema import (
     ToolOutput,
 )
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
+from temporal_rollouts.sandbox_server.beneath import ToolPath
+from temporal_rollouts.sandbox_server.image_root import SlotRoot
 from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
 
 
@@ -58,6 +60,8 @@ class Slot:
     stopping: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the slot's processes are stopped for a limit: nothing of the slot starts meanwhile, so the
     kill (which goes on until the slot's cgroups stay empty) never takes the next command's sandbox."""
+    root: SlotRoot | None = None
+    """The slot's root on the server's item image (`image_root`); None: the server's own root."""
 
     @property
     def free(self) -> bool:
@@ -65,7 +69,16 @@ class Slot:
 
     @property
     def workspace(self) -> Path:
-        return self.volume.workspace
+        """The folder the slot's commands and file tools work in: its workspace, mounted at /workspace; on an
+        item image its whole root, `/`."""
+        return self.root.path if self.root is not None else self.volume.workspace
+
+    def tool_path(self, path: str) -> ToolPath:
+        """A tool's path in this slot: under /workspace, or on an item image anywhere under `/`, a relative one
+        from the image's WORKDIR."""
+        if self.root is None:
+            return ToolPath.parse(path)
+        return ToolPath.parse(path, "/", tuple(part for part in self.root.image.workdir.split("/") if part))
 
     @property
     def folder(self) -> Path:
@@ -148,6 +161,7 @@ class CallRunner:
                 slot.disk,
                 slot.volume,
                 self.over_limit,
+                slot.tool_path,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):

@@ -100,13 +100,7 @@ def bubblewrap_argv(
     bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle.
     `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift)."""
     as_root = running_as_root() if as_root is None else as_root
-    argv = [bwrap, "--unshare-pid", *(["--as-pid-1"] if as_pid_1 else []), "--unshare-ipc", "--unshare-uts"]
-    argv.append("--unshare-cgroup-try")
-    if not as_root:
-        argv += ["--unshare-user", "--cap-drop", "ALL"]
-    if not allow_network:
-        argv.append("--unshare-net")
-    argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    argv = [bwrap, *_namespaces(allow_network, as_pid_1), *([] if as_root else ["--unshare-user", "--cap-drop", "ALL"])]
     for directory in READ_ONLY_DIRS:
         argv += ["--ro-bind-try", directory, directory]
     for path in MASKED_FILES:
@@ -120,7 +114,52 @@ def bubblewrap_argv(
             argv += ["--symlink", os.readlink(directory), directory]
         else:
             argv += ["--ro-bind-try", directory, directory]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+    argv += _scratch(tmp_bytes, cache)
+    argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return [*argv, *command]
+
+
+def image_bubblewrap_argv(
+    bwrap: str,
+    root: Path,
+    workdir: str,
+    command: list[str],
+    *,
+    allow_network: bool,
+    tmp_bytes: int = 0,
+    cache: Sequence[Path] = (),
+    as_pid_1: bool = False,
+    seccomp_fd: int | None = None,
+    read_only: bool = False,
+) -> list[str]:
+    """bwrap's argv around `command` in a slot on an item image (`image_root`): the slot's root (the image
+    with the slot's own layer over it, mounted nosuid,nodev by the server) is `/`, with a fresh /proc, /dev
+    and /tmp, and the command starts in the image's WORKDIR as root of a user namespace of its own whose
+    only id is the caller's (the slot's uid), with no capability. `read_only`: the whole root is mounted
+    read-only (a check that must change nothing)."""
+    argv = [bwrap, *_namespaces(allow_network, as_pid_1), "--unshare-user", "--uid", "0", "--gid", "0"]
+    argv += ["--cap-drop", "ALL", "--ro-bind" if read_only else "--bind", str(root), "/"]
+    argv += _scratch(tmp_bytes, cache)
+    argv += ["--chdir", workdir]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return [*argv, *command]
+
+
+def _namespaces(allow_network: bool, as_pid_1: bool) -> list[str]:
+    """Every namespace a slot's sandbox has of its own (the user namespace is the caller's choice)."""
+    argv = ["--unshare-pid", *(["--as-pid-1"] if as_pid_1 else []), "--unshare-ipc", "--unshare-uts"]
+    argv.append("--unshare-cgroup-try")
+    if not allow_network:
+        argv.append("--unshare-net")
+    return [*argv, "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+
+
+def _scratch(tmp_bytes: int, cache: Sequence[Path]) -> list[str]:
+    """A fresh /proc and /dev, a private sized /tmp, and the cache entries read-only under /cache."""
+    argv = ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
     if tmp_bytes and bubblewrap_sizes_tmpfs():
         argv += ["--size", str(tmp_bytes)]
     argv += ["--tmpfs", "/tmp"]
@@ -128,10 +167,7 @@ def bubblewrap_argv(
         argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
-    argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    return [*argv, *command]
+    return argv
 
 
 @functools.cache
@@ -297,6 +333,27 @@ def command_launch(
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     prefix = confinement.join_cgroups(slot, part) + confinement.rlimits()
+    if mode == "bubblewrap" and confinement.image is not None:
+        bwrap = bubblewrap_path()
+        assert bwrap is not None
+        argv = image_bubblewrap_argv(
+            bwrap,
+            workspace,
+            confinement.image.workdir,
+            script,
+            allow_network=allow_network,
+            tmp_bytes=confinement.limits.tmp_bytes,
+            cache=cache,
+            as_pid_1=as_pid_1,
+            seccomp_fd=seccomp_fd,
+            read_only=read_only,
+        )  # the uid is dropped first: bwrap makes the user namespace in which the slot's uid is root
+        environment = confinement.image.environment()
+        return prefix + confinement.drop_privileges(slot) + argv, _with_cache(
+            environment, CACHE_MOUNT if cache else None
+        )
+    if confinement.image is not None:
+        raise SandboxRequired("slots on an item image need bubblewrap, and this server runs unisolated")
     if mode == "bubblewrap":
         bwrap = bubblewrap_path()
         assert bwrap is not None

@@ -43,7 +43,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from temporal_rollouts.sandbox_server.beneath import folder_beneath, lstat_at, open_root
 from temporal_rollouts.sandbox_server.config import SlotLimits
+from temporal_rollouts.sandbox_server.image_root import IMAGE_PYTHON
 from temporal_rollouts.sandbox_server.isolation import (
     READ_ONLY_DIRS,
     SYSTEM_LINK_DIRS,
@@ -124,6 +126,26 @@ def sandbox_python() -> str | None:
     return None
 
 
+def image_python(root: Path) -> str | None:
+    """The image's Python (`/usr/bin/python3`, a file or a link), looked up in the slot's root without
+    following a link the agent may have put on the way; None where the image has none."""
+    *folders, name = IMAGE_PYTHON.strip("/").split("/")
+    try:
+        top = open_root(root)
+    except OSError:
+        return None
+    try:
+        folder = folder_beneath(top, tuple(folders), create=False)
+    except OSError:
+        return None
+    finally:
+        os.close(top)
+    try:
+        return IMAGE_PYTHON if lstat_at(folder, name) is not None else None
+    finally:
+        os.close(folder)
+
+
 class Launcher:
     """One slot's launcher process and the server's end of its socket."""
 
@@ -148,9 +170,13 @@ class Launcher:
     async def start(
         cls, slot: int, workspace: Path, key: LauncherKey, confinement: Confinement, require_isolation: bool
     ) -> Launcher:
-        python = sandbox_python()
+        python = image_python(workspace) if confinement.image is not None else sandbox_python()
         if python is None:
-            raise LauncherBroken("no Python under the folders the sandbox sees")
+            raise LauncherBroken(
+                "the image has no /usr/bin/python3"
+                if confinement.image
+                else "no Python under the folders the sandbox sees"
+            )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)

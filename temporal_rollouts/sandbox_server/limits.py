@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, SlotLimits
+from temporal_rollouts.sandbox_server.image_root import ImageRoot
 from temporal_rollouts.sandbox_server.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ class Confinement:
     """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
     slot_uids: dict[int, int] = field(default_factory=dict)
     """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
+    image: ImageRoot | None = None
+    """The item image every slot runs on (`image_root`); None: the server's own root."""
     _stops: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     _sandboxes: dict[int, set[int]] = field(default_factory=dict, repr=False, compare=False)
     """slot -> the pids of the sandboxes it runs now (`watched`); shared by every copy (`with_limits`)."""

@@ -51,6 +51,8 @@ class SlotContext:
     """Where the slot's files live (`slot_volume`); None: no disk or file limit is checked."""
     over_limit: OverLimit | None = None
     """Called when an operation finds the slot past a disk or file limit: it stops the slot's processes."""
+    tool_path: Callable[[str], ToolPath] = ToolPath.parse
+    """A tool's path in this slot (`Slot.tool_path`): under /workspace, or on an item image under `/`."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -114,7 +116,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
 
 
 async def _read_file(call_id: str, op: ReadFileOp, slot: SlotContext) -> ToolOutput:
-    path = ToolPath.parse(op.path)
+    path = slot.tool_path(op.path)
     try:
         text, truncated = await asyncio.to_thread(read_text, slot.workspace, path, slot.max_output_chars)
     except FileNotFoundError:
@@ -129,7 +131,7 @@ async def _read_file(call_id: str, op: ReadFileOp, slot: SlotContext) -> ToolOut
 
 
 async def _write_file(call_id: str, op: WriteFileOp, slot: SlotContext) -> ToolOutput:
-    path = ToolPath.parse(op.path)
+    path = slot.tool_path(op.path)
     if over_disk := await _over_disk(slot, len(op.content.encode("utf-8", errors="surrogateescape"))):
         return _failed(call_id, f"cannot write {path.shown}:{over_disk}")
     try:
@@ -150,8 +152,9 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
         raise BadToolRequest("search pattern is empty")
     if op.max_matches < 1:
         raise BadToolRequest("max_matches must be at least 1")
-    path = ToolPath.parse(op.path)  # grep runs in the sandbox, which resolves the path in the slot's own view
-    argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--"] + ([path.relative] if path.parts else [])
+    path = slot.tool_path(op.path)  # grep runs in the sandbox, which resolves the path in the slot's own view
+    where = [path.shown] if path.mount == "/" else [path.relative] if path.parts else []
+    argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--", *where]
     result = await run_command(
         shlex.join(argv),
         slot.workspace,

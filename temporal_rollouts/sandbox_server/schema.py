@@ -229,6 +229,11 @@ class TransferQuery(LeaseRequest):
     )
     max_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0, description="Refuse payloads larger than this.")
     replace: bool = Field(default=False, description="Upload of a folder: empty the target folder first.")
+    whole: bool = Field(
+        default=False,
+        description="The slot's whole state, for a snapshot and its restore: its workspace, or on an item image "
+        "its writable layer (deletions of the image's files included); `path` is then ignored.",
+    )
 
 
 CACHE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -308,6 +313,10 @@ class HealthStatus(BaseModel):
         "per slot); empty when every limit in force is held.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
+    image: str | None = Field(
+        default=None,
+        description="The item image the slots run on (each with its own writable layer); None: the server's own root.",
+    )
     slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")
     slot_uids: dict[int, int] = Field(
         default_factory=dict, description="The uid each slot claimed on this host (a root-run server; else empty)."

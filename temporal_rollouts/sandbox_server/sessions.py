@@ -159,6 +159,11 @@ class SlotSessions:
         (where a full disk would keep it from being written)."""
         self._sessions: dict[int, Session] = {}
 
+    def _where(self) -> str:
+        """Where a new session starts: /workspace, or on an item image its WORKDIR."""
+        image = self.confinement.image if self.confinement is not None else None
+        return image.workdir if image is not None else "/workspace"
+
     def _record(self, index: int, workspace: Path) -> Path:
         return (slot_folder(self.root, index) if self.root is not None else workspace.parent) / SESSION_FILE
 
@@ -207,7 +212,9 @@ class SlotSessions:
             session = await self._start(index, workspace, lease_id, allow_network, confinement or self.confinement)
             if op.action == "start":
                 note = f"{lost}\n" if lost else ""
-                return ToolOutput(call_id=call_id, ok=True, output=f"{note}started a terminal session in /workspace")
+                return ToolOutput(
+                    call_id=call_id, ok=True, output=f"{note}started a terminal session in {self._where()}"
+                )
         elif op.action == "start":
             return ToolOutput(call_id=call_id, ok=True, output="the terminal session is already running")
         if op.timeout_s <= 0:
@@ -393,7 +400,7 @@ def _lost_session(record: Path, lease_id: str) -> str | None:
         why = "it was stopped"
     return (
         f"the terminal session was lost: {why}. Its working directory, variables and background "
-        "processes are gone; files in /workspace remain. Call again to start a new session."
+        "processes are gone; its files remain. Call again to start a new session."
     )
 
 

@@ -53,6 +53,8 @@ IMAGE_FILE = "volume.img"
 SPARE_PREFIX = "spare-volume-"
 MAKING_PREFIX = "making-volume-"
 WORKSPACE_DIR = "workspace"
+LAYER_DIR = "layer"
+"""A slot on an item image: its writable layer (`layer/upper`, `layer/work`) is the slot's files (`image_root`)."""
 
 
 def slot_folder(root: Path, index: int) -> Path:
@@ -67,10 +69,33 @@ class SlotVolume:
     folder: Path
     kind: VolumeKind
     limits: SlotLimits
+    layered: bool = False
+    """The slot runs on an item image: what it changes is the image's writable layer in this volume."""
 
     @property
     def path(self) -> Path:
         return self.folder / VOLUME_DIR
+
+    @property
+    def layer(self) -> Path:
+        return self.path / LAYER_DIR
+
+    @property
+    def tree(self) -> Path:
+        """What the slot's files are, as walks count them: its writable layer on an image, else its workspace."""
+        return self.layer / "upper" if self.layered else self.workspace
+
+    def make_layer(self, owner: tuple[int, int] | None) -> tuple[Path, Path]:
+        """The slot's writable layer on an image (`upper`, given to the slot's uid: the root of its `/`) and
+        overlay's work folder beside it, made where missing; (upper, work)."""
+        upper, work = self.layer / "upper", self.layer / "work"
+        for folder in (self.layer, upper, work):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755)
+        if owner is not None:
+            os.lchown(upper, *owner)
+        os.chmod(upper, 0o755)
+        return upper, work
 
     @property
     def workspace(self) -> Path:
@@ -132,6 +157,8 @@ class SlotVolume:
             self.release()
             self.image.unlink(missing_ok=True)
         self.path.mkdir(exist_ok=True)
+        if os.path.lexists(self.layer):  # a slot on an image: its layer goes with its workspace
+            self._move_aside(self.layer, self.path)
         trash = self._move_aside(self.workspace) if os.path.lexists(self.workspace) else None
         try:
             prepare_workspace(self.workspace, owner)
@@ -150,7 +177,7 @@ class SlotVolume:
         anything or the volume has no filesystem of its own."""
         if not self.own_filesystem or not limits.disk_bytes:
             return False
-        with os.scandir(self.workspace) as entries:
+        with os.scandir(self.tree) as entries:
             if next(entries, None) is not None:
                 return False
         self.reset(owner, limits)

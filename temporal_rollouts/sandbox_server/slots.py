@@ -47,6 +47,7 @@ from temporal_rollouts.sandbox_server.config import (
     ServerConfig,
     SlotLimits,
 )
+from temporal_rollouts.sandbox_server.image_root import ImageRoot, SlotRoot
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -101,6 +102,7 @@ class SlotManager:
         uid_count: int = DEFAULT_UID_COUNT,
         uid_claims_dir: Path = DEFAULT_UID_CLAIMS,
         slot_volume: VolumeChoice = "auto",
+        image: ImageRoot | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("a sandbox container needs at least one slot")
@@ -115,6 +117,7 @@ class SlotManager:
         self.confinement = Confinement.detect(
             limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups, uid_count
         )
+        self.confinement.image = image
         self.uid_claims_dir = uid_claims_dir
         self._claims: UidClaims | None = None
         self._line = WaitLine()
@@ -123,6 +126,10 @@ class SlotManager:
         volumes = [SlotVolume(slot_folder(root, index), "checked", self.confinement.limits) for index in range(slots)]
         self._book = SlotBook(root, volumes, container_id, self._line)
         self._slots = self._book.slots
+        if image is not None:  # every slot's root is the image with its own layer over it (`image_root`)
+            for slot in self._slots:
+                slot.root = SlotRoot(image, slot.folder)
+                slot.volume.layered = True
         self.cache = SharedCache(root)
         self._runner = CallRunner(
             root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache
@@ -154,6 +161,7 @@ class SlotManager:
             allow_network_unprotected=config.allow_network_unprotected,
             use_cgroups=config.use_cgroups,
             slot_volume=config.slot_volume,
+            image=ImageRoot.from_config(config),
         )
 
     async def start(self) -> None:
@@ -178,6 +186,8 @@ class SlotManager:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         if self.isolation_mode == "bubblewrap":  # tried once now, so a refused filter is logged at start
             await asyncio.to_thread(isolation.setuid_bits_refused)
+        if self.confinement.image is not None and (problem := self.confinement.image.problem()):
+            raise SandboxRequired(problem)
         moved = await asyncio.to_thread(self._claim_uids) if self.confinement.dedicated_uids else {}
         await asyncio.to_thread(self._prepare_cgroups)
         if self.confinement.unwatched_limits():
@@ -247,10 +257,18 @@ class SlotManager:
             if (leftover := slot.volume.prepare(self._owner(slot), keep=True)) is not None:
                 leftover()
             if old_uid is not None and (owner := self._owner(slot)) is not None:
-                give_tree(slot.workspace, old_uid, owner)
+                give_tree(slot.volume.tree, old_uid, owner)
+            self._mount_root(slot)
         except OSError as err:
             slot.quarantined = f"its volume cannot be mounted again: {err}"[:500]
             log.error("slot %d is quarantined: %s", slot.index, slot.quarantined)
+
+    def _mount_root(self, slot: Slot) -> None:
+        """On an item image: mount the slot's root, the image under the slot's own layer (made where missing)."""
+        if slot.root is None:
+            return
+        upper, work = slot.volume.make_layer(self._owner(slot))
+        slot.root.mount(upper, work, self.confinement.uid(slot.index))
 
     def _limits_of(self, slot: Slot) -> SlotLimits:
         return slot.limits or self.confinement.limits
@@ -278,7 +296,10 @@ class SlotManager:
                 slot.limits = None
                 await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
             slot.notices.clear()
+            if slot.root is not None:  # its processes are gone: the root can go, and the layer under it
+                await asyncio.to_thread(slot.root.unmount)
             leftover = await asyncio.to_thread(slot.volume.reset, self._owner(slot), self.confinement.limits)
+            await asyncio.to_thread(self._mount_root, slot)
             slot.disk = DiskWatch()
         except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
@@ -338,6 +359,8 @@ class SlotManager:
         for slot in self._slots:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
             try:
+                if slot.root is not None:
+                    await asyncio.to_thread(slot.root.release)
                 await asyncio.to_thread(slot.volume.release)
             except OSError as err:
                 log.warning("cannot unmount slot %d's volume: %s", slot.index, err)
@@ -380,6 +403,7 @@ class SlotManager:
             slot_limits=self.confinement.limits,
             slot_uids=dict(self.confinement.slot_uids),
             uid_range=(c.uid_base, c.uid_base + c.uid_count - 1) if (c := self.confinement).dedicated_uids else None,
+            image=self.confinement.image.name if self.confinement.image is not None else None,
         )
 
     def slot_states(self) -> list[SlotState]:
@@ -475,9 +499,18 @@ class SlotManager:
             # An empty volume of its own, whose filesystem no sandbox has bound yet, is made again at the narrower
             # size; otherwise its usage is checked against it.
             if resized and not self.confinement.has_processes(target.index):
-                if await asyncio.to_thread(target.volume.remake, self._owner(target), narrowed):
+                if await asyncio.to_thread(self._remake, target, narrowed):
                     target.disk = DiskWatch()
         return SlotLimitsRequest(**narrowed.model_dump())
+
+    def _remake(self, slot: Slot, limits: SlotLimits) -> bool:
+        """`SlotVolume.remake` for a lease's narrower limits, the slot's root (on an image) unmounted around it."""
+        if slot.root is not None:
+            slot.root.unmount()
+        try:
+            return slot.volume.remake(self._owner(slot), limits)
+        finally:
+            self._mount_root(slot)
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:
         """Run one operation in a leased slot, or answer a repeated call id from its stored result."""

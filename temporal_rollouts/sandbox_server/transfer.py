@@ -13,6 +13,9 @@ links pointing out, devices), as restoring a snapshot always did. A snapshot for
 is a download of the whole workspace as tar.gz, and its restore an upload with
 `replace`: one streaming path for both. A copy between two slots of one container (a
 branch of a rollout starting from its parent's files) is the same pair done in place.
+On an item image the slot's whole state is its writable layer (`TransferQuery.whole`):
+a snapshot, its restore and a copy move the layer, with overlay's marks of what the slot
+deleted from the image, and the slot's root is mounted again over the restored layer.
 """
 
 from __future__ import annotations
@@ -73,7 +76,9 @@ async def receive(
 ) -> TransferResult:
     """Write an upload into the slot: a file at `query.path`, or a tar stream unpacked under it."""
     limit = min(query.max_bytes, max_bytes)
-    target = ToolPath.parse(query.path)
+    if query.whole and slot.root is not None:
+        return await _receive_layer(slot, query, body, limit, owner)
+    target = slot.tool_path("." if query.whole else query.path)
     try:
         spools = spool_dir(slot, in_volume=query.format == "file")
         fd, spool = tempfile.mkstemp(dir=spools, prefix="up-")
@@ -105,20 +110,15 @@ async def send(
     opened now, so a later change to the workspace cannot redirect it; a folder as a tar (gzipped when
     the format says tar.gz), packed into a spool first from the folder's descriptor, within `max_pack_s`."""
     limit = min(query.max_bytes, max_bytes)
-    target = ToolPath.parse(query.path)
+    if query.whole and slot.root is not None:  # the slot's writable layer, packed from its folder on the volume
+        return await _send_folder(slot, open_root(slot.volume.tree), query.format, limit, max_pack_s, layer=True)
+    target = slot.tool_path("." if query.whole else query.path)
     source = _open_in(slot.workspace, target, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(source)
         if stat.S_ISDIR(info.st_mode):
-            fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="down-")
-            os.close(fd)
-            try:
-                async with slot.lock:
-                    await asyncio.to_thread(_pack, source, Path(spool), query.format, limit, max_pack_s)
-                packed = os.open(spool, os.O_RDONLY | os.O_CLOEXEC)
-            finally:
-                os.unlink(spool)  # the open descriptor keeps the data until the stream ends
-            return _stream(packed), os.fstat(packed).st_size, "dir"
+            folder, source = source, -1
+            return await _send_folder(slot, folder, query.format, limit, max_pack_s)
         if not stat.S_ISREG(info.st_mode):
             raise BadToolRequest(f"{target.shown} is not a regular file")
         if info.st_size > limit:
@@ -130,6 +130,49 @@ async def send(
             os.close(source)
 
 
+async def _send_folder(
+    slot: Slot, folder: int, format: TransferFormat, limit: int, max_pack_s: float, layer: bool = False
+) -> tuple[AsyncIterator[bytes], int, str]:
+    """A folder (its descriptor, closed here) as a tar, packed into a spool first under the slot's lock."""
+    try:
+        fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="down-")
+        os.close(fd)
+        try:
+            async with slot.lock:
+                await asyncio.to_thread(_pack, folder, Path(spool), format, limit, max_pack_s, layer)
+            packed = os.open(spool, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.unlink(spool)  # the open descriptor keeps the data until the stream ends
+    finally:
+        os.close(folder)
+    return _stream(packed), os.fstat(packed).st_size, "dir"
+
+
+async def _receive_layer(
+    slot: Slot, query: TransferQuery, body: AsyncIterable[bytes], limit: int, owner: tuple[int, int] | None
+) -> TransferResult:
+    """Replace an image slot's writable layer with an archive of one (`send` with `whole`)."""
+    assert slot.root is not None
+    fd, spool = tempfile.mkstemp(dir=spool_dir(slot), prefix="up-")
+    try:
+        received = await spool_body(body, fd, limit, "the restored layer")
+        async with slot.lock:
+            slot.disk.changed()
+            entries = await asyncio.to_thread(_unpack_layer, slot, Path(spool), query.format, limit, owner)
+    except OSError as err:
+        raise BadToolRequest(f"cannot restore the slot's layer: {describe(err)}") from err
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spool)
+    return TransferResult(path="/", bytes=received, entries=entries)
+
+
+def _unpack_layer(slot: Slot, spool: Path, format: TransferFormat, limit: int, owner: tuple[int, int] | None) -> int:
+    assert slot.root is not None
+    with slot.root.remounted():
+        return _unpack(spool, slot.volume.tree, ToolPath(()), format, limit, True, owner, layer=True)
+
+
 async def copy_workspace(
     source: Slot,
     target: Slot,
@@ -139,22 +182,29 @@ async def copy_workspace(
 ) -> TransferResult:
     """Replace `target`'s workspace with `source`'s: packed by descriptor into a spool under the source's
     lock, then unpacked with `replace` under the target's, exactly as a snapshot and its restore would be,
-    without the trip through the worker and the object store. The locks are taken one after the other."""
+    without the trip through the worker and the object store. The locks are taken one after the other.
+    Slots on an item image copy their writable layer (both run on the server's one image)."""
+    layered = source.root is not None
+    if layered != (target.root is not None):
+        raise BadToolRequest("cannot copy between a slot on an item image and one on the server's own root")
     fd, spool = tempfile.mkstemp(dir=spool_dir(target), prefix="copy-")
     os.close(fd)
     try:
-        root = open_root(source.workspace)
+        root = open_root(source.volume.tree if layered else source.workspace)
         try:
             async with source.lock:
-                await asyncio.to_thread(_pack, root, Path(spool), "tar", max_bytes, max_pack_s)
+                await asyncio.to_thread(_pack, root, Path(spool), "tar", max_bytes, max_pack_s, layered)
         finally:
             os.close(root)
         size = os.path.getsize(spool)
         async with target.lock:
             target.disk.changed()
-            entries = await asyncio.to_thread(
-                _unpack, Path(spool), target.workspace, ToolPath.parse("."), "tar", max_bytes, True, owner
-            )
+            if layered:
+                entries = await asyncio.to_thread(_unpack_layer, target, Path(spool), "tar", max_bytes, owner)
+            else:
+                entries = await asyncio.to_thread(
+                    _unpack, Path(spool), target.workspace, ToolPath.parse("."), "tar", max_bytes, True, owner
+                )
     except OSError as err:
         raise BadToolRequest(f"cannot copy the workspace: {describe(err)}") from err
     finally:
@@ -165,7 +215,7 @@ async def copy_workspace(
 
 def list_entries(slot: Slot, query: ListQuery) -> FileListing:
     """The files under a workspace folder (a slot's artifacts), walked by descriptor, links not followed."""
-    top = ToolPath.parse(query.path)
+    top = slot.tool_path(query.path)
     folder = _open_in(slot.workspace, top, os.O_RDONLY | os.O_DIRECTORY)
     entries: list[FileEntry] = []
     try:
@@ -236,9 +286,12 @@ def _place_file(
         os.close(spool_fd)
 
 
-def _pack(folder_fd: int, spool: Path, format: TransferFormat, limit: int, max_pack_s: float) -> None:
+def _pack(
+    folder_fd: int, spool: Path, format: TransferFormat, limit: int, max_pack_s: float, layer: bool = False
+) -> None:
     with open(spool, "wb") as out:
-        pack_folder(folder_fd, out, "w:gz" if format == "tar.gz" else "w:", limit, TransferTooLarge, max_pack_s)
+        mode = "w:gz" if format == "tar.gz" else "w:"
+        pack_folder(folder_fd, out, mode, limit, TransferTooLarge, max_pack_s, layer)
 
 
 def _unpack(
@@ -249,6 +302,7 @@ def _unpack(
     limit: int,
     replace: bool,
     owner: tuple[int, int] | None,
+    layer: bool = False,
 ) -> int:
     root = open_root(workspace)
     try:
@@ -261,7 +315,8 @@ def _unpack(
     mode = "r:gz" if format == "tar.gz" else "r:"
     try:
         with tarfile.open(spool, mode=mode) as tar:  # type: ignore[call-overload]
-            return unpack_archive(tar, folder, owner, trash=Trash(workspace.parent), replace=replace, limit=limit)
+            trash = Trash(workspace.parent)
+            return unpack_archive(tar, folder, owner, trash=trash, replace=replace, limit=limit, layer=layer)
     except tarfile.TarError as err:
         raise BadToolRequest(f"the uploaded archive cannot be unpacked: {err}") from err
     finally:

@@ -11,6 +11,7 @@ conversations and has no login. It also serves a codec endpoint for the Temporal
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from temporal_rollouts.client.rollout_rows import RolloutFilter, list_rollouts
 from temporal_rollouts.client.training import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedStatus
+from temporal_rollouts.sandbox.pool import ContainerSlots
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -81,12 +83,14 @@ def create_app(
     ui_origins: list[str] | None = None,
     allowed_hosts: AllowedHosts | None = None,
     key: str | None = None,
+    sandboxes: Callable[[], Awaitable[list[ContainerSlots]]] | None = None,
 ) -> Starlette:
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
     header is refused, so a web page cannot read the conversations through DNS rebinding. `key`:
     every route then needs it, as a bearer token or the cookie the page sets when opened once as
-    `/?key=KEY` (`sandbox_server.keys`)."""
+    `/?key=KEY` (`sandbox_server.keys`). `sandboxes`: the pool's containers with their image and slots
+    (`rollouts slots`), when this process can see them."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}
     finals: dict[str, FeedStatus | None] = {}
@@ -139,6 +143,11 @@ def create_app(
         record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
         return JSONResponse(record.shown())
 
+    async def containers(request: Request) -> JSONResponse:
+        if sandboxes is None:
+            return JSONResponse([])
+        return JSONResponse([container.model_dump(mode="json") for container in await sandboxes()])
+
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         message = exc.message if isinstance(exc, ConfigError) else str(exc)
         return JSONResponse({"error": message}, status_code=404 if "no " in message[:3] else 400)
@@ -149,6 +158,7 @@ def create_app(
             Route("/", page),
             Route("/api/batches", batches),
             Route("/api/runs", runs),
+            Route("/api/sandboxes", containers),
             Route("/api/batches/{batch_id}/rollouts", rollouts),
             Route("/api/batches/{batch_id}/figures", figures),
             Route("/api/rollouts/{rollout_id:path}", rollout),

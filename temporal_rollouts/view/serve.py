@@ -49,12 +49,20 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
     import uvicorn
 
     from temporal_rollouts.client.connection import inspection_client
+    from temporal_rollouts.client.slots import describe_sandboxes
     from temporal_rollouts.sandbox_server.hosts import AllowedHosts
     from temporal_rollouts.view.app import create_app
 
     client, transcripts = await inspection_client(settings)
     origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), key)
+    app = create_app(
+        client,
+        transcripts,
+        origins,
+        AllowedHosts.for_bind(args.host, args.allowed_hosts),
+        key,
+        sandboxes=lambda: describe_sandboxes(settings),
+    )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     opened = f"?key=<the key in ${args.api_key_env}>" if key else ""
     print(

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -15,23 +13,14 @@ from temporalio.client import Client
 from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
-from tests.support import REPO
-from tests.support.processes import settings_environment
+from tests.support.processes import rollouts_process
 from tests.support.sandbox import needs_bubblewrap
 from workflows.trajectory import TrajectoryWorkflow
 
 
 async def rollouts(settings: Settings, *args: str) -> subprocess.CompletedProcess:
     """The `rollouts` command in a subprocess (in a thread: this test process runs the worker)."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "temporal_rollouts.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **settings_environment(settings)},
-    )
+    return await asyncio.to_thread(rollouts_process, settings, *args)
 
 
 def ending(printed: str) -> list[str]:

@@ -9,6 +9,11 @@ MODAL_TOKEN_ID and MODAL_TOKEN_SECRET are set; it creates sandboxes in app
 
 Each test: start; race two starts on one name; acquire from two pools; kill the server and see
 the pool recover; reap; and at the end remove everything by tag (also when the test fails).
+
+The item-image tests build a small Dockerfile (Debian with jq) and run a command on a slot of it:
+on Modal, Modal builds it; on Nomad (ROLLOUTS_LIVE_REGISTRY set to a registry the client nodes pull
+from, the docker driver on them, podman and buildah here) this worker builds it, adds the server's
+layer and pushes it.
 """
 
 from __future__ import annotations
@@ -143,3 +148,48 @@ async def test_nomad_live(nomad_settings) -> None:
 
 async def test_modal_live(modal_settings) -> None:
     await exercise(modal_settings, kill_modal_server, keeps_leases=False)
+
+
+JQ_DOCKERFILE = (
+    "FROM debian:bookworm-slim\n"
+    "RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*\n"
+    "WORKDIR /workspace\n"
+)
+
+
+async def exercise_item_image(settings: Settings, tmp_path) -> None:
+    from temporal_rollouts.core.images import ImageSpec
+
+    context = tmp_path / "jq-task"
+    context.mkdir()
+    (context / "Dockerfile").write_text(JQ_DOCKERFILE)
+    async with SandboxPool.from_settings(settings) as pool:
+        await pool.fleet.backend.prepare()
+        image = await pool.build_image(ImageSpec(context=str(context), name="jq-task"), "the live test")
+        again = await pool.build_image(ImageSpec(context=str(context), name="jq-task"), "the live test")
+        assert again.remote == image.remote and not again.built
+        lease = await pool.acquire(Holder(workflow_id="live-image", run_id="r"), wait_s=600, image=image)
+        out = await pool.lease(lease).execute("c1", ExecOp(command="jq --version"))
+        assert out.ok and out.output.startswith("jq-"), out.output
+        assert [c.image for c in await pool.describe() if c.container_id == lease.container_id] == [image.name]
+        await pool.release(lease)
+
+
+async def test_modal_live_item_image(modal_settings, tmp_path) -> None:
+    await exercise_item_image(modal_settings, tmp_path)
+
+
+async def test_nomad_live_item_image(nomad_settings, tmp_path) -> None:
+    registry = os.environ.get("ROLLOUTS_LIVE_REGISTRY")
+    if not registry:
+        pytest.skip("ROLLOUTS_LIVE_REGISTRY is not set: no registry the Nomad clients pull from")
+    backend = {**nomad_settings.sandbox.backend.model_dump(), "driver": "docker"}
+    settings = nomad_settings.model_copy(
+        update={
+            "sandbox": nomad_settings.sandbox.model_copy(
+                update={"backend": type(nomad_settings.sandbox.backend)(**backend)}
+            ),
+            "images": nomad_settings.images.model_copy(update={"registry": registry}),
+        }
+    )
+    await exercise_item_image(settings, tmp_path)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from datetime import datetime
@@ -34,8 +31,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.jsonl import read_groups
-from tests.support import REPO
-from tests.support.processes import settings_environment
+from tests.support.processes import run_rollouts_cli
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, wait_until
 from workflows.batch import BatchWorkflow
@@ -47,20 +43,7 @@ pytestmark = pytest.mark.slow
 async def rollouts_cli(settings: Settings, *args: str) -> dict:
     """The `rollouts` command as a user runs it, configured through the environment (in a
     thread: this test process also runs the worker)."""
-    return await asyncio.to_thread(_run_cli, settings, *args)
-
-
-def _run_cli(settings: Settings, *args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "temporal_rollouts.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **settings_environment(settings)},
-    )
-    assert done.returncode in (0, 2), done.stderr
-    return json.loads(done.stdout)
+    return json.loads(await asyncio.to_thread(run_rollouts_cli, settings, *args))
 
 
 async def failed_result(client: Client, workflow_id: str) -> TrajectoryResult:

@@ -147,3 +147,38 @@ def test_every_modal_call_the_backend_makes_binds_to_the_installed_signatures(tm
         inspect.signature(method).bind(None)
     inspect.signature(modal.Sandbox.tunnels).bind(None, timeout=5)
     assert callable(modal.Sandbox.create.aio) and callable(modal.Sandbox.list.aio)
+
+
+async def test_an_item_image_is_built_by_modal_once_and_its_sandboxes_run_on_it(pool, fake_modal, tmp_path) -> None:
+    from temporal_rollouts.core.errors import ImageBuildFailed
+    from temporal_rollouts.core.images import ImageSpec
+
+    context = tmp_path / "task"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM python:3.12-slim\nRUN pip install pytest\n")
+    spec = ImageSpec(context=str(context), name="task")
+    built = await asyncio.gather(*(pool.build_image(spec, "item 'task'") for _ in range(3)))
+    assert len({image.remote for image in built}) == 1 and built[0].remote.startswith("im-")
+    dockerfile_calls = [kwargs for name, _, kwargs in fake_modal.calls if name == "Image.from_dockerfile"]
+    assert dockerfile_calls and all(call["add_python"] and call["context_dir"] == context for call in dockerfile_calls)
+    layer = fake_modal.images[built[0].remote]
+    assert (
+        "apt bubblewrap libseccomp2" in layer.steps
+        and "/opt/rollouts/lib/temporal_rollouts/sandbox_server" in layer.local_dirs
+    )
+
+    image = built[0]
+    lease = await pool.acquire(Holder(workflow_id="on-image", run_id="r"), wait_s=10, image=image)
+    assert lease.container_id == f"rl-test-{image.short}-0"
+    create = next(
+        kw for name, _, kw in fake_modal.calls if name == "Sandbox.create" and kw["name"] == lease.container_id
+    )
+    assert create["image"] is layer and create["tags"]["image_key"] == image.key
+    (described,) = [c for c in await pool.describe() if c.container_id == lease.container_id]
+    assert described.image == image.name
+    await pool.release(lease)
+
+    (context / "Dockerfile").write_text("FROM python:3.12-slim\nRUN FAKE-MODAL-BUILD-FAILS\n")
+    with pytest.raises(ImageBuildFailed, match="item 'task'") as failed:
+        await pool.build_image(spec, "item 'task'")
+    assert not failed.value.retryable

@@ -14,15 +14,13 @@ from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.lease_log import read_lease_events
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, DrainRequest, Holder, SlotLease
-from tests.support.sandbox import eventually, holder, root_of
+from tests.support.sandbox import eventually, holder, local_backend, root_of
 
 
 @pytest.fixture
 async def backend(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3)
-    yield backend
-    for info in backend.registry.load():
-        await backend.stop_container(info.container_id)
+    async with local_backend(tmp_path / "data", 1) as backend:
+        yield backend
 
 
 async def all_waiting(pool: SandboxPool, count: int) -> bool:

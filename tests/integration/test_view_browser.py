@@ -27,6 +27,7 @@ from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimit
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.trees import RolloutTreeResult
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.view.app import create_app
 from temporal_rollouts.view.figures import Counts, batch_figures
 from tests.support import TEMPLATES
@@ -168,11 +169,10 @@ async def training_run(
 
 
 @pytest.fixture
-async def served(project_client: Client, transcripts: TranscriptStore) -> AsyncIterator[str]:
+async def served(project_client: Client, transcripts: TranscriptStore, pool: SandboxPool) -> AsyncIterator[str]:
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(project_client, transcripts), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(project_client, transcripts, sandboxes=pool.describe)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), task
@@ -230,7 +230,10 @@ async def test_the_page_lists_filters_and_renders_a_trajectory(
         await rollouts.first.click()
 
         await page.locator("#messages .msg.tool").first.wait_for()
+        assert await page.inner_text("#image") == "(the sandbox server's own root)"
         assert (await page.inner_text("#stop-reason")).startswith("completed")
+        sandboxes = await page.locator("#sandbox-rows tr").all_inner_texts()
+        assert sandboxes and all("(own root)" in row for row in sandboxes), "each container with its image"
         assert await page.inner_text("#score") == "1"
         assert json.loads(await page.inner_text("#verifier"))  # the verifier's details, as it returned them
         assert await page.locator(".tool-error").count() == 1  # the call of an unknown tool

@@ -2,6 +2,7 @@
 
 `FakeModal` stands where the backend expects the `modal` module: `App.lookup`,
 `Image.from_registry(...).apt_install(...).pip_install(...).add_local_dir(...)`,
+`Image.from_dockerfile`, `Image.build`, `Image.from_id`,
 `Secret.from_name`, `Secret.from_dict`, `Sandbox.create`, `Sandbox.from_name`,
 `Sandbox.list`, and on a sandbox `get_tags`, `tunnels`, `poll`, `terminate`,
 `object_id`, each with `.aio` where modal has it. Every call is first bound to
@@ -15,10 +16,12 @@ real `NotFoundError` for none running; `list(tags=...)` returns running sandboxe
 that carry at least those tags; a sandbox ends when its process exits or after
 its `timeout` (its lifetime); the image is honoured in one way: only folders added
 with `add_local_dir` are importable (mapped to local paths), so the server must
-run from its package alone.
+run from its package alone. `build` gives an image an id (`im-N`) that `from_id`
+finds again; a Dockerfile image whose file contains `FAKE-MODAL-BUILD-FAILS` fails
+its build with the real `ImageBuildError`, as a failing step does in Modal.
 
 What it does not: containers and images (the process runs on this host with this
-Python for `python`), `idle_timeout` (recorded, not enforced), gpu/cpu/memory
+Python for `python`; a Dockerfile is read, never run), `idle_timeout` (recorded, not enforced), gpu/cpu/memory
 limits, network policy, tunnels over TLS (the tunnel URL is plain
 http://127.0.0.1:<port>, where Modal's is https://<host>), `exec`, snapshots,
 environments, and Modal's gRPC control plane (the backend's calls are faked at the
@@ -96,9 +99,12 @@ class FakeImage:
     tag: str
     local_dirs: dict[str, Path] = field(default_factory=dict)
     steps: list[str] = field(default_factory=list)
+    dockerfile: Path | None = None
+    object_id: str | None = None
 
     def __post_init__(self) -> None:
         cls = modal.Image
+        self.build = _Method(self.fake, "Image.build", cls.build, self._build, bound_self=True)
         self.apt_install = _Method(self.fake, "Image.apt_install", cls.apt_install, self._step("apt"), bound_self=True)
         self.pip_install = _Method(self.fake, "Image.pip_install", cls.pip_install, self._step("pip"), bound_self=True)
         self.add_local_dir = _Method(
@@ -115,6 +121,18 @@ class FakeImage:
     def _add_dir(self, local_path: Any, remote_path: str, **_: Any) -> FakeImage:
         self.local_dirs[remote_path] = Path(local_path)
         return self
+
+    def _build(self, app: Any = None) -> FakeImage:
+        if self.dockerfile is not None and "FAKE-MODAL-BUILD-FAILS" in self.dockerfile.read_text():
+            image_id = f"im-{next(self.fake._ids)}"
+            raise modal.exception.ImageBuildError(
+                f"Image build for {image_id} failed. See build logs for more details.", image_id
+            )
+        if self.object_id is None:  # Modal gives an identical definition the id it built before
+            definition = (self.tag, tuple(self.steps), tuple(sorted(self.local_dirs.items())))
+            self.object_id = self.fake.built_definitions.setdefault(definition, f"im-{next(self.fake._ids)}")
+            self.fake.images.setdefault(self.object_id, self)
+        return self.fake.images[self.object_id]
 
 
 @dataclass
@@ -187,6 +205,15 @@ class FakeModal:
         self.Image.from_registry = _Method(
             self, "Image.from_registry", modal.Image.from_registry, lambda tag, **_: FakeImage(self, tag)
         )
+        self.Image.from_dockerfile = _Method(
+            self,
+            "Image.from_dockerfile",
+            modal.Image.from_dockerfile,
+            lambda path, **_: FakeImage(self, f"dockerfile:{path}", dockerfile=Path(path)),
+        )
+        self.Image.from_id = _Method(self, "Image.from_id", modal.Image.from_id, self._image_by_id, bound_self=True)
+        self.images: dict[str, FakeImage] = {}
+        self.built_definitions: dict[tuple, str] = {}
         self.Secret = _Namespace()
         self.Secret.from_dict = _Method(
             self, "Secret.from_dict", modal.Secret.from_dict, lambda d={}: FakeSecret(dict(d))
@@ -220,6 +247,11 @@ class FakeModal:
                 raise modal.exception.NotFoundError(f"App '{name}' not found")
             self.apps[name] = FakeApp(name, f"ap-{next(self._ids)}")
         return self.apps[name]
+
+    def _image_by_id(self, image_id: str, **_: Any) -> FakeImage:
+        if image_id not in self.images:
+            raise modal.exception.NotFoundError(f"Image '{image_id}' not found")
+        return self.images[image_id]
 
     def _named_secret(self, name: str, **_: Any) -> FakeSecret:
         if name not in self.named_secrets:

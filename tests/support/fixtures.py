@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client
@@ -27,7 +28,9 @@ from temporal_rollouts.runtime.temporal import (
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.images import unmount_under
 from tests.support.processes import kill_servers_under
+from tests.support.sandbox import local_backend
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.run_api import RunApiProcess
 from temporal_rollouts.runtime.worker import Parts, polling_worker
@@ -104,6 +107,7 @@ async def parts(settings: Settings) -> AsyncIterator[Parts]:
     for container in await backend.list_containers():
         await backend.stop_container(container.container_id)
     kill_servers_under(settings.data_dir)
+    unmount_under(settings.image_store)
 
 
 @pytest.fixture(scope="session")
@@ -136,10 +140,16 @@ def client(project_client: Client, worker: None) -> Client:
 @pytest.fixture
 async def backend(tmp_path) -> AsyncIterator[LocalBackend]:
     """A local sandbox backend of two-slot containers in a test's own folder."""
-    local = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
-    yield local
-    for info in local.registry.load():
-        await local.stop_container(info.container_id)
+    async with local_backend(tmp_path / "data", 2) as local:
+        yield local
+
+
+@pytest.fixture
+def store_dir(tmp_path) -> Iterator[Path]:
+    """A folder for a test's own image store, unmounted at the end (tests/support/images.py)."""
+    store = tmp_path / "store"
+    yield store
+    unmount_under(store)
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,26 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
+def rollouts_process(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    """The `rollouts` command as a user runs it, configured through the environment (run it in a thread
+    where the test process also runs the worker)."""
+    return subprocess.run(
+        [sys.executable, "-m", "temporal_rollouts.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **settings_environment(settings)},
+    )
+
+
+def run_rollouts_cli(settings: Settings, *args: str) -> str:
+    """`rollouts_process`'s stdout, once it exits with 0 or 2 (done, or done with failed rollouts)."""
+    done = rollouts_process(settings, *args)
+    assert done.returncode in (0, 2), done.stderr
+    return done.stdout
+
+
 class WorkerProcess:
     def __init__(self, settings: Settings, log_path: Path) -> None:
         self.settings = settings

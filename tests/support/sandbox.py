@@ -103,6 +103,19 @@ def root_of(backend: LocalBackend, container_id: str) -> Path:
 
 
 @asynccontextmanager
+async def local_backend(
+    folder: Path, slots: int, backend_class: type[LocalBackend] = LocalBackend
+) -> AsyncIterator[LocalBackend]:
+    """A local sandbox backend in a test's own folder; every container it registered is stopped at the end."""
+    backend = backend_class(folder, slots_per_container=slots, sweep_interval_s=0.3)
+    try:
+        yield backend
+    finally:
+        for info in backend.registry.load():
+            await backend.stop_container(info.container_id)
+
+
+@asynccontextmanager
 async def running_container(backend: LocalBackend) -> AsyncIterator[tuple[ContainerInfo, SandboxClient]]:
     info = await backend.start_container()
     client = SandboxClient(info.url, info.read_token(), timeout=10.0)

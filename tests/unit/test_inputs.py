@@ -133,7 +133,8 @@ def test_every_activity_with_an_input_takes_plain_json_and_keeps_its_name() -> N
     import inspect as inspect_module
 
     names = set()
-    for module_name in ("envs", "llm", "resume", "sinks", "slots", "snapshots", "tools", "verify", "workspace"):
+    modules = ("envs", "images", "llm", "resume", "sinks", "slots", "snapshots", "tools", "verify", "workspace")
+    for module_name in modules:
         module = importlib.import_module(f"activities.{module_name}")
         for _, cls in inspect_module.getmembers(module, inspect_module.isclass):
             if cls.__module__ != module.__name__:
@@ -147,6 +148,7 @@ def test_every_activity_with_an_input_takes_plain_json_and_keeps_its_name() -> N
                 assert not args or args == [Any], f"{definition.name} would be decoded as {args} by the SDK"
     assert {
         "load_items",
+        "build_image",
         "acquire_slot",
         "release_slot",
         "setup_workspace",

@@ -58,3 +58,25 @@ def test_docker_containers_of_one_host_claim_slot_uids_from_the_hosts_folder() -
     assert task["Config"]["volumes"] == [f"{claims}:{claims}"]
     alone = job_spec(NomadBackendConfig(driver="docker", share_uid_claims=False), OPTIONS, "rollouts-sandbox-0", 8)
     assert "volumes" not in alone["TaskGroups"][0]["Tasks"][0]["Config"]
+
+
+def test_an_item_image_runs_under_docker_from_the_pushed_image_and_its_job_names_it() -> None:
+    import pytest
+
+    from temporal_rollouts.core.errors import ConfigError
+    from temporal_rollouts.core.images import BuiltImage
+    from temporal_rollouts.sandbox.backends.nomad import _image_of, _index_of, _key_of_id
+
+    image = BuiltImage(key="c0ffee" * 10 + "abcd", name="localhost/rollouts/task:x", remote="reg.example:5000/r/task:y")
+    docker = NomadBackendConfig(driver="docker", image="reg/sbx:1", job_prefix="sbx")
+    spec = job_spec(docker, OPTIONS, f"sbx-{image.short}-0", 8, image)
+    task = spec["TaskGroups"][0]["Tasks"][0]
+    assert task["Config"]["image"] == image.remote, "the task's image with the server's layer, as pushed"
+    assert _image_of(spec) == BuiltImage(key=image.key, name=image.name, remote=image.remote)
+    assert (_index_of(f"sbx-{image.short}-3", "sbx-"), _key_of_id(f"sbx-{image.short}-3", "sbx-")) == (3, image.short)
+    assert (_index_of("sbx-3", "sbx-"), _key_of_id("sbx-3", "sbx-")) == (3, None)
+    assert _index_of("sbx-other-3", "sbx-") is None, "another pool's job is not ours"
+    with pytest.raises(ConfigError, match="docker driver"):
+        job_spec(NomadBackendConfig(), OPTIONS, "rollouts-sandbox-0", 8, image)
+    with pytest.raises(ConfigError, match="pushed image"):
+        job_spec(docker, OPTIONS, "sbx-0", 8, image.model_copy(update={"remote": None}))

@@ -18,7 +18,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel
 
-from temporal_rollouts.core.errors import SandboxError
+from temporal_rollouts.core.errors import ConfigError, SandboxError
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.sandbox_server.schema import SlotLease
 
 ContainerState = Literal["healthy", "unresponsive", "dead", "unknown"]
@@ -37,6 +38,13 @@ class ContainerInfo(BaseModel):
     accepting: bool = True
     """False while it drains before its backend ends it (Modal's lifetime): holders keep their leases,
     new leases go elsewhere, and upkeep stops it once idle."""
+    image: BuiltImage | None = None
+    """The item image its slots run on; None: the server's own root (items that name no image)."""
+
+    @property
+    def image_key(self) -> str | None:
+        """What rollouts are matched to it by: its image's key, None for the server's own root."""
+        return self.image.key if self.image is not None else None
 
     def read_token(self) -> str:
         if self.token_file is None:
@@ -48,8 +56,9 @@ class SandboxBackend(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Start one sandbox server (or restart a stopped one under its old id) and return once it answers."""
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        """Start one sandbox server (or restart a stopped one under its old id) and return once it answers;
+        with `image`, its slots run on that image (made ready by `build_image`)."""
 
     @abstractmethod
     async def stop_container(self, container_id: str) -> None:
@@ -62,6 +71,14 @@ class SandboxBackend(ABC):
     def token_for(self, info: ContainerInfo) -> str:
         """The bearer token of a container: by default the one in its token file."""
         return info.read_token()
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Make the image `spec` names ready for this backend's containers (build it, or find it built);
+        `wanted_by` names what asks, for errors. By default a backend runs no item images."""
+        raise ConfigError(
+            f"the {self.name} sandbox backend cannot run item images ({wanted_by} names {spec.describe()}): "
+            "use the local, nomad or modal backend"
+        )
 
     async def aclose(self) -> None:
         """Close what the backend keeps open (HTTP clients); the containers keep running."""

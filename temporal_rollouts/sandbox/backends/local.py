@@ -28,15 +28,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
 from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
 from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
+from temporal_rollouts.sandbox.images.builder import ImageBuilder
 from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
 from temporal_rollouts.sandbox_server.config import ServerOptions
 from temporal_rollouts.sandbox_server.schema import SlotLease
@@ -61,6 +63,7 @@ class LocalBackend(SandboxBackend):
         server: ServerOptions | None = None,
         start_timeout_s: float = 30.0,
         sweep_interval_s: float = 2.0,
+        images: ImageBuilder | None = None,
     ) -> None:
         self.directory = Path(data_dir).resolve() / "sandboxes"
         self.slots_per_container = slots_per_container
@@ -70,6 +73,8 @@ class LocalBackend(SandboxBackend):
         self.start_timeout_s = start_timeout_s
         self.sweep_interval_s = sweep_interval_s
         self.registry = ContainerRegistry(self.directory / "containers.json")
+        self.images = images
+        """Builds item images into this host's store and mounts them for servers; None: no item images."""
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
@@ -81,14 +86,16 @@ class LocalBackend(SandboxBackend):
             slots_per_container=sandbox.slots_per_container,
             host=host,
             server=sandbox.options(),
+            images=ImageBuilder.from_settings(settings),
         )
 
     def container_dir(self, container_id: str) -> Path:
         return self.directory / container_id
 
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Start a new container, or restart a stopped one under its old id (keeping its journals and leases)."""
-        container_id = container_id or f"local-{secrets.token_hex(4)}"
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        """Start a new container, or restart a stopped one under its old id (keeping its journals, leases
+        and image)."""
+        container_id = container_id or f"local-{image.short + '-' if image else ''}{secrets.token_hex(4)}"
         async with self.registry.locked():
             if (known := self.registry.find(container_id)) is not None:
                 verdict = await self._verdict(known)
@@ -96,7 +103,8 @@ class LocalBackend(SandboxBackend):
                     return known
                 if verdict == "unresponsive":
                     raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
-            info = await self._launch(container_id)
+                image = known.image
+            info = await self._launch(container_id, image)
             try:
                 await self.registry.upsert(info)
             except BaseException:  # unregistered, nobody else could find it to stop it
@@ -110,6 +118,12 @@ class LocalBackend(SandboxBackend):
             if self.registry.find(container_id) is None:
                 raise SandboxError(f"sandbox {container_id} is not registered: it was stopped, or never started")
             return await self.start_container(container_id)
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Build the image into this host's store (once per content), or find it there."""
+        if self.images is None:
+            return await super().build_image(spec, wanted_by)
+        return await self.images.ready(spec, wanted_by)
 
     async def stop_container(self, container_id: str) -> None:
         """Unregister first (and drop the ready file), so no pool takes the stopping server for a dead one
@@ -170,14 +184,15 @@ class LocalBackend(SandboxBackend):
     def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.registry.locked()
 
-    async def _launch(self, container_id: str) -> ContainerInfo:
+    async def _launch(self, container_id: str, image: BuiltImage | None) -> ContainerInfo:
+        on_image = await self._image_options(image) if image is not None else {}
         directory = self.container_dir(container_id)
         directory.mkdir(parents=True, exist_ok=True)
         token_file = directory / "token"
         _ensure_token(token_file)
         ready_file = directory / "ready.json"
         ready_file.unlink(missing_ok=True)
-        process = self._spawn_server(container_id, directory, token_file, ready_file)
+        process = self._spawn_server(container_id, directory, token_file, ready_file, on_image)
         try:  # until it is registered nobody else can find it to stop it, so a start given up stops it here
             ready = await self._wait_until_ready(process, ready_file, directory / "server.log")
             info = ContainerInfo(
@@ -187,6 +202,7 @@ class LocalBackend(SandboxBackend):
                 backend=self.name,
                 token_file=token_file,
                 started_at=time.time(),
+                image=image,
             )
             if await self._verdict(info) != "healthy":
                 raise SandboxUnreachable(f"sandbox {container_id} wrote its ready file but /health does not answer")
@@ -215,8 +231,20 @@ class LocalBackend(SandboxBackend):
             return "healthy"
         return "unresponsive" if process_known else "dead"
 
+    async def _image_options(self, image: BuiltImage) -> dict[str, Any]:
+        """What a server running its slots on `image` is given: the image's layer folders in this host's
+        store, topmost first, its WORKDIR and ENV (`sandbox_server.image_root`)."""
+        if self.images is None:
+            raise SandboxError(f"this local backend has no image store for image {image.name}")
+        return {
+            "image_layers": await self.images.store.layers(image.name),
+            "image_workdir": image.config.workdir,
+            "image_env": list(image.config.env),
+            "image_name": image.name,
+        }
+
     def _spawn_server(
-        self, container_id: str, directory: Path, token_file: Path, ready_file: Path
+        self, container_id: str, directory: Path, token_file: Path, ready_file: Path, on_image: dict[str, Any]
     ) -> subprocess.Popen[bytes]:
         config = self.server.for_container(
             root=directory / "root",
@@ -227,6 +255,7 @@ class LocalBackend(SandboxBackend):
             token_file=token_file,
             sweep_interval_s=self.sweep_interval_s,
             ready_file=ready_file,
+            **on_image,
         )
         argv = [sys.executable, "-m", "temporal_rollouts.sandbox_server", *config.argv()]
         if not config.require_isolation:

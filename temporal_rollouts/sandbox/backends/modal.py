@@ -12,6 +12,14 @@ HMAC(pool secret, container id), travels as a Modal Secret made with
 `Secret.from_dict`, never on a command line or in a workflow. The image is the
 configured registry image plus the sandbox server package alone.
 
+An item image is built by Modal itself, as a durable step before the rollout takes a
+slot (`build_image`): `Image.from_dockerfile` on the item's build context (or
+`from_registry` on its reference), with Modal's own Python added and the sandbox
+server's layer on top (`sandbox.images.server_layer`, the same layer every backend
+adds), built once per content key and kept by its Modal image id, from which every
+worker creates its sandboxes (`Image.from_id`). Sandboxes of an image are named
+`<app_name>-<key 12>-<index>` and tagged with the image.
+
 Modal ends a sandbox at its lifetime (`timeout`) or after `idle_timeout` without
 activity (open tunnel connections count). The idle timeout must exceed the lease
 TTL (checked in settings). Before the lifetime ends, a sandbox within
@@ -26,6 +34,7 @@ tunnel addresses of sandboxes already seen are cached by object id).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -33,24 +42,25 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
+from temporal_rollouts.core.errors import ConfigError, ImageBuildFailed, SandboxError, SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
 from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
+from temporal_rollouts.sandbox.images import server_layer
+from temporal_rollouts.sandbox.images.builder import slug
+from temporal_rollouts.sandbox.images.context import context_key
 from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
 
-SERVER_PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_server"
-REMOTE_ROOT = "/opt/rollouts"
 TOKEN_ENV = "SANDBOX_TOKEN"
 TUNNEL_DOMAIN = ".modal.host"
 """Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.hosts`)."""
 POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
-SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7", "pyseccomp>=0.1.2")
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class _Seen:
     container_id: str
     url: str
     started_at: float
+    image: BuiltImage | None = None
 
 
 class ModalBackend(RemoteBackend):
@@ -84,6 +95,8 @@ class ModalBackend(RemoteBackend):
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
+        self._builds: dict[str, asyncio.Lock] = {}
+        self._built: dict[str, BuiltImage] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, modal_api: Any = None) -> ModalBackend:
@@ -95,19 +108,52 @@ class ModalBackend(RemoteBackend):
             modal_api=modal_api,
         )
 
-    def container_name(self, index: int) -> str:
-        return f"{self.config.app_name}-{index}"
+    def container_name(self, index: int, image: BuiltImage | None = None) -> str:
+        return f"{self.config.app_name}-{image.short + '-' if image else ''}{index}"
 
     # What a sandbox is made of -------------------------------------------------------------------
 
     def image(self) -> Any:
-        """The configured image plus bubblewrap and libseccomp, the server's requirements and its package alone."""
-        return (
-            self.modal.Image.from_registry(self.config.image)
-            .apt_install("bubblewrap", "libseccomp2")
-            .pip_install(*SERVER_REQUIREMENTS)
-            .add_local_dir(SERVER_PACKAGE, f"{REMOTE_ROOT}/temporal_rollouts/sandbox_server")
-        )
+        """The configured image plus the sandbox server's layer (bubblewrap and libseccomp, the server's
+        requirements and its package alone)."""
+        return server_layer.modal_image(self.modal.Image.from_registry(self.config.image))
+
+    def item_image(self, spec: ImageSpec) -> Any:
+        """An item's image as Modal builds it: its Dockerfile (or reference), Modal's Python, the server's layer."""
+        if spec.context is not None:
+            context = Path(spec.context)
+            base = self.modal.Image.from_dockerfile(
+                context / spec.dockerfile, context_dir=context, add_python=server_layer.MODAL_PYTHON
+            )
+        else:
+            base = self.modal.Image.from_registry(spec.reference, add_python=server_layer.MODAL_PYTHON)
+        return server_layer.modal_image(base)
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Build the item's image in Modal (Modal keeps it by its definition: an image built before, by any
+        worker, is not built again); rollouts of one key in this worker wait for one build and then reuse it."""
+        if spec.context is not None:
+            context = Path(spec.context)
+            if not (context / spec.dockerfile).is_file():
+                raise ImageBuildFailed(f"build context {context} has no Dockerfile at {spec.dockerfile}")
+            key = await asyncio.to_thread(context_key, context, spec.dockerfile)
+            name = f"modal/{spec.name or slug(context.name)}:{key}"
+        else:
+            key = hashlib.sha256(f"reference\0{spec.reference}".encode()).hexdigest()
+            name = f"modal/{spec.reference}"
+        async with self._builds.setdefault(key, asyncio.Lock()):
+            if (known := self._built.get(key)) is not None:
+                return known.model_copy(update={"built": False, "build_s": 0.0})
+            started = time.monotonic()
+            image = self.item_image(spec)
+            try:
+                built = await self._modal_call(f"build {spec.describe()}", image.build.aio(await self.app()))
+            except self.modal.exception.ImageBuildError as err:
+                raise ImageBuildFailed(f"Modal could not build {spec.describe()} ({wanted_by}): {err}") from err
+            self._built[key] = BuiltImage(
+                key=key, name=name, remote=built.object_id, built=True, build_s=round(time.monotonic() - started, 3)
+            )
+            return self._built[key]
 
     def command(self, container_id: str) -> list[str]:
         config = self.server.for_container(
@@ -121,17 +167,20 @@ class ModalBackend(RemoteBackend):
         )
         return ["python", "-m", "temporal_rollouts.sandbox_server", *config.argv()]
 
-    def create_options(self, container_id: str) -> dict[str, Any]:
+    def create_options(self, container_id: str, image: BuiltImage | None = None) -> dict[str, Any]:
         """Every keyword of the one `Sandbox.create` call (tests check them against the installed modal)."""
         config = self.config
         secrets = [self.modal.Secret.from_name(name) for name in config.secrets]
         secrets.append(self.modal.Secret.from_dict({TOKEN_ENV: self.secret.token(container_id)}))
+        tags = {POOL_TAG: config.app_name, "container_id": container_id, "started_at": str(int(time.time()))}
+        if image is not None:
+            tags.update({"image_key": image.key, "image_name": image.name, "image_id": image.remote or ""})
         return {
             "name": container_id,
-            "tags": {POOL_TAG: config.app_name, "container_id": container_id, "started_at": str(int(time.time()))},
-            "image": self.image(),
+            "tags": tags,
+            "image": self.image() if image is None else self.modal.Image.from_id(image.remote),
             "secrets": secrets,
-            "env": {**config.env_vars, "PYTHONPATH": REMOTE_ROOT},
+            "env": {**config.env_vars, "PYTHONPATH": server_layer.SERVER_LIB},
             "timeout": config.max_lifetime_s,
             "idle_timeout": config.idle_timeout_s,
             "gpu": config.gpu,
@@ -147,7 +196,7 @@ class ModalBackend(RemoteBackend):
         errors = self.modal.exception
         try:
             return await call
-        except (errors.NotFoundError, errors.AlreadyExistsError):
+        except (errors.NotFoundError, errors.AlreadyExistsError, errors.ImageBuildError):
             raise
         except errors.AuthError as err:
             raise ConfigError(f"Modal refused our credentials ({what}): {err}") from err
@@ -185,8 +234,11 @@ class ModalBackend(RemoteBackend):
                 return None
             if "container_id" not in tags or self.config.port not in tunnels:
                 return None
+            image = None
+            if tags.get("image_key"):
+                image = BuiltImage(key=tags["image_key"], name=tags["image_name"], remote=tags.get("image_id") or None)
             seen = _Seen(
-                tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time()))
+                tags["container_id"], tunnels[self.config.port].url, float(tags.get("started_at", time.time())), image
             )
             self._seen[sandbox.object_id] = seen
         return seen
@@ -201,6 +253,7 @@ class ModalBackend(RemoteBackend):
             backend=self.name,
             started_at=seen.started_at,
             accepting=self._accepting(seen),
+            image=seen.image,
         )
 
     # The backend interface ---------------------------------------------------------------------
@@ -217,11 +270,15 @@ class ModalBackend(RemoteBackend):
         seen = await self._describe(sandbox)
         return "unresponsive" if seen is None else await self.probe(seen.url, container_id)
 
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Create the lowest free name (or `container_id`); a name another worker took first is waited for."""
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        """Create the lowest free name of the image (or `container_id`); a name another worker took first is
+        waited for."""
         app = await self.app()
+        if image is not None and not image.remote:
+            raise SandboxError(f"image {image.name} was not built in Modal (no Modal image id)")
         if container_id is None:
             described = [seen for seen in await asyncio.gather(*map(self._describe, await self._sandboxes())) if seen]
+            described = [seen for seen in described if (seen.image and seen.image.key) == (image and image.key)]
             taken = {seen.container_id for seen in described}
             states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
             if starting := sorted(
@@ -232,9 +289,8 @@ class ModalBackend(RemoteBackend):
                 if sandbox is not None:
                     return await self._wait_healthy(sandbox, starting[0])
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
-            free = [
-                self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken
-            ]
+            names = [self.container_name(i, image) for i in range(2 * self.max_containers)]
+            free = [name for name in names if name not in taken]
             if not free:
                 raise SandboxError(f"all {2 * self.max_containers} Modal sandbox names are in use")
             container_id = free[0]
@@ -242,7 +298,7 @@ class ModalBackend(RemoteBackend):
             sandbox = await self._modal_call(
                 "create a sandbox",
                 self.modal.Sandbox.create.aio(
-                    *self.command(container_id), app=app, **self.create_options(container_id)
+                    *self.command(container_id), app=app, **self.create_options(container_id, image)
                 ),
             )
             log.info("created Modal sandbox %s", container_id)

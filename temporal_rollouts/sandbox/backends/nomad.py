@@ -12,6 +12,12 @@ through a Nomad Variable at `nomad/jobs/<job id>` (readable by that job's tasks
 through their workload identity) rendered by a template into the task's secrets
 dir, so it is in neither the job spec nor any workflow history.
 
+An item image runs under the docker driver: the build step builds it on the worker with
+buildah, adds the sandbox server's layer (`sandbox.images.server_layer`, the same layer
+every backend adds), and pushes the result to `images.registry`, from which the Nomad
+clients pull it. Its jobs are named `<job_prefix>-<key 12>-<index>` and carry the image
+in their `Meta`, so any worker lists them with their image.
+
 Nomad owns liveness: the restart policy restarts a crashed server in its
 allocation, where `$NOMAD_ALLOC_DIR/data` still holds its persisted leases and
 stored results; a lost allocation is rescheduled (a new address, found again on
@@ -23,6 +29,7 @@ the restart in place.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -30,11 +37,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
 from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
+from temporal_rollouts.sandbox.images.builder import ImageBuilder
 from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
@@ -42,17 +51,24 @@ log = logging.getLogger(__name__)
 PORT_LABEL = "http"
 DOCKER_PORT = 8080
 SECONDS = 1_000_000_000
+IMAGE_META = "rollouts_image"
+"""The job's Meta key holding its item image (JSON: key, name, remote); absent for the pool's own image."""
 Result = TypeVar("Result")
 
 
-def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int) -> dict[str, Any]:
-    """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options."""
+def job_spec(
+    config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int, image: BuiltImage | None = None
+) -> dict[str, Any]:
+    """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options; with
+    `image`, inside that item image (pushed with the server's layer, whose entrypoint is the server)."""
     where = {
         "slots": slots,
         "container_id": job_id,
         "root": "${NOMAD_ALLOC_DIR}/data",
         "token_file": "${NOMAD_SECRETS_DIR}/token",
     }
+    if image is not None and (config.driver != "docker" or not image.remote):
+        raise ConfigError(f"item image {image.name} needs the docker driver and a pushed image (images.registry)")
     if config.driver == "raw_exec":  # on the host itself: it binds the allocation's address and port
         server_config = server.for_container(**where, host="${NOMAD_IP_http}")
         task_config: dict[str, Any] = {
@@ -66,7 +82,7 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
             **where, host="0.0.0.0", port=DOCKER_PORT, allowed_hosts=["${NOMAD_IP_http}"]
         )
         task_config = {
-            "image": config.image,
+            "image": config.image if image is None else image.remote,
             "ports": [PORT_LABEL],
             "force_pull": False,
             "privileged": config.privileged,
@@ -85,7 +101,10 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
         "Datacenters": [config.datacenter],
         "Namespace": config.namespace,
         "Region": config.region,
-        "Meta": {"rollouts_pool": config.job_prefix},
+        "Meta": {
+            "rollouts_pool": config.job_prefix,
+            **({IMAGE_META: image.model_dump_json(include={"key", "name", "remote"})} if image else {}),
+        },
         "TaskGroups": [
             {
                 "Name": "sandbox",
@@ -136,6 +155,8 @@ class NomadBackend(RemoteBackend):
         max_containers: int = 4,
         server: ServerOptions | None = None,
         acl_token: str | None = None,
+        images: ImageBuilder | None = None,
+        registry: str | None = None,
     ) -> None:
         import nomad  # python-nomad, the `cluster` extra
 
@@ -149,7 +170,12 @@ class NomadBackend(RemoteBackend):
         self._client = nomad.Nomad(
             address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
         )
+        self.images = images
+        """Builds item images on this worker (buildah), adds the server's layer and pushes them."""
+        self.registry = registry
+        """Where item images are pushed for the Nomad clients to pull (`images.registry`)."""
         self._ports: dict[str, str] = {}
+        self._images: dict[tuple[str, int], BuiltImage | None] = {}
         self._checked = False
 
     @classmethod
@@ -163,10 +189,30 @@ class NomadBackend(RemoteBackend):
             PoolSecret.from_env(config.secret_env),
             **server_options(settings),
             acl_token=acl_token,
+            images=ImageBuilder.from_settings(settings),
+            registry=settings.images.registry,
         )
 
-    def job_id(self, index: int) -> str:
-        return f"{self.config.job_prefix}-{index}"
+    def job_id(self, index: int, image: BuiltImage | None = None) -> str:
+        return f"{self.config.job_prefix}-{image.short + '-' if image else ''}{index}"
+
+    async def build_image(self, spec: ImageSpec, wanted_by: str) -> BuiltImage:
+        """Build the item's image here, add the server's layer and push it where the clients pull from."""
+        if self.config.driver != "docker":
+            raise ConfigError(
+                f"{wanted_by} names {spec.describe()}: item images on Nomad run under the docker driver "
+                '(sandbox.backend.driver = "docker")'
+            )
+        if self.images is None or not self.registry:
+            raise ConfigError(
+                f"{wanted_by} names {spec.describe()}: set images.registry to a registry the Nomad clients pull "
+                "from (docs/images.md says how to build and push by hand)"
+            )
+        registry = self.registry.rstrip("/") + "/"
+        if spec.reference is not None and spec.reference.startswith(registry):  # published ahead, layer and all
+            key = hashlib.sha256(f"reference\0{spec.reference}".encode()).hexdigest()
+            return BuiltImage(key=key, name=spec.reference, remote=spec.reference)
+        return await self.images.publish(await self.images.ready(spec, wanted_by), self.registry)
 
     async def _nomad_call(self, call: Callable[[], Result]) -> Result:
         """One python-nomad call in a thread; a refused token is a configuration error, anything else
@@ -234,14 +280,14 @@ class NomadBackend(RemoteBackend):
         jobs = await self._jobs()
         states = await asyncio.gather(*(self._state(job) for job in jobs))
         return [
-            self._info(job, url)
+            await self._info(job, url)
             for job, (state, url) in zip(jobs, states, strict=True)
             if state == "healthy" and url is not None
         ]
 
     async def dead_containers(self) -> list[ContainerInfo]:
         jobs = [job for job in await self._jobs() if job.get("Status") == "dead" and not job.get("Stop")]
-        return [self._info(job, "") for job in jobs]
+        return [await self._info(job, "") for job in jobs]
 
     async def container_state(self, container_id: str) -> ContainerState:
         try:
@@ -250,31 +296,49 @@ class NomadBackend(RemoteBackend):
             return "unknown"
         return (await self._state(job))[0]
 
-    def _info(self, job: dict[str, Any], url: str) -> ContainerInfo:
-        return ContainerInfo(container_id=job["ID"], url=url, backend=self.name, started_at=time.time())
+    async def _info(self, job: dict[str, Any], url: str) -> ContainerInfo:
+        return ContainerInfo(
+            container_id=job["ID"], url=url, backend=self.name, started_at=time.time(), image=await self._image(job)
+        )
+
+    async def _image(self, job: dict[str, Any]) -> BuiltImage | None:
+        """The job's item image, from its Meta (the job list's stubs carry none: the job is read once per
+        registration, then remembered)."""
+        if "Meta" in job:
+            return _image_of(job)
+        if _key_of_id(job["ID"], self.config.job_prefix + "-") is None:
+            return None
+        version = (job["ID"], int(job.get("JobModifyIndex") or 0))
+        if version not in self._images:
+            full = await self._nomad_call(lambda: self._client.job.get_job(job["ID"]))
+            self._images[version] = _image_of(full)
+        return self._images[version]
 
     # Starting and stopping ---------------------------------------------------------------------
 
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        """Register the lowest free index (or `container_id`) unless its job exists; return it once healthy.
-        A job another worker registered first is waited for, never started twice."""
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        """Register the lowest free index of the image (or `container_id`) unless its job exists; return it once
+        healthy. A job another worker registered first is waited for, never started twice."""
         await self.check_access()
         if container_id is None:
-            jobs = await self._jobs()
+            prefix = self.config.job_prefix + "-"
+            jobs = [
+                job for job in await self._jobs() if _key_of_id(job["ID"], prefix) == (image.short if image else None)
+            ]
             taken = {job["ID"] for job in jobs}
             dead = {job["ID"] for job in jobs if job.get("Status") == "dead" or job.get("Stop")}
-            healthy = {info.container_id for info in await self.list_containers()}
+            healthy = {info.container_id for info in await self.list_containers()} & taken
             if starting := sorted(taken - healthy - dead):
                 # Another worker is starting one (or Nomad is restarting it): it is the one more we need.
                 return await self._wait_healthy(starting[0])
-            free = [self.job_id(i) for i in range(self.max_containers) if self.job_id(i) not in taken]
+            free = [self.job_id(i, image) for i in range(self.max_containers) if self.job_id(i, image) not in taken]
             if not free:
                 raise SandboxError(f"all {self.max_containers} Nomad sandbox jobs exist already")
             container_id = free[0]
         elif _index_of(container_id, self.config.job_prefix + "-") is None:
             raise SandboxError(f"{container_id!r} is not a job of this pool ({self.config.job_prefix}-<index>)")
         await self._put_token(container_id)
-        spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
+        spec = job_spec(self.config, self.server, container_id, self.slots_per_container, image)
         try:
             await self._nomad_call(
                 lambda: self._client.job.register_job(
@@ -292,7 +356,7 @@ class NomadBackend(RemoteBackend):
         """Re-register a dead job under an index check: one worker does it, the others wait for it."""
         job = await self._nomad_call(lambda: self._client.job.get_job(container_id))
         if job.get("Status") == "dead" and not job.get("Stop"):
-            spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
+            spec = job_spec(self.config, self.server, container_id, self.slots_per_container, _image_of(job))
             body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": job["JobModifyIndex"]}
             try:
                 await self._nomad_call(lambda: self._client.job.register_job(container_id, body))
@@ -352,7 +416,7 @@ class NomadBackend(RemoteBackend):
                 raise SandboxError(f"Nomad job {container_id} was removed while starting") from None
             state, url = await self._state(job)
             if state == "healthy" and url is not None:
-                return self._info(job, url)
+                return await self._info(job, url)
             if state == "dead":
                 raise SandboxError(f"Nomad job {container_id} died while starting: see `nomad alloc status`")
             if time.monotonic() > deadline:
@@ -369,8 +433,23 @@ def _conflict(err: Exception) -> bool:
 
 
 def _index_of(job_id: str, prefix: str) -> int | None:
+    """The index of a job of this pool: `<prefix><index>`, or `<prefix><image key 12>-<index>`."""
     rest = job_id[len(prefix) :] if job_id.startswith(prefix) else ""
-    return int(rest) if rest.isdigit() else None
+    key, dash, index = rest.rpartition("-")
+    if dash and not (len(key) == 12 and all(c in "0123456789abcdef" for c in key)):
+        return None
+    return int(index) if index.isdigit() else None
+
+
+def _image_of(job: dict[str, Any]) -> BuiltImage | None:
+    described = (job.get("Meta") or {}).get(IMAGE_META)
+    return BuiltImage.model_validate_json(described) if described else None
+
+
+def _key_of_id(job_id: str, prefix: str) -> str | None:
+    """The image key's first 12 characters in an item image's job id; None for the pool's own image."""
+    key, dash, _ = job_id[len(prefix) :].rpartition("-")
+    return key if dash else None
 
 
 def _address(alloc: dict[str, Any]) -> str:

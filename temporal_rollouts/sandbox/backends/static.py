@@ -14,6 +14,7 @@ import asyncio
 import time
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError
+from temporal_rollouts.core.images import BuiltImage
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
 from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config
@@ -45,8 +46,8 @@ class StaticBackend(RemoteBackend):
             container_id=container_id, url=self.servers[container_id], backend=self.name, started_at=self._started_at
         )
 
-    async def start_container(self, container_id: str | None = None) -> ContainerInfo:
-        if container_id is not None and container_id in self.servers:
+    async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
+        if image is None and container_id is not None and container_id in self.servers:
             if await self.probe(self.servers[container_id], container_id) == "healthy":
                 return self._info(container_id)
         raise SandboxError("the static sandbox backend cannot start containers: whoever runs the servers does")
