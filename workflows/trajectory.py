@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.storage.snapshots import snapshot_key
     from workflows import params
     from workflows.forking import Forking
+    from workflows.harness_loop import HarnessLoop
     from workflows.steps import StepFailed, stop_for
 
 
@@ -112,6 +113,7 @@ class TrajectoryWorkflow:
                 "acquire",
             )
             slot = lease.ref()
+            harness = input.harness or (result.harness.spec if result.harness else None)
             if snapshot:
                 self._phase = "restore"
                 await self._step(
@@ -136,9 +138,13 @@ class TrajectoryWorkflow:
                     "setup",
                 )
                 result.transcript, result.setup_meta = ready.transcript, ready.meta
+                harness = input.harness or ready.harness
             self._forking.begin(result.turns, resumed=snapshot is not None)
             if result.agent_stop is None:
-                await self._agent_loop(input, slot)
+                if harness is not None:
+                    await HarnessLoop(self._step, self._set_phase).run(input, harness, slot, result)
+                else:
+                    await self._agent_loop(input, slot)
                 result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
             if result.stop_reason.scored:
                 self._phase = "verify"
@@ -222,6 +228,7 @@ class TrajectoryWorkflow:
             "completion_tokens",
             "fork",
             "branches",
+            "harness",
         ):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
@@ -308,6 +315,9 @@ class TrajectoryWorkflow:
                     )
                 )
         result.pending = None
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
 
     def _stop(self, reason: StopReason, detail: str) -> None:
         assert self._result is not None
