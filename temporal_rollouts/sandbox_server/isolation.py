@@ -91,6 +91,7 @@ def bubblewrap_argv(
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
@@ -98,7 +99,8 @@ def bubblewrap_argv(
     `seccomp_fd`: a descriptor of `syscall_filter`'s program, which bwrap loads before the command runs.
     `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
     bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle.
-    `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift)."""
+    `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift).
+    `binds`: more host folders, each bound read-only where the pair names (a harness's `/run/rollouts`)."""
     as_root = running_as_root() if as_root is None else as_root
     argv = [bwrap, "--unshare-pid", *(["--as-pid-1"] if as_pid_1 else []), "--unshare-ipc", "--unshare-uts"]
     argv.append("--unshare-cgroup-try")
@@ -128,6 +130,8 @@ def bubblewrap_argv(
         argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
+    for host, inside in binds:  # its parent one every uid may search, as for the cache
+        argv += ["--perms", "0755", "--dir", os.path.dirname(inside), "--ro-bind", str(host), inside]
     argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -275,6 +279,8 @@ def command_launch(
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
+    environment: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
@@ -286,7 +292,7 @@ def command_launch(
     orphan (the resident launcher does). A process that drops its uid inside bwrap loses the parent-death
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
     socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
-    make it so."""
+    make it so. `binds`: host folders bound read-only inside (bubblewrap only); `environment`: more variables."""
     mode = isolation_mode(require_isolation)
     if read_only and mode != "bubblewrap":
         raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
@@ -318,11 +324,16 @@ def command_launch(
                 as_pid_1=as_pid_1,
                 seccomp_fd=seccomp_fd,
                 read_only=read_only,
+                binds=binds,
             )
         )
-        return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
-    environment = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
-    return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, environment
+        return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None) | (
+            environment or {}
+        )
+    unisolated = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
+    return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, unisolated | (
+        environment or {}
+    )
 
 
 async def start_sandboxed(

@@ -1,0 +1,134 @@
+"""Agent harnesses in the slot: the minimal one and mini-swe-agent solve a terminal task, each model call
+a step of the rollout; and what a harness tries against its endpoint, the network and its limits."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+from temporalio.client import Client
+
+from temporal_rollouts.core.harness import HarnessSpec
+from temporal_rollouts.core.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
+from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.waiting import leased_slots
+from workflows.trajectory import TrajectoryWorkflow
+
+pytestmark = pytest.mark.slow
+
+TASK = "csv-to-json"
+
+
+async def run(client: Client, settings: Settings, input: TrajectoryInput) -> TrajectoryResult:
+    return await client.execute_workflow(
+        TrajectoryWorkflow.run, input, id=f"harness-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
+    )
+
+
+async def test_the_minimal_harness_solves_a_task_one_step_per_call(
+    client: Client, settings: Settings, pool: SandboxPool, transcripts: TranscriptStore, demo_policy: DemoPolicyProcess
+) -> None:
+    result = await run(client, settings, TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness="minimal"))
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0, result.stop_detail
+    harness = result.harness
+    assert harness is not None and harness.exit is not None
+    assert (harness.exit.exit_code, harness.exit.stopped) == (0, False)
+    assert "Done." in harness.exit.stdout_tail
+    assert harness.calls == result.turns == len(result.policy_versions) >= 2 and harness.rewrites == 0
+    messages = await transcripts.load(result.transcript)
+    assert messages[0].role == "system" and "bash tool" in messages[0].content, "the harness's own conversation"
+    assert [m.role for m in messages].count("assistant") == result.turns
+    assert messages[-1].role == "assistant" and messages[-1].content == "Done."
+    turns = next(iter(demo_policy.stats()["conversations"].values()))
+    assert turns == list(range(result.turns)), "each call was sent to the model once"
+    assert await leased_slots(pool) == []
+
+
+async def test_mini_swe_agent_from_pypi_solves_a_task(
+    client: Client, settings: Settings, transcripts: TranscriptStore
+) -> None:
+    result = await run(
+        client, settings, TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness="mini-swe-agent")
+    )
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0, result.stop_detail
+    assert result.harness is not None and result.harness.exit is not None and result.harness.exit.exit_code == 0
+    messages = await transcripts.load(result.transcript)
+    assert "Please solve this issue" in messages[1].content
+    calls = [json.loads(c.function.arguments)["command"] for m in messages for c in m.tool_calls or []]
+    assert calls[-1] == "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "it ended as its prompt says"
+
+
+ATTACK = textwrap.dedent(
+    """\
+    import json, os, socket, sys, threading, urllib.request, urllib.error
+    base = os.environ["OPENAI_BASE_URL"]
+    def status(key, body=b'{"messages": [{"role": "user", "content": "hi"}]}'):
+        request = urllib.request.Request(base + "/chat/completions", data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        if key is not None:
+            request.add_header("Authorization", "Bearer " + key)
+        try:
+            return urllib.request.urlopen(request, timeout=120).status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except Exception as err:
+            return type(err).__name__
+    def reach(host, port):
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+            return "reached"
+        except OSError as err:
+            return type(err).__name__
+    found = {
+        "no_key": status(None),
+        "wrong_key": status("not-the-key"),
+        "network": {target: reach(*target.rsplit(":", 1)) for target in os.environ["TARGETS"].split()},
+        "visible": sorted(os.listdir("/run/rollouts")),
+        "other_sockets": [line.split()[-1] for line in open("/proc/net/unix").read().splitlines()[1:] if line.split()[-1].startswith("/")],
+    }
+    print(json.dumps(found), flush=True)
+    statuses = []
+    def flood(i):
+        body = json.dumps({"messages": [{"role": "user", "content": f"spam {i}"}]}).encode()
+        statuses.append(status(os.environ["OPENAI_API_KEY"], body))
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(40)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print(json.dumps({"flood": statuses}), flush=True)
+    """
+)
+
+
+async def test_a_harness_reaches_only_its_own_endpoint_and_cannot_pass_its_limits(
+    client: Client, settings: Settings, pool: SandboxPool, demo_policy: DemoPolicyProcess
+) -> None:
+    temporal = settings.temporal.address
+    policy = urlsplit(settings.demo_policy_url)
+    sandbox = urlsplit((await pool.fleet.refresh())[0].url)
+    targets = [temporal, f"{policy.hostname}:{policy.port}", f"{sandbox.hostname}:{sandbox.port}"]
+    spec = HarnessSpec(
+        name="attack",
+        command=f"python3 -I - <<'ATTACK'\n{ATTACK}ATTACK\n",
+        env={"TARGETS": " ".join(targets)},
+    )
+    limits = RolloutLimits(max_turns=3)
+    result = await run(
+        client, settings, TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness=spec, limits=limits)
+    )
+    assert result.stop_reason is StopReason.MAX_TURNS and result.turns == 3, result.stop_detail
+    assert result.harness is not None and result.harness.exit is not None and result.harness.exit.stopped
+    found = json.loads(result.harness.exit.stdout_tail.splitlines()[0])
+    assert found["no_key"] == 401 and found["wrong_key"] == 401, found
+    assert all(outcome != "reached" for outcome in found["network"].values()), found["network"]
+    assert found["visible"] == ["model.sock", "relay.py", "task.md"]
+    assert found["other_sockets"] == [], "no other endpoint is in the slot's view"
+    asked = demo_policy.stats()["conversations"].values()
+    assert sum(len(turns) for turns in asked) == 3, "40 requests, and the model was asked 3 times"
+    assert await leased_slots(pool) == []
