@@ -75,7 +75,8 @@ def tool_result(call) -> str:
 def main() -> int:
     with open(os.environ["ROLLOUTS_TASK_FILE"], encoding="utf-8") as task_file:
         task = task_file.read()
-    client = OpenAI(max_retries=2, timeout=3600.0)  # the endpoint answers when the rollout's step does
+    # The endpoint answers when the rollout's step does: a worker that died makes it slower, never an error.
+    client = OpenAI(max_retries=int(os.environ.get("MINIMAL_HARNESS_MAX_RETRIES", "2")), timeout=3600.0)
     model = os.environ.get("ROLLOUTS_MODEL", "policy")
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task}]
     for _ in range(MAX_STEPS):

@@ -3,6 +3,7 @@ a step of the rollout; and what a harness tries against its endpoint, the networ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import textwrap
 import uuid
@@ -11,14 +12,16 @@ from urllib.parse import urlsplit
 import pytest
 from temporalio.client import Client
 
-from temporal_rollouts.core.harness import HarnessSpec
+from temporal_rollouts.core.harness import MINIMAL, HarnessSpec
 from temporal_rollouts.core.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from tests.support.waiting import leased_slots
+from tests.integration.test_crash import _in_phase, crash_settings, worker_process  # noqa: F401, F811  (fixtures)
+from tests.support.processes import WorkerProcess
+from tests.support.waiting import leased_slots, no_leases, wait_until
 from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.slow
@@ -132,3 +135,32 @@ async def test_a_harness_reaches_only_its_own_endpoint_and_cannot_pass_its_limit
     asked = demo_policy.stats()["conversations"].values()
     assert sum(len(turns) for turns in asked) == 3, "40 requests, and the model was asked 3 times"
     assert await leased_slots(pool) == []
+
+
+async def test_a_worker_killed_mid_call_costs_the_harness_only_time(
+    client: Client,
+    crash_settings: Settings,  # noqa: F811
+    worker_process: WorkerProcess,  # noqa: F811
+    demo_policy: DemoPolicyProcess,
+    pool: SandboxPool,
+) -> None:
+    """SIGKILL the worker while the harness's second call is with the model: the harness (which would fail
+    on any error, its client's retries off) gets its answer from the next worker, the model is asked once
+    per call, and the harness is never started again."""
+    demo_policy.control(delay_s=4.0)
+    spec = MINIMAL.model_copy(update={"env": {"MINIMAL_HARNESS_MAX_RETRIES": "0"}})
+    handle = await client.start_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness=spec),
+        id=f"harness-crash-{uuid.uuid4().hex[:6]}",
+        task_queue=crash_settings.temporal.task_queue,
+    )
+    await wait_until(lambda: _in_phase(handle, "turn 2"), timeout_s=120, interval_s=0.05)
+    await asyncio.sleep(1.0)
+    worker_process.restart()
+    result = TrajectoryResult.model_validate(await asyncio.wait_for(handle.result(), 120))
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0, result.stop_detail
+    assert result.harness is not None and result.harness.starts == 1 and result.harness.exit.exit_code == 0
+    turns = next(iter(demo_policy.stats()["conversations"].values()))
+    assert turns == list(range(result.turns)), f"a call went to the model twice: {turns}"
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
