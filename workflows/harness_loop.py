@@ -36,12 +36,12 @@ with workflow.unsafe.imports_passed_through():
         StartHarnessInput,
         StopHarnessInput,
     )
-    from activities.llm import LlmActivities, LlmTurnInput
     from temporal_rollouts.core.harness import HarnessRecord, HarnessSpec
     from temporal_rollouts.core.records import Sampling, StopReason, TrajectoryInput, TrajectoryResult
     from temporal_rollouts.sandbox_server.schema import SlotRef
     from workflows import params
     from workflows.steps import StepFailed
+    from workflows.turns import model_turn
 
 Step = Callable[..., Awaitable[Any]]
 
@@ -114,32 +114,18 @@ class HarnessLoop:
             record.calls += 1
             self._phase(f"turn {result.turns + 1}")
             fresh = not call.extends and result.tokens is not None
-            try:
-                turn = await self._step(
-                    LlmActivities.llm_turn,
-                    LlmTurnInput(
-                        policy=input.policy,
-                        lease=slot,
-                        transcript=call.transcript,
-                        sampling=_sampling(input.sampling, call.max_tokens),
-                        context_tokens=limits.context_tokens,
-                        tokens=result.tokens if call.extends else None,
-                        restarts=(result.tokens.restarts + 1) if fresh and result.tokens else 0,
-                        tool_call_parser=input.tool_call_parser,
-                        trainer_api=input.trainer_api,
-                    ),
-                    params.LLM_TURN,
-                    StopReason.MODEL_UNAVAILABLE,
-                    "llm",
-                )
-            except StepFailed as failed:
-                if failed.reason in (StopReason.MALFORMED_REPLY, StopReason.CONTEXT_BUDGET):
-                    return await self._stop(slot, harness_id, result, failed.reason, failed.detail)
-                raise
-            result.turns += 1
-            result.transcript, result.tokens = turn.transcript, turn.tokens
-            result.policy_versions.append(turn.policy_version)
-            result.completion_tokens += turn.completion_tokens or 0
+            turn = await model_turn(
+                self._step,
+                input,
+                slot,
+                result,
+                call.transcript,
+                tokens=result.tokens if call.extends else None,
+                sampling=_sampling(input.sampling, call.max_tokens),
+                restarts=result.tokens.restarts + 1 if fresh and result.tokens else 0,
+            )
+            if isinstance(turn, StepFailed):
+                return await self._stop(slot, harness_id, result, turn.reason, turn.detail)
             result.tool_calls += turn.calls
             sequence = turn.transcript
             if result.tool_calls > limits.max_tool_calls:
@@ -180,11 +166,11 @@ class HarnessLoop:
         result.harness.exit = stopped
 
 
-def _sampling(rollout: Sampling, harness_cap: int | None) -> Sampling | None:
+def _sampling(rollout: Sampling, harness_cap: int | None) -> Sampling:
     """The rollout's sampling, the reply capped further where the harness asked for less."""
     if harness_cap is not None and (rollout.max_tokens is None or harness_cap < rollout.max_tokens):
-        rollout = rollout.model_copy(update={"max_tokens": harness_cap})
-    return None if rollout == Sampling() else rollout
+        return rollout.model_copy(update={"max_tokens": harness_cap})
+    return rollout
 
 
 def _seconds_since(start: datetime) -> float:

@@ -20,7 +20,6 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.llm import LlmActivities, LlmTurnInput
     from activities.resume import ResumeActivities, RunRef
     from activities.slots import AcquireSlotInput, SlotActivities
     from activities.snapshots import SnapshotActivities, SnapshotInput
@@ -34,7 +33,6 @@ with workflow.unsafe.imports_passed_through():
         ROLLOUT_FAILED,
         ROLLOUT_FINISHED,
         PendingCalls,
-        Sampling,
         StopReason,
         ToolErrorRecord,
         TrajectoryInput,
@@ -46,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.forking import Forking
     from workflows.harness_loop import HarnessLoop
     from workflows.steps import StepFailed, stop_for
+    from workflows.turns import model_turn
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -249,31 +248,11 @@ class TrajectoryWorkflow:
                 if _seconds_since(loop_started) >= limits.wall_clock_s:
                     return self._stop(StopReason.WALL_CLOCK, f"used the {limits.wall_clock_s:.0f}s budget")
                 self._phase = f"turn {result.turns + 1}"
-                try:
-                    turn = await self._step(
-                        LlmActivities.llm_turn,
-                        LlmTurnInput(
-                            policy=input.policy,
-                            lease=slot,
-                            transcript=result.transcript,
-                            sampling=None if input.sampling == Sampling() else input.sampling,
-                            context_tokens=limits.context_tokens,
-                            tokens=result.tokens,
-                            tool_call_parser=input.tool_call_parser,
-                            trainer_api=input.trainer_api,
-                        ),
-                        params.LLM_TURN,
-                        StopReason.MODEL_UNAVAILABLE,
-                        "llm",
-                    )
-                except StepFailed as failed:
-                    if failed.reason in (StopReason.MALFORMED_REPLY, StopReason.CONTEXT_BUDGET):
-                        return self._stop(failed.reason, failed.detail)
-                    raise
-                result.turns += 1
-                result.transcript, result.tokens = turn.transcript, turn.tokens
-                result.policy_versions.append(turn.policy_version)
-                result.completion_tokens += turn.completion_tokens or 0
+                turn = await model_turn(
+                    self._step, input, slot, result, result.transcript, tokens=result.tokens, sampling=input.sampling
+                )
+                if isinstance(turn, StepFailed):
+                    return self._stop(turn.reason, turn.detail)
                 if not turn.calls:
                     return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
                 result.pending = PendingCalls(assistant=turn.assistant, count=turn.calls)

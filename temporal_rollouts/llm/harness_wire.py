@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from temporal_rollouts.core.messages import FunctionCall, Message, ToolCall, ToolSpec
+from temporal_rollouts.llm.chat import raw_arguments
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 """Roles a harness may send, as our transcript holds them (a `developer` message is a system prompt)."""
@@ -102,11 +103,7 @@ def _tool_call(where: str, raw: Any) -> ToolCall:
     function = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise BadHarnessRequest(f"{where} must be a function call with a name")
-    arguments = function.get("arguments")
-    if arguments is None:
-        arguments = "{}"
-    elif not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
+    arguments = raw_arguments(function.get("arguments"))
     call_id = raw.get("id")
     if not isinstance(call_id, str) or not call_id:
         raise BadHarnessRequest(f"{where}.id must be a non-empty string")
