@@ -105,6 +105,10 @@ ATTACK = textwrap.dedent(
     for t in threads: t.start()
     for t in threads: t.join()
     print(json.dumps({"flood": statuses}), flush=True)
+    # However many of the flood got through, it then asks one call at a time until its budget stops it.
+    for i in range(10):
+        body = json.dumps({"messages": [{"role": "user", "content": f"one more {i}"}]}).encode()
+        print(json.dumps({"after": status(os.environ["OPENAI_API_KEY"], body)}), flush=True)
     """
 )
 
@@ -127,11 +131,16 @@ async def test_a_harness_reaches_only_its_own_endpoint_and_cannot_pass_its_limit
     )
     assert result.stop_reason is StopReason.MAX_TURNS and result.turns == 3, result.stop_detail
     assert result.harness is not None and result.harness.exit is not None and result.harness.exit.stopped
-    found = json.loads(result.harness.exit.stdout_tail.splitlines()[0])
+    printed = [json.loads(line) for line in result.harness.exit.stdout_tail.splitlines()]
+    found = printed[0]
     assert found["no_key"] == 401 and found["wrong_key"] == 401, found
     assert all(outcome != "reached" for outcome in found["network"].values()), found["network"]
     assert found["visible"] == ["model.sock", "relay.py", "task.md"]
     assert found["other_sockets"] == [], "no other endpoint is in the slot's view"
+    # Four of the flood held at once stop the rollout mid-flood; where a loaded machine let fewer through
+    # (uvicorn refuses past 16 open connections), the flood ended, and only refusals and its share were answered.
+    for flood in [line["flood"] for line in printed if "flood" in line]:
+        assert len(flood) == 40 and set(flood) <= {200, 429, 503} and flood.count(200) <= 3, flood
     asked = demo_policy.stats()["conversations"].values()
     assert sum(len(turns) for turns in asked) == 3, "40 requests, and the model was asked 3 times"
     assert await leased_slots(pool) == []
@@ -145,8 +154,8 @@ async def test_a_worker_killed_mid_call_costs_the_harness_only_time(
     pool: SandboxPool,
 ) -> None:
     """SIGKILL the worker while the harness's second call is with the model: the harness (which would fail
-    on any error, its client's retries off) gets its answer from the next worker, the model is asked once
-    per call, and the harness is never started again."""
+    on any error, its client's retries off) gets its answer from the next worker, no finished call is sent
+    to the model again, and the harness is never started again."""
     demo_policy.control(delay_s=4.0)
     spec = MINIMAL.model_copy(update={"env": {"MINIMAL_HARNESS_MAX_RETRIES": "0"}})
     handle = await client.start_workflow(
@@ -162,5 +171,9 @@ async def test_a_worker_killed_mid_call_costs_the_harness_only_time(
     assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0, result.stop_detail
     assert result.harness is not None and result.harness.starts == 1 and result.harness.exit.exit_code == 0
     turns = next(iter(demo_policy.stats()["conversations"].values()))
-    assert turns == list(range(result.turns)), f"a call went to the model twice: {turns}"
+    # The call in flight when the worker died is sent again by the retried step (its answer died with the
+    # worker), as for our own turns; every finished one is in the history and never sent again.
+    assert turns == sorted(turns) and set(turns) == set(range(result.turns)), turns
+    assert len(turns) - result.turns <= 1, f"a finished call went to the model again: {turns}"
+    assert result.harness.calls == result.turns, "one recorded turn per harness request"
     await wait_until(lambda: no_leases(pool), timeout_s=15)
