@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SWE_WHEELS := envs/swe_smith/data/wheels/.fetched
+# Test worker processes (pytest-xdist). Most of a test's time is spent waiting on real servers and
+# sandboxes, so more workers than cores pay: 4 on a two-core machine (tests/README.md).
+TEST_WORKERS ?= 4
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 # A Python older than 3.11, or one without venv (Debian's python3-venv), stops here with a last line naming the fix,
 # leaving no half-made .venv behind that the next `make` would take for a finished one.
@@ -35,8 +38,13 @@ $(SWE_WHEELS): $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/rollouts demo
 
+# The whole suite; CI (.ci/run) runs this.
 test: $(VENV)/.installed-test $(SWE_WHEELS)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
+
+# The edit loop: every test not marked slow (the unit tier and the quick integration tests).
+test-fast: $(VENV)/.installed-test $(SWE_WHEELS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/orchestration.py

@@ -3,12 +3,18 @@ nothing until a test asks for them. The integration fixtures (dev server, sandbo
 policy, worker) are in tests/support/fixtures.py, loaded by the integration and end-to-end tiers.
 
 The session also gets a temp folder of its own (`tests/support/tempdir.py`): what any test or any
-process it started leaves there fails the run."""
+process it started leaves there fails the run. Under pytest-xdist each worker process has its own
+folder inside the controller's and sends the controller what it left there.
+
+How the suite runs in parallel, and what a test shares with others on the host (`host_lock`):
+tests/support/parallel.py and tests/README.md."""
 
 import sys
+from collections.abc import Iterator
 
 import pytest
 
+from tests.support import parallel
 from tests.support.servers.fixtures import (  # noqa: F401  (fixtures, shared by every module)
     own_smollm2_server,
     smollm2_gguf,
@@ -16,22 +22,46 @@ from tests.support.servers.fixtures import (  # noqa: F401  (fixtures, shared by
     smollm2_process,
     smollm2_server,
     smollm2_tokenizer,
+    smollm2_tokenizer_dir,
 )
-from tests.support.tempdir import SessionTemp, report
+from tests.support.tempdir import SessionTemp, report, with_workers
 
 SESSION_TEMP = SessionTemp()
 """Made when pytest loads this file, before any test or fixture runs and before pytest picks its own
 temp folder, so everything under test inherits it."""
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if parallel.in_worker(config):
+        parallel.slow_modules_first(items)
+
+
+@pytest.fixture(autouse=True)
+def _host_locks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The test's `host_lock` names, held while it runs (tests/support/parallel.py)."""
+    with parallel.host_locks(parallel.lock_names(request.node)):
+        yield
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if (scratch := sys.modules.get("envs.swe_smith.scratch")) is not None:
         scratch.PROCESS_FOLDER.remove()  # what this process removes at its exit, which comes after this check
     leftovers = SESSION_TEMP.leftovers()
+    if (sent := getattr(session.config, "workeroutput", None)) is not None:  # an xdist worker: its controller tells
+        sent[WORKER_TEMP] = {"folder": SESSION_TEMP.folder.name, "leftovers": leftovers}
+        return
+    leftovers = with_workers(leftovers, session.config.stash.get(WORKERS_LEFT, {}))
     if leftovers:
         session.config.stash[LEFT_OVER] = report(leftovers, SESSION_TEMP.folder)
         if exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """An xdist worker ended (on the controller): keep what it left in its temp folder."""
+    if (sent := getattr(node, "workeroutput", {}).get(WORKER_TEMP)) is not None:
+        node.config.stash.setdefault(WORKERS_LEFT, {})[sent["folder"]] = sent["leftovers"]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -46,3 +76,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 LEFT_OVER = pytest.StashKey[str]()
+WORKERS_LEFT = pytest.StashKey[dict[str, list[str]]]()
+WORKER_TEMP = "rollouts_temp"
+"""The key under which an xdist worker sends its controller its temp folder's name and what it left there."""

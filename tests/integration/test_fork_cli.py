@@ -50,6 +50,7 @@ async def rollout(client: Client, settings: Settings, input: TrajectoryInput) ->
     )
 
 
+@pytest.mark.slow
 async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client: Client, settings: Settings) -> None:
     source = await rollout(
         client, settings, TrajectoryInput(env="echo_chain", item=Item(id="echo-31"), env_config={"steps": 4})
@@ -89,6 +90,7 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
 
 @pytest.mark.slow
 @needs_bubblewrap
+@pytest.mark.host_lock("http-server-8080")  # starts serve-status-page's server: test_stateful_task waits for none
 async def test_a_fork_says_it_cannot_carry_the_stateful_terminal_and_a_replay_starts_it_again(
     client: Client,
     settings: Settings,

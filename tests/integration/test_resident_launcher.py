@@ -34,7 +34,11 @@ from tests.support.sandbox import (
     wait_until,
 )
 
-pytestmark = [needs_bubblewrap, pytest.mark.skipif(os.geteuid() != 0, reason="slot uids and cgroups need root")]
+pytestmark = [
+    needs_bubblewrap,
+    pytest.mark.skipif(os.geteuid() != 0, reason="slot uids and cgroups need root"),
+    pytest.mark.host_lock("slot-uids-62000"),  # slot_processes: every process of the range
+]
 
 UID_BASE = 62000
 SERVER = ServerOptions(
@@ -214,6 +218,7 @@ async def test_the_stateful_terminal_outlives_resident_commands(client, lease):
     assert len(processes_running(marker)) == 1
 
 
+@pytest.mark.slow
 async def test_hundreds_of_quick_commands_each_get_their_own_status(client, lease):
     """A status reaped between the command's start and the launcher's wait was once lost, and the
     command hung until its timeout. Quick commands in a row on a host whose cores are busy make that

@@ -35,6 +35,7 @@ pytestmark = [
 MAX_PROCESSES = 12
 
 
+@pytest.mark.slow
 async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
     settings: Settings, parts, demo_policy, tmp_path: Path
 ) -> None:

@@ -56,7 +56,7 @@ from tests.support.sandbox import (
     workspace_of,
 )
 
-pytestmark = needs_bubblewrap
+pytestmark = [needs_bubblewrap, pytest.mark.host_lock("slot-uids-61000")]  # _slot_processes: every process of the range
 
 SLOTS = 3
 UID_BASE, UID_COUNT = 61000, 64
@@ -370,6 +370,7 @@ HOLD_150_MB = "python3 -c 'import time; x = bytearray(150 << 20); x[::4096] = b\
 
 
 @pytest.mark.parametrize("resident", [False, True], ids=["own-sandbox", "resident"])
+@pytest.mark.slow
 async def test_without_cgroups_the_memory_limit_holds_for_the_slot_as_a_whole(rlimit_server, resident):
     """Each process is under the slot's 256 MB, four at once are not: the watchdog kills until they fit."""
     backend, info, client = rlimit_server
@@ -414,6 +415,7 @@ async def test_files_tmp_and_workspace_are_size_capped(slots):
     await slots.after_break()
 
 
+@pytest.mark.slow
 async def test_a_timeout_kills_the_whole_tree_even_a_daemon(slots):
     lease = await slots.take()
     marker = unique_sleep()
@@ -437,6 +439,7 @@ SHADOWS = {
 }
 
 
+@pytest.mark.slow
 async def test_no_bundled_task_check_passes_on_planted_modules(slots):
     """Before the fix, writing `pathlib.py` that prints OK scored 1.0 on 9 of 16 tasks. As a control,
     each task's reference solution still passes with the checker-side plants present."""
@@ -498,6 +501,7 @@ async def test_a_deep_tree_is_reset_and_the_slot_handed_on_empty(slots):
     await slots.after_break()
 
 
+@pytest.mark.slow
 async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
     backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
     info = await backend.start_container()
@@ -592,6 +596,7 @@ def test_network_acknowledgement_and_limits_reach_the_server_argv(tmp_path):
 # --- 6. no silent fallback, no inherited secrets -----------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_server_and_its_commands_hold_no_worker_secrets(slots, server):
     info, _ = server
     environ = Path(f"/proc/{info.pid}/environ").read_bytes()

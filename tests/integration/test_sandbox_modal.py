@@ -99,6 +99,7 @@ async def test_a_killed_server_ends_its_sandbox_and_the_pool_starts_another(pool
     assert (await pool.lease(fresh).execute("c1", ExecOp(command="echo again"))).output.strip() == "again"
 
 
+@pytest.mark.slow
 async def test_a_sandbox_near_its_lifetime_drains_and_is_replaced(tmp_path, fake_modal) -> None:
     settings = modal_settings(tmp_path, max_lifetime_s=120, drain_margin_s=116)
     async with modal_pool(settings, fake_modal) as pool:

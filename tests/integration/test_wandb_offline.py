@@ -15,7 +15,6 @@ wandb = pytest.importorskip("wandb")
 pytest.importorskip("atroposlib")
 
 from temporal_rollouts.integrations.atropos.env import TemporalRolloutsEnv  # noqa: E402
-from temporal_rollouts.policy_servers import smollm2  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -60,10 +59,10 @@ def _history(run_dir: Path) -> list[dict]:
     return rows
 
 
-async def test_rollout_table_and_tool_errors_reach_wandb(tmp_path: Path, monkeypatch) -> None:
-    if smollm2.gguf_path() is None:
-        pytest.skip("the SmolLM2 GGUF (its tokenizer) is not installed")
-    tokenizer = smollm2.export_tokenizer(tmp_path / "tokenizer")
+async def test_rollout_table_and_tool_errors_reach_wandb(
+    tmp_path: Path, monkeypatch, smollm2_tokenizer_dir: Path
+) -> None:
+    tokenizer = smollm2_tokenizer_dir
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     config, servers = TemporalRolloutsEnv.config_init()

