@@ -9,15 +9,22 @@ import textwrap
 import uuid
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from temporalio.client import Client
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from temporal_rollouts.core.harness import MINIMAL, HarnessSpec
-from temporal_rollouts.core.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
+from temporal_rollouts.core.records import RolloutLimits, Sampling, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.runtime.worker import WORKFLOWS, Parts
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.integration.test_token_rollout import served
+from tests.support.servers.fixtures import GenerateServerProcess, generate_policy
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.integration.test_crash import _in_phase, crash_settings, worker_process  # noqa: F401, F811  (fixtures)
 from tests.support.processes import WorkerProcess
@@ -52,6 +59,13 @@ async def test_the_minimal_harness_solves_a_task_one_step_per_call(
     turns = next(iter(demo_policy.stats()["conversations"].values()))
     assert turns == list(range(result.turns)), "each call was sent to the model once"
     assert await leased_slots(pool) == []
+    # The harness loop is workflow code: its history replays under the sandboxed runner, deterministically.
+    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
+    replayer = Replayer(
+        workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(), data_converter=client.data_converter
+    )
+    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
 
 
 async def test_mini_swe_agent_from_pypi_solves_a_task(
@@ -177,3 +191,61 @@ async def test_a_worker_killed_mid_call_costs_the_harness_only_time(
     assert len(turns) - result.turns <= 1, f"a finished call went to the model again: {turns}"
     assert result.harness.calls == result.turns, "one recorded turn per harness request"
     await wait_until(lambda: no_leases(pool), timeout_s=15)
+
+
+TOKEN_CALLS = textwrap.dedent(
+    """\
+    import json, os, urllib.request
+    def ask(messages):
+        request = urllib.request.Request(
+            os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+            data=json.dumps({"model": os.environ["ROLLOUTS_MODEL"], "messages": messages}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+        )
+        reply = json.load(urllib.request.urlopen(request, timeout=300))["choices"][0]["message"]
+        return {"role": "assistant", "content": reply["content"]}
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
+    messages += [ask(messages), {"role": "user", "content": "Another one."}]
+    messages.append(ask(messages))  # extends: the reply echoed back, then a new user message
+    ask([messages[0], {"role": "user", "content": "In short: name a colour."}])  # rewrites (summarised history)
+    """
+)
+
+
+@pytest.mark.timeout(600)
+async def test_a_harness_on_a_token_policy_extends_one_sequence_and_a_rewrite_starts_another(
+    client: Client, settings: Settings, parts: Parts, smollm2_server: GenerateServerProcess
+) -> None:
+    """With an SGLang-shaped policy (the real SmolLM2 server), a call that extends the conversation continues
+    the token sequence the previous call left, and one that rewrites history starts a new one, counted."""
+    settings.policies["smol-harness"] = generate_policy(smollm2_server).model_copy(update={"prefill_from": None})
+    httpx.post(f"{smollm2_server.url}/requests/reset", timeout=10).raise_for_status()
+    try:
+        spec = HarnessSpec(name="token-calls", command=f"python3 -I - <<'CALLS'\n{TOKEN_CALLS}CALLS\n")
+        result = await run(
+            client,
+            settings,
+            TrajectoryInput(
+                env="terminal_tasks",
+                item=Item(id=TASK),
+                harness=spec,
+                policy="smol-harness",
+                sampling=Sampling(temperature=1.0, max_tokens=8),
+            ),
+        )
+    finally:
+        settings.policies.pop("smol-harness", None)
+    assert result.stop_reason is StopReason.COMPLETED, result.stop_detail
+    assert result.harness is not None and (result.harness.calls, result.harness.rewrites) == (3, 1)
+    assert result.turns == 3 and result.tokens is not None and result.tokens.restarts == 1
+    first, second, third = served(smollm2_server)
+    assert second["input_ids"][: len(first["input_ids"]) + len(first["output_ids"])] == (
+        first["input_ids"] + first["output_ids"]
+    ), "the second call continues the first call's tokens"
+    assert third["input_ids"] != second["input_ids"][: len(third["input_ids"])], "the rewrite starts afresh"
+    trace = await parts.traces.load(result.tokens)
+    start = len(third["input_ids"])
+    generated = range(start, start + len(third["output_ids"]))
+    assert trace.tokens[:start] == third["input_ids"], "the trainer gets the last sequence"
+    assert trace.tokens[start : generated.stop] == third["output_ids"]
+    assert [i for i, m in enumerate(trace.masks()) if m != IGNORE_INDEX] == list(generated)
