@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import textwrap
 import uuid
 from urllib.parse import urlsplit
@@ -23,6 +25,7 @@ from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.integration.test_resume import failed_result, rollouts_cli
 from tests.integration.test_token_rollout import served
 from tests.support.servers.fixtures import GenerateServerProcess, generate_policy
 from tests.support.servers.demo_policy import DemoPolicyProcess
@@ -249,3 +252,39 @@ async def test_a_harness_on_a_token_policy_extends_one_sequence_and_a_rewrite_st
     assert trace.tokens[:start] == third["input_ids"], "the trainer gets the last sequence"
     assert trace.tokens[start : generated.stop] == third["output_ids"]
     assert [i for i, m in enumerate(trace.masks()) if m != IGNORE_INDEX] == list(generated)
+
+
+async def test_a_dead_sandbox_server_fails_the_rollout_and_resume_starts_the_harness_again(
+    client: Client, settings: Settings, demo_policy: DemoPolicyProcess, pool: SandboxPool
+) -> None:
+    """SIGKILL the sandbox server (its harness dies with it) after the harness's first answered call: the
+    rollout fails as `sandbox_error` with its workspace saved, and `rollouts resume` starts the harness again
+    on the saved files, its turns counted on from the first run's."""
+    demo_policy.control(delay_s=1.0)
+    rollout = f"harness-resume-{uuid.uuid4().hex[:6]}"
+    handle = await client.start_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness="minimal"),
+        id=rollout,
+        task_queue=settings.temporal.task_queue,
+    )
+
+    async def a_call_answered() -> bool:
+        return (await handle.query("progress"))["turns"] >= 1
+
+    await wait_until(a_call_answered, timeout_s=120, interval_s=0.05)
+    for container in await pool.fleet.refresh():
+        assert container.pid is not None
+        os.kill(container.pid, signal.SIGKILL)
+    failed = await failed_result(client, rollout)
+    assert failed.stop_reason is StopReason.SANDBOX_ERROR and failed.snapshot, failed.stop_detail
+    assert failed.harness is not None and failed.harness.starts == 1 and failed.turns >= 1
+
+    demo_policy.reset()
+    resumed = await rollouts_cli(settings, "resume", rollout, "--json")
+    assert resumed["resumed_from_run"] == handle.result_run_id
+    result = TrajectoryResult.model_validate(await client.get_workflow_handle(rollout).result())
+    assert result.stop_reason is StopReason.COMPLETED and result.score == 1.0, result.stop_detail
+    assert result.harness is not None and result.harness.starts == 2 and result.harness.exit.exit_code == 0
+    assert result.turns > failed.turns and len(result.policy_versions) == result.turns, "turns count on"
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
