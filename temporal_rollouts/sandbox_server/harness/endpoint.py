@@ -175,15 +175,23 @@ class ModelEndpoint:
             self.calls += 1
             self._arrived.set()
         held.waiting += 1
+        gone = asyncio.ensure_future(_until_disconnected(request))
         try:
-            status, answer = await asyncio.shield(held.answer)
-        except asyncio.CancelledError:
-            if held.answer.cancelled():  # the endpoint closed (the harness was stopped): nobody will answer
-                return _error(503, "the rollout stopped", "server_error")
-            raise
+            await asyncio.wait({held.answer, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            gone.cancel()
             held.waiting -= 1
-        return _respond(status, answer, stream)
+        if not held.answer.done():  # its client gave up: the request stays held for a retry of it to wait on
+            return Response(status_code=499)
+        if held.answer.cancelled():  # the endpoint closed (the harness was stopped): nobody will answer
+            return _error(503, "the rollout stopped", "server_error")
+        return _respond(*held.answer.result(), stream)
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Returns when the client has closed its connection (its body was read whole, so that is all that comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _respond(status: int, body: dict[str, Any], stream: bool) -> Response:
