@@ -288,3 +288,23 @@ async def test_a_dead_sandbox_server_fails_the_rollout_and_resume_starts_the_har
     assert result.harness is not None and result.harness.starts == 2 and result.harness.exit.exit_code == 0
     assert result.turns > failed.turns and len(result.policy_versions) == result.turns, "turns count on"
     await wait_until(lambda: no_leases(pool), timeout_s=15)
+
+
+async def test_a_harness_that_exits_non_zero_fails_the_rollout_unscored_with_its_output_kept(
+    client: Client, settings: Settings, pool: SandboxPool
+) -> None:
+    spec = HarnessSpec(name="broken", command="echo started; echo 'no such model' >&2; exit 3")
+    rollout = f"harness-broken-{uuid.uuid4().hex[:6]}"
+    await client.start_workflow(
+        TrajectoryWorkflow.run,
+        TrajectoryInput(env="terminal_tasks", item=Item(id=TASK), harness=spec),
+        id=rollout,
+        task_queue=settings.temporal.task_queue,
+    )
+    failed = await failed_result(client, rollout)
+    assert failed.stop_reason is StopReason.HARNESS_FAILED and "no such model" in failed.stop_detail
+    assert failed.harness is not None and failed.harness.exit is not None
+    assert (failed.harness.exit.exit_code, failed.harness.exit.stopped) == (3, False)
+    assert (failed.harness.exit.stdout_tail, failed.harness.exit.stderr_tail) == ("started\n", "no such model\n")
+    assert failed.turns == 0 and not failed.verify_details, "a broken harness is not verified: no score"
+    await wait_until(lambda: no_leases(pool), timeout_s=15)
