@@ -14,13 +14,11 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from temporalio.client import Client
-from temporalio.worker import Replayer
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from temporal_rollouts.core.harness import MINIMAL, HarnessSpec
 from temporal_rollouts.core.records import RolloutLimits, Sampling, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.worker import WORKFLOWS, Parts
+from temporal_rollouts.runtime.worker import Parts
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
@@ -31,6 +29,7 @@ from tests.support.servers.fixtures import GenerateServerProcess, generate_polic
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.integration.test_crash import _in_phase, crash_settings, worker_process  # noqa: F401, F811  (fixtures)
 from tests.support.processes import WorkerProcess
+from tests.support.replay import sandboxed_replay_failure
 from tests.support.waiting import leased_slots, no_leases, wait_until
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -63,12 +62,7 @@ async def test_the_minimal_harness_solves_a_task_one_step_per_call(
     assert turns == list(range(result.turns)), "each call was sent to the model once"
     assert await leased_slots(pool) == []
     # The harness loop is workflow code: its history replays under the sandboxed runner, deterministically.
-    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
-    replayer = Replayer(
-        workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(), data_converter=client.data_converter
-    )
-    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    assert replayed.replay_failure is None, replayed.replay_failure
+    assert (failure := await sandboxed_replay_failure(client, result.rollout_id)) is None, failure
 
 
 async def test_mini_swe_agent_from_pypi_solves_a_task(
