@@ -47,6 +47,11 @@ class LlmTurnInput(BaseModel):
     sampling: Sampling | None = Field(default=None, description="None for the defaults (keeps history small).")
     context_tokens: int = Field(default=DEFAULT_CONTEXT_TOKENS, description="The turn's context budget.")
     tokens: TokenTraceRef | None = Field(default=None, description="The token trace so far (token-level policies).")
+    restarts: int = Field(
+        default=0,
+        description="Restarts counted before a turn that begins a sequence (`tokens` None): a harness that "
+        "rewrote its conversation.",
+    )
     tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's parser.")
     trainer_api: str | None = Field(
         default=None, description="run-api: its trainer step is the turn's version where the model server reports none."
@@ -175,7 +180,7 @@ class LlmActivities:
             id_seed=input.transcript.head,
             tool_call_parser=input.tool_call_parser,
         )
-        restarts = (input.tokens.restarts if input.tokens else 0) + (1 if turn.restarted else 0)
+        restarts = (input.tokens.restarts if input.tokens else input.restarts) + (1 if turn.restarted else 0)
         trace = await self._traces.append(
             None if turn.restarted else input.tokens, turn.added, messages=len(messages) + 1, restarts=restarts
         )

@@ -9,6 +9,7 @@ from temporalio import activity
 
 from envs import get_env
 from temporal_rollouts.core.errors import activity_boundary
+from temporal_rollouts.core.harness import HarnessSpec, named_harness
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.refs import TranscriptRef
 from temporal_rollouts.core.steps import ensure_small, heartbeating
@@ -30,6 +31,7 @@ class SetupWorkspaceInput(BaseModel):
 class WorkspaceReady(BaseModel):
     transcript: TranscriptRef
     meta: dict[str, Any] = Field(default_factory=dict)
+    harness: HarnessSpec | None = Field(default=None, description="The env's own harness, if it names one.")
 
 
 class WorkspaceActivities:
@@ -52,4 +54,4 @@ class WorkspaceActivities:
                 f"the {input.env} setup's metadata", await heartbeating(env.setup_workspace(input.item, slot))
             )
             transcript = await self._transcripts.start(env.prompt_messages(input.item), env.tool_specs())
-            return WorkspaceReady(transcript=transcript, meta=meta)
+            return WorkspaceReady(transcript=transcript, meta=meta, harness=named_harness(env.harness))

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from temporal_rollouts.core.errors import BadItem
 from temporal_rollouts.core.images import ImageSpec
+from temporal_rollouts.core.harness import HarnessSpec
 from temporal_rollouts.core.messages import Message, ToolSpec
 from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
 from temporal_rollouts.sandbox.handle import LeasedSlot as SlotHandle
@@ -36,6 +37,9 @@ class Env(ABC):
     (`memory_limit_mb`, `max_processes`, `cpus`, `cpu_time_limit_s`, `file_size_limit_mb`,
     `tmp_limit_mb`, `disk_limit_mb`). Read on the worker; they can never widen the server's."""
     tool_names: ClassVar[tuple[str, ...]] = ("terminal", "read_file", "write_file", "search")
+    harness: ClassVar[str | HarnessSpec | None] = None
+    """An agent harness this env's rollouts run instead of our loop (`core.harness`: a name or a spec), unless
+    the batch names one; None: our loop."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})

@@ -347,6 +347,7 @@ def _rollout_input(input: BatchInput, cursor: BatchCursor, item: Item, **fields:
         sampling=input.sampling,
         batch_id=cursor.progress.batch_id,
         snapshot_turns=input.snapshot_turns,
+        harness=input.harness,
         **fields,
     )
 

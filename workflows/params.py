@@ -71,6 +71,13 @@ MAX_COMMAND_TIMEOUT_S = 600.0
 # waiting on the same command if it is still running). Retry backoffs stay under the local
 # retry threshold (1 min), so every retry runs on the same worker.
 TOOL_CALL_LOCAL = StepParams(start_to_close_s=60 + MAX_COMMAND_TIMEOUT_S, heartbeat_s=None, retry=_retry(6))
+# A harness in the slot: its start (which may first build its bundle), each wait for its next model request
+# (the step heartbeats; the loop waits again until the wall-clock budget is spent), each answer, and a stop.
+START_HARNESS = StepParams(start_to_close_s=1800, heartbeat_s=10, retry=_retry(5))
+HARNESS_WAIT_S = 300.0
+NEXT_HARNESS_CALL = StepParams(start_to_close_s=HARNESS_WAIT_S + 60, heartbeat_s=10, retry=_retry(10))
+ANSWER_HARNESS_CALL = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(10, max_interval_s=10))
+STOP_HARNESS = StepParams(start_to_close_s=60, heartbeat_s=None, retry=_retry(5))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
 RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
 WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))

@@ -21,7 +21,6 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from activities.images import BuildImageInput, ImageActivities
-    from activities.llm import LlmActivities, LlmTurnInput
     from activities.resume import ResumeActivities, RunRef
     from activities.slots import AcquireSlotInput, SlotActivities
     from activities.snapshots import SnapshotActivities, SnapshotInput
@@ -36,7 +35,6 @@ with workflow.unsafe.imports_passed_through():
         ROLLOUT_FAILED,
         ROLLOUT_FINISHED,
         PendingCalls,
-        Sampling,
         StopReason,
         ToolErrorRecord,
         TrajectoryInput,
@@ -46,7 +44,9 @@ with workflow.unsafe.imports_passed_through():
     from temporal_rollouts.storage.snapshots import snapshot_key
     from workflows import params
     from workflows.forking import Forking
+    from workflows.harness_loop import HarnessLoop
     from workflows.steps import StepFailed, stop_for
+    from workflows.turns import model_turn
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -115,6 +115,7 @@ class TrajectoryWorkflow:
                 "acquire",
             )
             slot = lease.ref()
+            harness = input.harness or (result.harness.spec if result.harness else None)
             if snapshot:
                 self._phase = "restore"
                 await self._step(
@@ -139,9 +140,13 @@ class TrajectoryWorkflow:
                     "setup",
                 )
                 result.transcript, result.setup_meta = ready.transcript, ready.meta
+                harness = input.harness or ready.harness
             self._forking.begin(result.turns, resumed=snapshot is not None)
             if result.agent_stop is None:
-                await self._agent_loop(input, slot)
+                if harness is not None:
+                    await HarnessLoop(self._step, self._set_phase).run(input, harness, slot, result)
+                else:
+                    await self._agent_loop(input, slot)
                 result.agent_stop, result.agent_stop_detail = result.stop_reason, result.stop_detail
             if result.stop_reason.scored:
                 self._phase = "verify"
@@ -242,6 +247,7 @@ class TrajectoryWorkflow:
             "completion_tokens",
             "fork",
             "branches",
+            "harness",
         ):
             setattr(result, field, getattr(earlier, field))
         if earlier.agent_stop is not None:
@@ -262,31 +268,11 @@ class TrajectoryWorkflow:
                 if _seconds_since(loop_started) >= limits.wall_clock_s:
                     return self._stop(StopReason.WALL_CLOCK, f"used the {limits.wall_clock_s:.0f}s budget")
                 self._phase = f"turn {result.turns + 1}"
-                try:
-                    turn = await self._step(
-                        LlmActivities.llm_turn,
-                        LlmTurnInput(
-                            policy=input.policy,
-                            lease=slot,
-                            transcript=result.transcript,
-                            sampling=None if input.sampling == Sampling() else input.sampling,
-                            context_tokens=limits.context_tokens,
-                            tokens=result.tokens,
-                            tool_call_parser=input.tool_call_parser,
-                            trainer_api=input.trainer_api,
-                        ),
-                        params.LLM_TURN,
-                        StopReason.MODEL_UNAVAILABLE,
-                        "llm",
-                    )
-                except StepFailed as failed:
-                    if failed.reason in (StopReason.MALFORMED_REPLY, StopReason.CONTEXT_BUDGET):
-                        return self._stop(failed.reason, failed.detail)
-                    raise
-                result.turns += 1
-                result.transcript, result.tokens = turn.transcript, turn.tokens
-                result.policy_versions.append(turn.policy_version)
-                result.completion_tokens += turn.completion_tokens or 0
+                turn = await model_turn(
+                    self._step, input, slot, result, result.transcript, tokens=result.tokens, sampling=input.sampling
+                )
+                if isinstance(turn, StepFailed):
+                    return self._stop(turn.reason, turn.detail)
                 if not turn.calls:
                     return self._stop(StopReason.COMPLETED, turn.finish_reason or "")
                 result.pending = PendingCalls(assistant=turn.assistant, count=turn.calls)
@@ -328,6 +314,9 @@ class TrajectoryWorkflow:
                     )
                 )
         result.pending = None
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
 
     def _stop(self, reason: StopReason, detail: str) -> None:
         assert self._result is not None

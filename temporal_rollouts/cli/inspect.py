@@ -83,11 +83,30 @@ def format_rollout(record: RolloutRecord) -> str:
     out.append(f"turns        {result.turns}, tool calls {result.tool_calls}, tool errors {len(result.tool_errors)}")
     for error in result.tool_errors:
         out.append(f"  turn {error.turn} {error.tool_name}({error.arguments}): {error.error}")
+    out += _harness_lines(result)
     if result.verify_details:
         out.append(f"verifier     {json.dumps(result.verify_details, default=str)}")
     if result.timings:
         out.append("timings (s)  " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()))
     return "\n".join(out)
+
+
+def _harness_lines(result: RolloutResult) -> list[str]:
+    """The harness that ran as the agent: its calls and how it ended, with the end of what it printed."""
+    harness = result.harness
+    if harness is None:
+        return []
+    ended = "still running or never ended"
+    if (exit := harness.exit) is not None:
+        ended = "stopped at a limit" if exit.stopped else f"exited with status {exit.exit_code}"
+    restarted = f", started {harness.starts} times" if harness.starts > 1 else ""
+    lines = [
+        f"harness      {harness.spec.name}: {harness.calls} calls, {harness.rewrites} rewrites{restarted}; {ended}"
+    ]
+    for name, tail in (("stdout", exit.stdout_tail if exit else ""), ("stderr", exit.stderr_tail if exit else "")):
+        if tail.strip():
+            lines += [f"  {name} (end):", _indent(cut(tail.strip()))]
+    return lines
 
 
 def not_scored(result: RolloutResult) -> str:

@@ -61,6 +61,10 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
         "output": args.output,
         "env_config": parsers.json_flag("--env-config", args.env_config) if args.env_config else {},
     }
+    if args.harness:
+        fields["harness"] = (
+            parsers.json_flag("--harness", args.harness) if args.harness.startswith("{") else args.harness
+        )
     return batch_input(fields, settings, env_known=known)
 
 
@@ -368,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollouts started per second at most; 0 starts them as fast as the batch can",
     )
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
+    batch.add_argument(
+        "--harness",
+        default=None,
+        help="run this agent harness in each slot instead of our loop: minimal, mini-swe-agent, "
+        "or a JSON spec (docs/harnesses.md)",
+    )
     batch.add_argument("--output", default=None, help="JSONL path for scored groups")
     batch.add_argument("--id", default=None, help="batch id (workflow id); generated when unset")
     batch.add_argument("--wait", action="store_true", help="show progress until the batch finishes")

@@ -9,9 +9,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from temporal_rollouts.core import defaults
+from temporal_rollouts.core.harness import HarnessRecord, HarnessSpec, named_harness
 from temporal_rollouts.core.forks import BranchPlan, BranchRecord, BranchSpec, ForkOrigin, ForkSpec
 from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
 from temporal_rollouts.core.tasks import Item
@@ -39,6 +40,7 @@ class StopReason(StrEnum):
     ENV_ERROR = "env_error"
     CONFIG_ERROR = "config_error"
     FORK_DIVERGED = "fork_diverged"
+    HARNESS_FAILED = "harness_failed"
     CANCELLED = "cancelled"
     TERMINATED = "terminated"
     TIMED_OUT = "timed_out"
@@ -166,7 +168,23 @@ class BatchInput(BaseModel):
         description="Save each rollout's workspace after every turn, so a "
         "later fork restores it instead of replaying tool calls.",
     )
+    harness: HarnessSpec | None = Field(
+        default=None,
+        description="Run this agent harness in each slot instead of our loop: `minimal`, `mini-swe-agent`, or a "
+        "spec (command, requirements); the env's own harness when unset, if it names one.",
+    )
     cursor: BatchCursor | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
+
+    @field_validator("harness", mode="before")
+    @classmethod
+    def _harness_by_name(cls, value: object) -> object:
+        return named_harness(value)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _harness_alone(self) -> BatchInput:
+        if self.harness is not None and (self.branch is not None or self.snapshot_turns):
+            raise ValueError("harness: a harness's rollouts cannot branch or snapshot turns (they need our own loop)")
+        return self
 
     @model_validator(mode="after")
     def _tree_fits(self) -> BatchInput:
@@ -205,6 +223,20 @@ class TrajectoryInput(BaseModel):
     fork: ForkSpec | None = Field(default=None, description="Begin with another rollout's first turns and workspace.")
     branch: BranchPlan | None = Field(default=None, description="Branch at these turns; the tree starts the siblings.")
     snapshot_turns: bool = Field(default=False, description="Save the workspace after every turn (for later forks).")
+    harness: HarnessSpec | None = Field(default=None, description="Run this harness as the agent instead of our loop.")
+
+    @model_validator(mode="after")
+    def _harness_alone(self) -> TrajectoryInput:
+        if self.harness is not None and (self.fork is not None or self.branch is not None or self.snapshot_turns):
+            raise ValueError(
+                "harness: a harness's rollout cannot fork, branch or snapshot turns (they need our own loop)"
+            )
+        return self
+
+    @field_validator("harness", mode="before")
+    @classmethod
+    def _harness_by_name(cls, value: object) -> object:
+        return named_harness(value)  # type: ignore[arg-type]
 
 
 class PendingCalls(BaseModel):
@@ -256,6 +288,9 @@ class TrajectoryResult(BaseModel):
     branches: list[BranchRecord] = Field(default_factory=list, description="Where this rollout branched, into which.")
     image: str | None = Field(
         default=None, description="The image its slot ran on (its name in the store); None: the server's own root."
+    )
+    harness: HarnessRecord | None = Field(
+        default=None, description="The harness that ran as the agent: its calls, exit status and output's tail."
     )
 
     def version_range(self) -> tuple[int, int] | None:

@@ -190,15 +190,18 @@ def _tool_call(item: Any, malformed: Malformed) -> ToolCall:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise malformed("tool call without a function name")
-    arguments = function.get("arguments")
-    if arguments is None:
-        arguments = "{}"
-    elif not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
+    arguments = raw_arguments(function.get("arguments"))
     call_id = item.get("id")
     if not isinstance(call_id, str) or not call_id:
         call_id = f"call_{uuid.uuid4().hex[:24]}"
     return ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments))
+
+
+def raw_arguments(arguments: Any) -> str:
+    """A tool call's arguments as JSON text: as sent when they are text, encoded when a server sent an object."""
+    if arguments is None:
+        return "{}"
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def _reasoning_text(message: dict[str, Any]) -> str | None:

@@ -7,6 +7,13 @@ calls, then with a final "Done." once the solution is played out. A demo batch
 therefore scores 1.0 through the real path (workflow, model client, sandbox
 tools, verify) without a GPU or an API key.
 
+It answers an agent harness's calls too (a rollout whose agent runs in the slot,
+docs/harnesses.md): the harness wraps the task in its own prompt, so a known task
+prompt found inside the first user message counts; where the harness offers its own
+shell tool instead of ours, each scripted call is written as the command that does
+the same (`shell_calls`); and it ends as the harness's prompt says, by running the
+submit command it names (mini-swe-agent), else with "Done." and no tool call.
+
 It also injects faults on demand, so tests and demos can show what the rollout
 machinery does with a flaky or broken model server. Faults are set with CLI
 flags at start, and at runtime with POST /control: a test-only admin endpoint that exists
@@ -60,6 +67,7 @@ from starlette.routing import Route
 from temporal_rollouts.core.inputs import field_default
 from temporal_rollouts.core.settings import DemoPolicySettings
 from temporal_rollouts.core.tasks import ScriptedCall
+from temporal_rollouts.policy_servers.shell_calls import as_shell, shell_tool, submit_command
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.keys import (
     BearerKey,
@@ -108,6 +116,7 @@ class SolutionIndex:
 
     def __init__(self, env_modules: Sequence[str] = ()) -> None:
         self._by_prompt: dict[str, Turns] | None = None
+        self._longest_first: list[str] = []
         self._readers: list[Callable[[str], Turns | None]] = []
         self.env_modules = list(env_modules)
 
@@ -137,15 +146,19 @@ class SolutionIndex:
         return by_prompt
 
     def lookup(self, prompt: str) -> Turns | None:
+        """The solution of the task `prompt` states: its prompt exactly, one a reader recognises, or the
+        longest known prompt inside it (a harness wraps the task in its own words)."""
         if self._by_prompt is None:
             self._by_prompt = self._build()
+            self._longest_first = sorted(self._by_prompt, key=len, reverse=True)
         prompt = prompt.strip()
         if (turns := self._by_prompt.get(prompt)) is not None:
             return turns
         for reader in self._readers:
             if (turns := reader(prompt)) is not None:
                 return turns
-        return None
+        known = next((known for known in self._longest_first if known and known in prompt), None)
+        return None if known is None else self._by_prompt[known]
 
 
 class Stats:
@@ -203,6 +216,32 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
     }
 
 
+def _calls_for(scripted: list[ScriptedCall], offered: list[Any]) -> list[dict[str, Any]] | None:
+    """A turn of the reference solution as tool calls of the tools offered: as they are when ours are offered
+    (or no tools are named), else written as commands for the one shell tool a harness offers
+    (`shell_calls`); None when neither can be done."""
+    names = {tool.get("function", {}).get("name") for tool in offered if isinstance(tool, dict)}
+    if not offered or all(call.name in names for call in scripted):
+        return [_tool_call(call.name, json.dumps(call.arguments)) for call in scripted]
+    shell = shell_tool(offered)
+    commands = [as_shell(call.name, call.arguments) for call in scripted]
+    if shell is None or None in commands:
+        return None
+    tool, argument = shell
+    return [_tool_call(tool, json.dumps({argument: command})) for command in commands]
+
+
+def _finish_calls(messages: list[dict[str, Any]], offered: list[Any]) -> list[dict[str, Any]]:
+    """How to end once the solution is played: no tool call (our loop, the minimal harness), or the submit
+    command a harness's prompt names, run in its shell tool (mini-swe-agent)."""
+    shell = shell_tool(offered)
+    prompts = [_text(m.get("content")) for m in messages if m.get("role") in ("system", "user")]
+    submit = submit_command(prompts[:2])
+    if shell is None or submit is None:
+        return []
+    return [_tool_call(shell[0], json.dumps({shell[1]: submit}))]
+
+
 def _estimate_tokens(text_len: int) -> int:
     return max(1, text_len // 4)
 
@@ -252,13 +291,16 @@ class DemoPolicy:
             return JSONResponse({"oops": True})
 
         turns = self.index.lookup(prompt)
+        offered = body.get("tools") if isinstance(body.get("tools"), list) else []
         if turns is None:
             outcome, content, calls = "unknown_task", "I do not know this task, so I cannot solve it.", []
         elif turn < len(turns):
             outcome, content = "tool_calls", None
-            calls = [_tool_call(c.name, json.dumps(c.arguments)) for c in turns[turn]]
+            calls = _calls_for(turns[turn], offered)
+            if calls is None:
+                outcome, content, calls = "unknown_tools", "I cannot solve this task with the tools offered.", []
         else:
-            outcome, content, calls = "final", "Done.", []
+            outcome, content, calls = "final", "Done.", _finish_calls(messages, offered)
 
         if faults.unknown_tool_next:
             faults.unknown_tool_next -= 1

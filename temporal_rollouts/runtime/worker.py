@@ -38,6 +38,7 @@ from activities.feed import FeedActivities
 from activities.fork_points import ForkPoints
 from activities.forks import ForkActivities
 from activities.images import ImageActivities
+from activities.harness import HarnessActivities
 from activities.llm import LlmActivities
 from activities.pool import PoolActivities
 from activities.resume import ResumeActivities
@@ -105,6 +106,7 @@ def build_activities(client: Client, parts: Parts) -> list:
     feed = FeedActivities(settings, client, GroupBuilder(transcripts, parts.traces))
     fork_points = ForkPoints(client, transcripts, parts.traces, parts.objects, settings.storage.bucket)
     forks = ForkActivities(client, pool, transcripts, parts.objects, settings.storage)
+    harness = HarnessActivities(settings, pool, transcripts)
     return [
         EnvActivities(settings).load_items,
         ImageActivities(pool).build_image,
@@ -113,6 +115,10 @@ def build_activities(client: Client, parts: Parts) -> list:
         WorkspaceActivities(pool, transcripts, settings.sandbox.max_transfer_bytes).setup_workspace,
         parts.llm.llm_turn,
         ToolActivities(pool, transcripts).tool_call,
+        harness.start_harness,
+        harness.next_harness_call,
+        harness.answer_harness_call,
+        harness.stop_harness,
         VerifyActivities(pool, transcripts, settings.sandbox.max_transfer_bytes).verify,
         snapshots.snapshot_workspace,
         snapshots.restore_workspace,

@@ -28,6 +28,13 @@ from temporal_rollouts.sandbox_server.schema import (
     CopyRequest,
     ExecuteRequest,
     FileListing,
+    HarnessAnswered,
+    HarnessAnswerRequest,
+    HarnessNext,
+    HarnessNextRequest,
+    HarnessStartRequest,
+    HarnessStopRequest,
+    HarnessState,
     ListQuery,
     NarrowRequest,
     Operation,
@@ -97,6 +104,27 @@ class Lease:
         if found.present:
             return found
         return await self._fleet.call(self._ref.container_id, lambda c: c.upload(query, Path(archive)))
+
+    async def start_harness(self, harness_id: str, **fields: Any) -> HarnessState:
+        """Run a harness as the slot's agent (`HarnessStartRequest`: `fields` are its other fields); a start of
+        a `harness_id` the slot already has answers its state and starts nothing."""
+        return await self._send(HarnessStartRequest(**self._held(), harness_id=harness_id, **fields))
+
+    async def next_harness_request(self, harness_id: str, wait_s: float) -> HarnessNext:
+        """The harness's oldest unanswered model request, its exit once it has ended, or neither within `wait_s`."""
+        return await self._send(HarnessNextRequest(**self._held(), harness_id=harness_id, wait_s=wait_s))
+
+    async def answer_harness_request(
+        self, harness_id: str, request_id: str, body: dict[str, Any], status: int = 200
+    ) -> HarnessAnswered:
+        request = HarnessAnswerRequest(
+            **self._held(), harness_id=harness_id, request_id=request_id, status=status, body=body
+        )
+        return await self._send(request)
+
+    async def stop_harness(self, harness_id: str) -> HarnessState:
+        """End the harness and everything it started; its state with how it ended."""
+        return await self._send(HarnessStopRequest(**self._held(), harness_id=harness_id))
 
     async def archive_to(self, destination: Path, max_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES) -> int:
         """Stream the slot's whole state, as a gzipped tar, into a local file; its size. The state is its

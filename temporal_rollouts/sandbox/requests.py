@@ -30,6 +30,13 @@ from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
     ExecuteRequest,
     FileListing,
+    HarnessAnswered,
+    HarnessAnswerRequest,
+    HarnessNext,
+    HarnessNextRequest,
+    HarnessStartRequest,
+    HarnessStopRequest,
+    HarnessState,
     HealthStatus,
     ListQuery,
     NarrowRequest,
@@ -82,6 +89,10 @@ COPY_TIME_S = 600.0
 """How long a server may take to copy a workspace between two of its slots (it packs and unpacks it)."""
 
 
+HARNESS_STOP_S = 30.0
+"""How long a server may take to stop a harness and everything it started."""
+
+
 def _operation_time(request: ExecuteRequest) -> float:
     operation = request.operation
     return OPERATION_MARGIN_S + (operation.timeout_s if isinstance(operation, ExecOp | SessionOp) else 0.0)
@@ -100,6 +111,10 @@ ROUTES: dict[type[BaseModel], Route] = {
     ExecuteRequest: _route("POST", "/execute", ToolOutput, _operation_time),
     ListQuery: _route("GET", "/files/list", FileListing),
     CacheQuery: _route("GET", "/cache", CacheEntry),
+    HarnessStartRequest: _route("POST", "/harness/start", HarnessState),
+    HarnessNextRequest: _route("POST", "/harness/next", HarnessNext, lambda request: request.wait_s),
+    HarnessAnswerRequest: _route("POST", "/harness/answer", HarnessAnswered),
+    HarnessStopRequest: _route("POST", "/harness/stop", HarnessState, lambda request: HARNESS_STOP_S),
 }
 """Requests answered with one JSON body: a GET sends the model as query parameters, a POST as its body."""
 

@@ -42,6 +42,7 @@ from temporal_rollouts.sandbox_server.beneath import describe
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.errors import (
     BadToolRequest,
+    HarnessGone,
     LeaseLost,
     RolloutError,
     SandboxAuthError,
@@ -63,6 +64,10 @@ from temporal_rollouts.sandbox_server.schema import (
     CopyRequest,
     DrainRequest,
     ExecuteRequest,
+    HarnessAnswerRequest,
+    HarnessNextRequest,
+    HarnessStartRequest,
+    HarnessStopRequest,
     ListQuery,
     NarrowRequest,
     ReleaseRequest,
@@ -78,6 +83,7 @@ log = logging.getLogger(__name__)
 
 STATUS_BY_ERROR: dict[type[RolloutError], int] = {
     SandboxAuthError: 401,
+    HarnessGone: 404,
     BadToolRequest: 400,
     LeaseLost: 404,
     SlotUnavailable: 503,
@@ -184,6 +190,18 @@ def create_app(
         query = _parse_query(request, ListQuery)
         return await asyncio.to_thread(transfer.list_entries, manager.leased_slot(query.slot, query.lease_id), query)
 
+    async def harness_start(request: Request) -> BaseModel:
+        return await manager.start_harness(await _parse(request, HarnessStartRequest))
+
+    async def harness_next(request: Request) -> BaseModel:
+        return await manager.next_harness_request(await _parse(request, HarnessNextRequest))
+
+    async def harness_answer(request: Request) -> BaseModel:
+        return manager.answer_harness_request(await _parse(request, HarnessAnswerRequest))
+
+    async def harness_stop(request: Request) -> BaseModel:
+        return await manager.stop_harness(await _parse(request, HarnessStopRequest))
+
     async def cache_get(request: Request) -> BaseModel:
         return manager.cache.get(_parse_query(request, CacheQuery).name)
 
@@ -212,6 +230,10 @@ def create_app(
         Route("/files/list", endpoint(list_files), methods=["GET"]),
         Route("/cache", endpoint(cache_get), methods=["GET"]),
         Route("/cache", endpoint(cache_put), methods=["PUT"]),
+        Route("/harness/start", endpoint(harness_start), methods=["POST"]),
+        Route("/harness/next", endpoint(harness_next), methods=["POST"]),
+        Route("/harness/answer", endpoint(harness_answer), methods=["POST"]),
+        Route("/harness/stop", endpoint(harness_stop), methods=["POST"]),
     ]
     allowed = allowed_hosts or AllowedHosts.for_bind("127.0.0.1")
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostGuard, allowed=allowed)])

@@ -58,6 +58,10 @@ class LeaseLost(SandboxError):
     pass
 
 
+class HarnessGone(SandboxError):
+    """The slot runs no harness of that id: the sandbox server restarted (taking it along), or it was stopped."""
+
+
 class SandboxRequired(SandboxError):
     pass
 

@@ -91,6 +91,7 @@ def bubblewrap_argv(
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
@@ -98,7 +99,8 @@ def bubblewrap_argv(
     `seccomp_fd`: a descriptor of `syscall_filter`'s program, which bwrap loads before the command runs.
     `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
     bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle.
-    `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift)."""
+    `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift).
+    `binds`: more host folders, each bound read-only where the pair names (a harness's `/run/rollouts`)."""
     as_root = running_as_root() if as_root is None else as_root
     argv = [bwrap, *_namespaces(allow_network, as_pid_1), *([] if as_root else ["--unshare-user", "--cap-drop", "ALL"])]
     for directory in READ_ONLY_DIRS:
@@ -114,7 +116,7 @@ def bubblewrap_argv(
             argv += ["--symlink", os.readlink(directory), directory]
         else:
             argv += ["--ro-bind-try", directory, directory]
-    argv += _scratch(tmp_bytes, cache)
+    argv += _scratch(tmp_bytes, cache, binds)
     argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -133,15 +135,16 @@ def image_bubblewrap_argv(
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's argv around `command` in a slot on an item image (`image_root`): the slot's root (the image
     with the slot's own layer over it, mounted nosuid,nodev by the server) is `/`, with a fresh /proc, /dev
     and /tmp, and the command starts in the image's WORKDIR as root of a user namespace of its own whose
     only id is the caller's (the slot's uid), with no capability. `read_only`: the whole root is mounted
-    read-only (a check that must change nothing)."""
+    read-only (a check that must change nothing). `binds` as for `bubblewrap_argv`."""
     argv = [bwrap, *_namespaces(allow_network, as_pid_1), "--unshare-user", "--uid", "0", "--gid", "0"]
     argv += ["--cap-drop", "ALL", "--ro-bind" if read_only else "--bind", str(root), "/"]
-    argv += _scratch(tmp_bytes, cache)
+    argv += _scratch(tmp_bytes, cache, binds)
     argv += ["--chdir", workdir]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -157,8 +160,9 @@ def _namespaces(allow_network: bool, as_pid_1: bool) -> list[str]:
     return [*argv, "--hostname", "sandbox", "--die-with-parent", "--new-session"]
 
 
-def _scratch(tmp_bytes: int, cache: Sequence[Path]) -> list[str]:
-    """A fresh /proc and /dev, a private sized /tmp, and the cache entries read-only under /cache."""
+def _scratch(tmp_bytes: int, cache: Sequence[Path], binds: Sequence[tuple[Path, str]] = ()) -> list[str]:
+    """A fresh /proc and /dev, a private sized /tmp, the cache entries read-only under /cache, and the
+    `binds` read-only where they say."""
     argv = ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
     if tmp_bytes and bubblewrap_sizes_tmpfs():
         argv += ["--size", str(tmp_bytes)]
@@ -167,6 +171,8 @@ def _scratch(tmp_bytes: int, cache: Sequence[Path]) -> list[str]:
         argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
+    for host, inside in binds:  # its parent one every uid may search, as for the cache
+        argv += ["--perms", "0755", "--dir", os.path.dirname(inside), "--ro-bind", str(host), inside]
     return argv
 
 
@@ -311,6 +317,8 @@ def command_launch(
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
+    environment: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
@@ -322,7 +330,7 @@ def command_launch(
     orphan (the resident launcher does). A process that drops its uid inside bwrap loses the parent-death
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
     socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
-    make it so."""
+    make it so. `binds`: host folders bound read-only inside (bubblewrap only); `environment`: more variables."""
     mode = isolation_mode(require_isolation)
     if read_only and mode != "bubblewrap":
         raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
@@ -347,11 +355,10 @@ def command_launch(
             as_pid_1=as_pid_1,
             seccomp_fd=seccomp_fd,
             read_only=read_only,
+            binds=binds,
         )  # the uid is dropped first: bwrap makes the user namespace in which the slot's uid is root
-        environment = confinement.image.environment()
-        return prefix + confinement.drop_privileges(slot) + argv, _with_cache(
-            environment, CACHE_MOUNT if cache else None
-        )
+        image_environment = _with_cache(confinement.image.environment(), CACHE_MOUNT if cache else None)
+        return prefix + confinement.drop_privileges(slot) + argv, image_environment | (environment or {})
     if confinement.image is not None:
         raise SandboxRequired("slots on an item image need bubblewrap, and this server runs unisolated")
     if mode == "bubblewrap":
@@ -375,11 +382,16 @@ def command_launch(
                 as_pid_1=as_pid_1,
                 seccomp_fd=seccomp_fd,
                 read_only=read_only,
+                binds=binds,
             )
         )
-        return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
-    environment = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
-    return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, environment
+        return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None) | (
+            environment or {}
+        )
+    unisolated = _with_cache(sandbox_environment(str(workspace)), str(cache[0].parent) if cache else None)
+    return prefix + confinement.drop_privileges(slot) + confinement.die_with_server() + script, unisolated | (
+        environment or {}
+    )
 
 
 async def start_sandboxed(

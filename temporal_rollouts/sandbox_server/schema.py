@@ -343,3 +343,87 @@ class LeaseEvent(BaseModel):
         default=False, description="A release, expiry or reap whose slot went straight to a waiter."
     )
     reason: str | None = Field(default=None, description="Why a waiter left: withdrawn, disconnected, timeout, ...")
+
+
+HARNESS_WAIT_S = 60.0
+"""The longest a `POST /harness/next` waits for the harness's next request before it answers empty."""
+HARNESS_TAIL_CHARS = 2000
+"""The end of a harness's stdout and of its stderr that its exit keeps, each, unless the start asks for less."""
+
+
+class HarnessExit(BaseModel):
+    """How a harness process ended, as the server saw it."""
+
+    exit_code: int | None = Field(default=None, description="Its exit status; negative: the signal that ended it.")
+    stopped: bool = Field(default=False, description="Stopped by `POST /harness/stop` (a limit), not ended on its own.")
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """It ended on its own with a failure status: the harness broke, not the model's attempt."""
+        return not self.stopped and self.exit_code != 0
+
+
+class HarnessStartRequest(LeaseRequest):
+    """`POST /harness/start`: run `command` in the slot as its agent, with a model endpoint of its own. A start
+    of the `harness_id` already running (or ended) in the slot answers its state instead: a retried start
+    never starts a second harness."""
+
+    harness_id: str = Field(min_length=1, max_length=256, description="The rollout's run: one harness per run.")
+    command: str = Field(min_length=1, description="Run with bash in the workspace, as the agent.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for the command.")
+    bundle: str | None = Field(
+        default=None,
+        pattern=CACHE_NAME_PATTERN,
+        description="A cache entry holding the harness's packages: bound read-only, on PYTHONPATH and PATH.",
+    )
+    task: str = Field(description="The task, written to the file $ROLLOUTS_TASK_FILE names.")
+    model: str = Field(
+        default="policy", max_length=128, description="The model name the harness is told ($ROLLOUTS_MODEL)."
+    )
+    tail_chars: int = Field(default=HARNESS_TAIL_CHARS, ge=0, le=65536)
+
+
+class HarnessRef(LeaseRequest):
+    harness_id: str = Field(min_length=1, max_length=256)
+
+
+class HarnessState(BaseModel):
+    harness_id: str
+    started: bool = Field(default=False, description="This request started it (False: it was there already).")
+    running: bool
+    exit: HarnessExit | None = None
+
+
+class HarnessNextRequest(HarnessRef):
+    """`POST /harness/next`: the harness's oldest request not yet answered, waiting up to `wait_s` for one. The
+    same request is returned until it is answered, so a retried take loses nothing."""
+
+    wait_s: float = Field(default=30.0, ge=0, le=HARNESS_WAIT_S)
+
+
+class PendingModelRequest(BaseModel):
+    request_id: str
+    body: dict = Field(description="The chat-completions request as the harness sent it (parsed JSON).")
+
+
+class HarnessNext(BaseModel):
+    request: PendingModelRequest | None = None
+    exit: HarnessExit | None = Field(default=None, description="Set once the harness has ended and nothing is pending.")
+
+
+class HarnessAnswerRequest(HarnessRef):
+    """`POST /harness/answer`: the answer to one request; answering it again changes nothing."""
+
+    request_id: str
+    status: int = Field(default=200, ge=200, le=599)
+    body: dict
+
+
+class HarnessStopRequest(HarnessRef):
+    """`POST /harness/stop`: end the harness and everything it started (a limit of the rollout was reached)."""
+
+
+class HarnessAnswered(BaseModel):
+    delivered: bool = Field(description="False when the request was answered before or its caller had gone.")

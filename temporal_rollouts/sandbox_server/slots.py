@@ -49,10 +49,18 @@ from temporal_rollouts.sandbox_server.config import (
 )
 from temporal_rollouts.sandbox_server.image_root import ImageRoot, SlotRoot
 from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.harness import SlotHarnesses
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DrainResult,
     ExecuteRequest,
+    HarnessAnswered,
+    HarnessAnswerRequest,
+    HarnessNext,
+    HarnessNextRequest,
+    HarnessStartRequest,
+    HarnessState,
+    HarnessStopRequest,
     HealthStatus,
     Holder,
     LeaseEventKind,
@@ -135,6 +143,7 @@ class SlotManager:
             root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache
         )
         self._runner.over_limit = self.over_limit
+        self.harnesses = SlotHarnesses(require_isolation)
         self._quarantine_retry: dict[int, tuple[float, float]] = {}
         """slot -> (when its reset is tried again, the wait before that)."""
         self._background: set[asyncio.Task[Any]] = set()
@@ -354,6 +363,7 @@ class SlotManager:
         await asyncio.gather(*self._clearing, return_exceptions=True)
         await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
         await self._runner.launchers.close()
+        await self.harnesses.close()
         if self.confinement.watchdog is not None:
             await self.confinement.watchdog.stop()
         for slot in self._slots:
@@ -517,6 +527,30 @@ class SlotManager:
         slot = self._leased(request.slot, request.lease_id)
         return await self._runner.execute(slot, request, self._ran)
 
+    async def start_harness(self, request: HarnessStartRequest) -> HarnessState:
+        """Run a harness as the slot's agent (`harness`), in the lease's confinement, its bundle from the cache."""
+        slot = self._leased(request.slot, request.lease_id)
+        return await self.harnesses.start(
+            request,
+            folder=slot.folder / "harness",
+            workspace=slot.workspace,
+            allow_network=slot.allow_network,
+            confinement=self.confinement.with_limits(slot.limits),
+            bundle=self.cache.path(request.bundle) if request.bundle else None,
+        )
+
+    async def next_harness_request(self, request: HarnessNextRequest) -> HarnessNext:
+        self._leased(request.slot, request.lease_id)
+        return await self.harnesses.next(request)
+
+    def answer_harness_request(self, request: HarnessAnswerRequest) -> HarnessAnswered:
+        self._leased(request.slot, request.lease_id)
+        return self.harnesses.answer(request)
+
+    async def stop_harness(self, request: HarnessStopRequest) -> HarnessState:
+        self._leased(request.slot, request.lease_id)
+        return await self.harnesses.stop(request.slot, request.harness_id, request.lease_id)
+
     def owner(self, index: int) -> tuple[int, int] | None:
         """Who files placed in a slot by the server must belong to: its uid when the server runs as root."""
         c = self.confinement
@@ -605,6 +639,7 @@ class SlotManager:
             await asyncio.gather(*slot.running, return_exceptions=True)
             await self._runner.sessions.stop(slot.index, slot.workspace)  # the lease ended: so does its terminal
             await self._runner.launchers.stop(slot.index)  # and its launcher
+            await self.harnesses.stop_slot(slot.index)  # and its harness
             if reset:
                 async with slot.lock:
                     await self._reset(slot)

@@ -11,8 +11,7 @@ import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.tools import ToolActivities, ToolCallInput, ToolCallResult
 from temporal_rollouts.core.records import RolloutLimits, StopReason, TrajectoryInput, TrajectoryResult
@@ -20,10 +19,11 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
+from tests.support.replay import sandboxed_replay_failure
 from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, no_leases, wait_until
-from temporal_rollouts.runtime.worker import WORKFLOWS, Parts, build_activities
+from temporal_rollouts.runtime.worker import Parts, build_activities
 from workflows import params
 from workflows.trajectory import TrajectoryWorkflow
 
@@ -220,16 +220,8 @@ async def test_tool_calls_are_local_activities_that_leave_no_activity_events(
 
 
 async def test_a_rollout_history_replays_under_the_workflow_sandbox(client: Client, settings: Settings) -> None:
-    """Workers run workflow code unsandboxed (worker.sandboxed_workflows is off); replaying a
-    real history under the sandboxed runner catches a non-deterministic call or a restricted
-    import that a change let into workflow code."""
     result = await run(client, settings, rollout(item="echo-3", env="echo_chain", env_config={"steps": 2}))
-    history = await client.get_workflow_handle(result.rollout_id).fetch_history()
-    replayer = Replayer(
-        workflows=WORKFLOWS, workflow_runner=SandboxedWorkflowRunner(), data_converter=client.data_converter
-    )
-    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-    assert replayed.replay_failure is None, replayed.replay_failure
+    assert (failure := await sandboxed_replay_failure(client, result.rollout_id)) is None, failure
 
 
 async def test_oversized_verifier_details_fail_once_with_an_explanation(

@@ -10,7 +10,7 @@ A module imports only from layers below its own, or from its own package:
     3  envs | temporal_rollouts.sinks
     2  temporal_rollouts.{llm | sandbox | storage | tools}
     1  temporal_rollouts.core
-    0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers
+    0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers | temporal_rollouts.harnesses
        (separate programs: each imports nothing else of the project, but for the
         policy servers' use of the sandbox server's Host guard, `SHARED_IMPORTS`)
 
@@ -54,6 +54,7 @@ PROJECT_ROOTS = ("temporal_rollouts", "workflows", "activities", "envs", "worker
 UNITS: dict[str, int] = {
     "temporal_rollouts.sandbox_server": 0,
     "temporal_rollouts.policy_servers": 0,
+    "temporal_rollouts.harnesses": 0,
     "temporal_rollouts.core": 1,
     "temporal_rollouts.llm": 2,
     "temporal_rollouts.sandbox": 2,

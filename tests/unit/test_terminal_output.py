@@ -19,7 +19,9 @@ from temporal_rollouts.client.records import BatchSummary, RolloutRecord, Rollou
 from temporal_rollouts.client.rollout_rows import RolloutRow
 from temporal_rollouts.client.training import RunReport, run_outcome
 from temporal_rollouts.core.feed import FeedFigures, FeedStatus, TrainerView
+from temporal_rollouts.core.harness import MINIMAL, HarnessRecord
 from temporal_rollouts.core.records import StopReason, TrajectoryResult
+from temporal_rollouts.sandbox_server.schema import HarnessExit
 
 STARTED = datetime(2026, 11, 27, 18, 2, 11, tzinfo=UTC)
 
@@ -226,3 +228,26 @@ async def test_train_status_watch_redraws_in_place_on_a_terminal(monkeypatch) ->
     assert "\x1b[2K\x1b[1A" in drawn  # the block before is erased, line by line, not printed below
     redraws = drawn.split("\x1b[2K\x1b[1A")
     assert "running (waiting)" in redraws[0] and "stopped" in redraws[-1]  # each redraw over the one before
+
+
+def test_a_harness_rollout_shows_its_calls_how_it_ended_and_the_end_of_its_output() -> None:
+    harness = HarnessRecord(
+        spec=MINIMAL,
+        calls=4,
+        rewrites=1,
+        starts=2,
+        exit=HarnessExit(exit_code=3, stdout_tail="step 4\n", stderr_tail="Traceback: boom\n"),
+    )
+    failed = result(stop_reason=StopReason.HARNESS_FAILED, turns=4, harness=harness)
+    record = RolloutRecord(
+        rollout_id="b/item-0/g0", status="failed", result=RolloutResult.of(failed, WorkflowExecutionStatus.FAILED)
+    )
+    text = format_rollout(record)
+    assert "harness      minimal: 4 calls, 1 rewrites, started 2 times; exited with status 3" in text, text
+    assert "stdout (end):" in text and "step 4" in text and "Traceback: boom" in text
+    exported = record.shown()["result"]["harness"]
+    assert (exported["calls"], exported["exit"]["exit_code"], exported["exit"]["stderr_tail"]) == (
+        4,
+        3,
+        "Traceback: boom\n",
+    )
