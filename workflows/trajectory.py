@@ -263,7 +263,6 @@ class TrajectoryWorkflow:
                             context_tokens=limits.context_tokens,
                             tokens=result.tokens,
                             tool_call_parser=input.tool_call_parser,
-                            trainer_api=input.trainer_api,
                         ),
                         params.LLM_TURN,
                         StopReason.MODEL_UNAVAILABLE,
