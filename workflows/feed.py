@@ -208,7 +208,7 @@ class TrainingFeedWorkflow:
             )
         if self._state.door.batch_size <= 0:
             raise ApplicationError("no batch size yet: register the trainer first", type="DoorError")
-        if not self._state.door.may_take(workflow.time(), self._take_rules()):
+        if not self._state.door.may_take(request, workflow.time(), self._take_rules()):
             raise ApplicationError("no batch yet", type="NoBatchYet")
 
     @workflow.update(name="ack_batch")

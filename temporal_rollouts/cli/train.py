@@ -1,6 +1,7 @@
 """`rollouts train`: start, watch and stop training runs (TrainingFeedWorkflow, one per run name).
 
-    rollouts train start NAME --env ENV --policy P [--group-size G] [--max-staleness S] ...
+    rollouts train start NAME --env ENV --policy P [--group-size G] [--batch-size B] [--max-staleness S] ...
+    rollouts train serve [--port 8780]      # the trainer door's endpoint (temporal_rollouts/door/)
     rollouts train status NAME [--json] [--watch]
     rollouts train stop NAME [--now]
     rollouts train list
@@ -34,6 +35,7 @@ from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.settings import ChatPolicy, Settings
+from temporal_rollouts.door import server as door_server
 from temporal_rollouts.runtime.temporal import connect
 
 FEED = "TrainingFeedWorkflow"
@@ -41,13 +43,16 @@ WATCH_EVERY_S = 2.0
 
 
 def add_parser(sub: Any) -> None:
-    train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
+    train = sub.add_parser("train", help="training runs a trainer pulls batches from: start, serve, status, stop, list")
     actions = train.add_subparsers(dest="train_command", required=True)
     start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
     start.add_argument("--group-size", type=int, default=8)
+    start.add_argument(
+        "--batch-size", type=int, default=0, help="sequences per trainer batch (door); 0: the trainer registers it"
+    )
     start.add_argument("--max-staleness", type=int, default=1, help="trainer steps a posted token may lag")
     start.add_argument(
         "--stale-groups",
@@ -65,9 +70,20 @@ def add_parser(sub: Any) -> None:
     start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
     start.add_argument("--env-config", default=None, help="JSON object passed to the env")
     start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default="atropos")
+    start.add_argument(
+        "--sink",
+        choices=["door", "atropos", "jsonl"],
+        default="door",
+        help="door: a trainer takes batches (rollouts train serve); atropos: post to run-api; jsonl: a file",
+    )
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
+    serve = actions.add_parser(
+        "serve",
+        help="the trainer door: trainers take and acknowledge runs' batches over HTTP",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    door_server.add_arguments(serve)
     status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")
@@ -83,6 +99,7 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
         "env": args.env,
         "policy": args.policy,
         "group_size": args.group_size,
+        "batch_size": args.batch_size,
         "max_staleness": args.max_staleness,
         "stale_groups": args.stale_groups,
         "max_groups_in_flight": args.in_flight,
@@ -180,12 +197,31 @@ def format_feed(status: FeedStatus) -> str:
         f"  tokens: {f.tokens_generated} generated, {f.tokens_posted} posted; staleness at posting (steps: groups): {stale}",
         f"  trainer: {trainer}; admission {admission} (max staleness {status.max_staleness})",
     ]
+    if status.door is not None:
+        lines[-1] = f"  trainer: {door_line(status)}; admission {admission} (max staleness {status.max_staleness})"
     if status.output:
         lines.append(f"  groups written to {status.output}")
     return "\n".join(lines)
 
 
+def door_line(status: FeedStatus) -> str:
+    """The door's figures on one line: what the trainer took, acknowledged and was handed again."""
+    door = status.door
+    assert door is not None
+    d = door.figures
+    size = f"batches of {door.batch_size}" if door.batch_size else "no trainer registered yet (batch size unknown)"
+    stale = ", ".join(f"{k}: {v}" for k, v in sorted(d.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
+    return (
+        f"door at version {door.trainer_version}, {size}; batches {d.batches_formed} formed, {d.batches_taken} taken, "
+        f"{d.batches_acknowledged} acknowledged, {d.batches_redelivered} re-delivered ({d.leases_expired} leases "
+        f"expired), {door.batches_out} out; {door.pending_groups} groups waiting; stale groups {d.groups_marked_stale} "
+        f"marked, {d.groups_requeued} re-queued, {d.groups_dropped_stale} dropped; staleness at consumption {stale}"
+    )
+
+
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
+    if args.train_command == "serve":
+        return await door_server.serve(args, settings)
     if args.train_command == "start":
         check_start(feed_input(args), settings)  # a run that could never post is refused before anything starts
     client = await connect(settings, start_embedded=args.train_command == "start")

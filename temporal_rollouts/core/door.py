@@ -233,9 +233,12 @@ class DoorLedger(BaseModel):
         if self.next_number == 0:
             self.starting_step = request.starting_step
 
-    def may_take(self, now: float, rules: TakeRules) -> bool:
+    def may_take(self, request: TakeRequest, now: float, rules: TakeRules) -> bool:
         """Whether a take can hand anything out or change anything (a take that cannot is refused before it
         is recorded, so a trainer polling an empty door costs the run's history nothing)."""
+        previous = self.last_taken.get(request.consumer)
+        if request.ack_previous and previous is not None and not self.is_acknowledged(previous):
+            return True
         if any(batch.lease is None or (batch.deadline or 0) <= now for batch in self.batches):
             return True
         if not self.pending:

@@ -65,8 +65,8 @@ def test_a_lease_that_runs_out_hands_the_same_batch_out_again_and_counts_it() ->
     door = ledger(group(0, [0]), group(1, [0]))
     taken = door.take(TakeRequest(lease_s=10), now=0, rules=rules()).batch
     assert taken is not None
-    assert not door.may_take(5, rules()), "leased, nothing else stored"
-    assert door.may_take(10, rules())
+    assert not door.may_take(TakeRequest(), 5, rules()), "leased, nothing else stored"
+    assert door.may_take(TakeRequest(), 10, rules())
     again = door.take(TakeRequest(lease_s=10, consumer="restarted"), now=10, rules=rules()).batch
     assert again is not None and (again.number, again.deliveries) == (0, 2)
     assert [g.group.group_id for g in again.groups] == [g.group.group_id for g in taken.groups]
@@ -91,10 +91,14 @@ def test_a_released_batch_is_handed_out_at_once_and_a_wrong_lease_is_refused() -
 
 
 def test_the_previous_batch_is_acknowledged_by_the_next_take_where_a_trainer_has_no_ack() -> None:
-    door = ledger(*(group(n, [0]) for n in range(4)))
-    door.take(TakeRequest(consumer="atropos", ack_previous=True), now=0, rules=rules())
-    answer = door.take(TakeRequest(consumer="atropos", ack_previous=True), now=1, rules=rules())
-    assert answer.batch is not None and answer.batch.number == 1 and answer.acknowledged_below == 1
+    door = ledger(*(group(n, [0]) for n in range(3)))
+    atropos = TakeRequest(consumer="atropos", ack_previous=True)
+    door.take(atropos, now=0, rules=rules())
+    assert not door.may_take(TakeRequest(consumer="other"), 1, rules()), "one group: no full batch"
+    assert door.may_take(atropos, 1, rules()), "the ask itself acknowledges batch 0, so it is heard"
+    answer = door.take(atropos, now=1, rules=rules())
+    assert answer.batch is None and answer.acknowledged_below == 1 and door.trainer_version() == 1
+    assert not door.may_take(atropos, 2, rules())
 
 
 def test_groups_that_finish_out_of_order_never_reach_a_slow_trainer_staler_than_the_bound() -> None:
@@ -142,8 +146,8 @@ def test_a_group_without_version_labels_is_as_old_as_the_trainer_was_when_it_sta
 
 def test_the_last_groups_go_out_as_a_short_batch_only_when_nothing_more_is_coming() -> None:
     door = ledger(group(0, [0]))
-    assert not door.may_take(0, rules()) and door.take(TakeRequest(), now=0, rules=rules()).batch is None
-    assert door.may_take(0, rules(final=True))
+    assert not door.may_take(TakeRequest(), 0, rules()) and door.take(TakeRequest(), now=0, rules=rules()).batch is None
+    assert door.may_take(TakeRequest(), 0, rules(final=True))
     last = door.take(TakeRequest(), now=0, rules=rules(final=True)).batch
     assert last is not None and last.final and len(last.groups) == 1
 

@@ -1,0 +1,3 @@
+from temporal_rollouts.door.server import main
+
+main()
