@@ -158,3 +158,10 @@ def test_a_second_trainer_with_another_batch_size_is_refused() -> None:
         door.register(RegisterRequest(batch_size=8))
     door.register(RegisterRequest(batch_size=4, starting_step=9))
     assert door.trainer_version() == 9
+
+
+def test_a_turn_is_labelled_only_with_what_the_server_reported() -> None:
+    """The weights a server started with are version 0; a name that is not a number is unknown, never a guess."""
+    from activities.llm import numeric_version
+
+    assert [numeric_version(v) for v in ("default", "0", "7", None, "step-3")] == [0, 0, 7, None, None]
