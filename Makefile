@@ -6,8 +6,13 @@ SWE_WHEELS := envs/swe_smith/data/wheels/.fetched
 
 .PHONY: demo test bench clean
 
+# A Python older than 3.11, or one without venv (Debian's python3-venv), stops here with a last line naming the fix,
+# leaving no half-made .venv behind that the next `make` would take for a finished one.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+		{ echo "temporal-rollouts needs Python 3.11 or newer: $(PYTHON) is $$($(PYTHON) -V 2>&1) (make PYTHON=python3.12 demo picks another)"; exit 1; }
+	@$(PYTHON) -m venv $(VENV) || \
+		{ rm -rf $(VENV); echo "$(PYTHON) cannot make a virtual environment: apt-get install -y python3-venv (Debian, Ubuntu)"; exit 1; }
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml

@@ -42,16 +42,19 @@ from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.verify import VerifyActivities
 from activities.workspace import WorkspaceActivities
+from envs.sources import load_env_sources
 from temporal_rollouts.cli.progress import EXIT_ERROR
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings, WorkerSettings
 from temporal_rollouts.runtime.cluster_checks import check_local_backend_is_alone, warn_about_local_storage
-from temporal_rollouts.runtime.config import load_settings
+from temporal_rollouts.runtime.config import load_settings, with_env_modules
 from temporal_rollouts.runtime.logs import one_line_activity_failures
 from temporal_rollouts.runtime.loop_lag import LoopLag, LoopLagSlotSupplier
+from temporal_rollouts.runtime.preflight import check_local_sandboxes
 from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.runtime.services import ensure_demo_policy
 from temporal_rollouts.runtime.temporal import connect, metrics_runtime
+from temporal_rollouts.runtime.versioning import become_current_if_newest, deployment_config, worker_version
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
@@ -140,6 +143,7 @@ def build_worker(client: Client, parts: Parts) -> Worker:
     history under the sandboxed runner to catch a call that would break that."""
     settings = parts.settings
     one_line_activity_failures()
+    load_envs(settings)
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
@@ -152,7 +156,24 @@ def build_worker(client: Client, parts: Parts) -> Worker:
         if settings.worker.sandboxed_workflows
         else UnsandboxedWorkflowRunner(),
         graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_s),
+        deployment_config=deployment_config(settings),
     )
+
+
+@contextlib.asynccontextmanager
+async def polling_worker(client: Client, parts: Parts) -> AsyncIterator[Worker]:
+    """The worker, polling, its build made the current one where `worker.become_current` says so
+    (runtime/versioning.py): from then on new batches and rollouts go to this build."""
+    async with build_worker(client, parts) as worker:
+        await become_current_if_newest(client, parts.settings)
+        yield worker
+
+
+def load_envs(settings: Settings) -> None:
+    """The envs of installed packages' entry points and of `env_modules`, besides the bundled ones; a source that
+    fails is one line, and the worker runs with the envs of the others."""
+    for problem in load_env_sources(settings.env_modules):
+        log.warning("%s; the worker runs without it", problem.line())
 
 
 def task_slots(worker: WorkerSettings) -> dict:
@@ -195,6 +216,7 @@ def task_slots(worker: WorkerSettings) -> dict:
 @contextlib.asynccontextmanager
 async def running_worker(settings: Settings) -> AsyncIterator[Client]:
     """Connect, start local services where configured, and run a worker until the block exits."""
+    check_local_sandboxes(settings)  # before anything starts: a machine that cannot sandbox says what fixes it
     parts = Parts(settings)
     client = await connect(settings, objects=parts.objects, runtime=metrics_runtime(settings))
     if settings.embedded:
@@ -204,7 +226,7 @@ async def running_worker(settings: Settings) -> AsyncIterator[Client]:
         await check_local_backend_is_alone(client, settings)
         await parts.pool.fleet.backend.prepare()
         await parts.pool.fleet.ensure_running(settings.sandbox.min_containers)
-        async with build_worker(client, parts):
+        async with polling_worker(client, parts):
             await ensure_maintenance_workflow(client, settings)
             yield client
     finally:
@@ -218,8 +240,13 @@ async def main_async(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with running_worker(settings):
         where = settings.temporal_address + (" (embedded)" if settings.embedded else "")
+        build = worker_version(settings).build_id if settings.worker.versioning else "unversioned"
         log.info(
-            "worker polling task queue %r on %s; UI %s", settings.temporal.task_queue, where, settings.ui_url or "-"
+            "worker polling task queue %r (build %s) on %s; UI %s",
+            settings.temporal.task_queue,
+            build,
+            where,
+            settings.ui_url or "-",
         )
         if settings.worker.processes > 1:
             await WorkerProcesses(settings, settings.worker.processes - 1, os.path.abspath(__file__)).run(stop)
@@ -242,17 +269,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="worker processes on this machine (settings worker.processes; one per core uses them all)",
     )
+    parser.add_argument(
+        "--env-module",
+        action="append",
+        dest="env_modules",
+        metavar="MODULE",
+        help="load the envs of this module (a name on the import path, or a .py file) besides the bundled ones and "
+        "installed packages' (repeatable; adds to settings env_modules)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
         if args.processes is not None:  # checked and reported as the setting it stands for
             os.environ["ROLLOUTS_WORKER__PROCESSES"] = str(args.processes)
-        settings = load_settings()
+        settings = with_env_modules(load_settings(), args.env_modules)
+        asyncio.run(main_async(settings))
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return EXIT_ERROR
-    asyncio.run(main_async(settings))
     return 0
 
 

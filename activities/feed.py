@@ -47,6 +47,7 @@ class FeedCheckInput(BaseModel):
     env: str
     env_config: dict = Field(default_factory=dict)
     policy: str | None = None
+    tokenizer: str | None = None
     sink: Literal["door", "atropos", "jsonl"] = "door"
     output: str | None = None
 
@@ -80,6 +81,7 @@ class FeedGroupInput(BaseModel):
     group_id: str
     results: list[TrajectoryResult]
     policy: str | None = None
+    tokenizer: str | None = Field(default=None, description="The run's tokenizer, for a chat policy with none.")
     sink: Literal["door", "atropos", "jsonl"] = "door"
     output: str | None = None
     door_key: str | None = Field(default=None, description="The door: the object key the group is stored under.")
@@ -123,11 +125,12 @@ class FeedActivities:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
             endpoint = self._settings.policy_endpoint(input.policy)
-            if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+            if isinstance(endpoint, ChatPolicy) and not (endpoint.tokenizer or input.tokenizer):
                 name = input.policy or self._settings.default_policy
                 raise ConfigError(
                     f"policy {name!r} gives no token ids: a training run needs a token-level policy (type sglang or "
-                    f"vllm) or a chat policy with a tokenizer (policies.{name}.tokenizer) for template-rendered tokens"
+                    f"vllm) or a chat policy with a tokenizer (policies.{name}.tokenizer, or the run's tokenizer) "
+                    "for template-rendered tokens"
                 )
             assert isinstance(endpoint, (ChatPolicy, GeneratePolicy))
             output = None
@@ -233,7 +236,7 @@ class FeedActivities:
                 input.group_id,
                 results,
                 max_token_length=limit,
-                sft_template=await self._templates.for_policy(input.policy),
+                sft_template=await self._templates.for_policy(input.policy, input.tokenizer),
                 prefix_tokens=input.prefix_tokens,
             )
         except RolloutError:

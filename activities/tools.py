@@ -5,8 +5,7 @@ parsed and repaired here. A problem the model caused (unknown tool, broken argum
 a path outside the workspace) becomes a tool message the model sees, not an activity
 failure. The call id (workflow id, run id, call key) is the same for every attempt, on
 every worker, so a retried attempt replays the sandbox's stored result. The workflow runs
-this as a local activity (see workflows/params.py), which cannot heartbeat; it is
-registered as a normal activity too, for runs that started before that change.
+this as a local activity (see workflows/params.py), which cannot heartbeat.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from temporal_rollouts.core.errors import BadToolRequest, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.records import ToolCallOutcome
 from temporal_rollouts.core.refs import TranscriptRef
-from temporal_rollouts.core.steps import heartbeating
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -86,7 +84,7 @@ class ToolActivities:
                 call_id = f"{info.workflow_id}/{info.workflow_run_id}/{input.call_key}"
                 running = self._pool.lease(input.lease).execute(call_id, parsed)
                 try:
-                    output: ToolOutput = await (running if info.is_local else heartbeating(running))
+                    output: ToolOutput = await running
                 except BadToolRequest as err:  # e.g. a path outside the workspace: the model's mistake
                     output = ToolOutput(call_id=call_id, ok=False, output=err.message)
                 message, error, replayed = (

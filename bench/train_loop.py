@@ -54,8 +54,6 @@ from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi  # noqa: E402
 from workflows.feed import TrainingFeedWorkflow  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-TEMPLATE = REPO / "examples" / "grpo" / "smollm2_tools.jinja"
 GOAL_GAIN, GOAL_START, GOAL_GAP, GOAL_BUSY = 0.3, 0.5, 1e-3, 0.8
 
 
@@ -167,7 +165,6 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
     async with training_stack(
         data_dir,
         slots=batch_rollouts,
-        chat_template=TEMPLATE,
         steered=False,
         policy_args=("--threads", str(args.threads)),
     ) as stack:

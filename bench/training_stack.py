@@ -133,7 +133,12 @@ class TrainingStack:
 
 @contextlib.asynccontextmanager
 async def training_stack(
-    data_dir: Path, *, slots: int, chat_template: Path, steered: bool, policy_args: tuple[str, ...] = ()
+    data_dir: Path,
+    *,
+    slots: int,
+    steered: bool,
+    chat_template: Path | None = None,
+    policy_args: tuple[str, ...] = (),
 ) -> AsyncIterator[TrainingStack]:
     """Everything up and the worker polling; `steered` makes the demo policy write the start of every
     turn (the tiny model cannot choose tools alone), leaving the model the rest of it."""
@@ -164,7 +169,7 @@ async def training_stack(
                     type="sglang",
                     base_url=f"http://127.0.0.1:{policy_port}",
                     tokenizer=str(data_dir / "tokenizer"),
-                    chat_template=str(chat_template),
+                    chat_template=str(chat_template) if chat_template else None,  # SmolLM2's: found by itself
                     prefill_from="demo" if steered else None,
                     timeout_s=120,
                 )

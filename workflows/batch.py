@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.sinks import OpenSinkInput, SinkActivities, WriteGroupInput
     from temporal_rollouts.core import search_attributes as sa
     from temporal_rollouts.core.errors import InvalidInput, as_application_error
-    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import (
         BatchCursor,
         BatchInput,
@@ -55,13 +55,6 @@ def start_window(rate: float, group_size: int) -> tuple[float, int]:
     window is a second, or longer when a whole group takes more than a second's share."""
     window_s = max(1.0, group_size / rate)
     return window_s, max(1, int(rate * window_s + 1e-9) // group_size)
-
-
-def _parse(model, raw, what):
-    try:
-        return parse_input(model, raw, what)
-    except InvalidInput as err:
-        raise as_application_error(err) from None
 
 
 async def _setup_step(method, arg, step: params.StepParams):
@@ -100,10 +93,8 @@ class BatchWorkflow:
         return self._progress
 
     @workflow.run
-    async def run(self, input: Any = None) -> BatchResult:
-        """`input` is a BatchInput as plain JSON, parsed here so a bad one fails the batch at once
-        (temporal_rollouts.core.inputs says why the converter does not parse it)."""
-        input = _parse(BatchInput, input, "BatchWorkflow")
+    @checked_input
+    async def run(self, input: BatchInput) -> BatchResult:
         info = workflow.info()
         if input.cursor is not None and info.continued_run_id is None:
             raise as_application_error(

@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
@@ -66,7 +65,6 @@ with workflow.unsafe.imports_passed_through():
         TakeRequest,
         TakeRules,
     )
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error
     from temporal_rollouts.core.feed import (
         RETRIED_STOPS,
         DoorStatus,
@@ -76,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
         GroupRun,
         TrainerView,
     )
-    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
     from temporal_rollouts.core.tasks import Item
     from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult
@@ -85,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.children import result_from_failure
     from workflows.trajectory import TrajectoryWorkflow
     from workflows.tree import RolloutTreeWorkflow
+    from workflows.upgrades import continue_on_current_build, time_to_continue
 
 ITEM_PAGE = 100
 TRAINER_WAIT_S = 30.0
@@ -97,8 +96,6 @@ CHECK_ROLLOUTS_S = 120.0
 MAX_BACKOFF_S = 300.0
 TREE = -1
 """`GroupRun.resume_at` key of a branching group's whole tree."""
-VIEW_AFTER_POSTS = "feed-view-after-posts"
-"""Patch: a long-poll view that came back after this run posted is asked again before it counts."""
 
 
 def rollout_id(run: str, group_id: str, index: int) -> str:
@@ -264,11 +261,8 @@ class TrainingFeedWorkflow:
     # ------------------------------------------------------------------ the run
 
     @workflow.run
-    async def run(self, input: Any = None) -> FeedStatus:
-        try:
-            input = parse_input(FeedInput, input, "TrainingFeedWorkflow")
-        except InvalidInput as err:
-            raise as_application_error(err) from None
+    @checked_input
+    async def run(self, input: FeedInput) -> FeedStatus:
         self._input = input
         if input.state is not None:  # continued as new: signals that came before this line are kept too
             carried = input.state
@@ -285,6 +279,7 @@ class TrainingFeedWorkflow:
                 env=input.env,
                 env_config=input.env_config,
                 policy=input.policy,
+                tokenizer=input.tokenizer,
                 sink=input.sink,
                 output=input.output,
             ),
@@ -304,7 +299,7 @@ class TrainingFeedWorkflow:
                 break
             await self._resume_due()
             await self._start_groups()
-            if workflow.info().is_continue_as_new_suggested():
+            if time_to_continue():
                 await self._continue_as_new()
             await self._wait()
             if workflow.time() - self._checked_at >= CHECK_ROLLOUTS_S:
@@ -661,6 +656,7 @@ class TrainingFeedWorkflow:
                     group_id=f"{workflow.info().workflow_id}/{group.group_id}",
                     results=results,
                     policy=input.policy,
+                    tokenizer=input.tokenizer,
                     sink=input.sink,
                     output=state.output,
                     door_key=group_key(workflow.info().workflow_id, group.group_id) if input.sink == "door" else None,
@@ -809,7 +805,7 @@ class TrainingFeedWorkflow:
         (staler than the bound once run-api hands out the newest first). Then run-api is asked again, at
         once: posting happens only in this loop, so nothing lands during that question. If that fails, the
         view this run kept (which counts its posts) stays."""
-        if self._posts != self._waiter_posts and workflow.patched(VIEW_AFTER_POSTS):
+        if self._posts != self._waiter_posts:
             try:
                 view = await self._trainer(wait_s=0)
             except ActivityError as err:
@@ -827,7 +823,9 @@ class TrainingFeedWorkflow:
             if not self._waiter.cancelled() and self._waiter.exception() is None:
                 await self._take_view(self._waiter.result())
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+        workflow.continue_as_new(
+            input.model_copy(update={"state": self._state}), initial_versioning_behavior=continue_on_current_build()
+        )
 
     def _api_url(self) -> str | None:
         return self._state.api_url

@@ -61,8 +61,6 @@ MAX_COMMAND_TIMEOUT_S = 600.0
 # waiting on the same command if it is still running). Retry backoffs stay under the local
 # retry threshold (1 min), so every retry runs on the same worker.
 TOOL_CALL_LOCAL = StepParams(start_to_close_s=60 + MAX_COMMAND_TIMEOUT_S, heartbeat_s=None, retry=_retry(6))
-# Tool calls of runs that started before they became local activities (workflow.patched).
-TOOL_CALL = StepParams(start_to_close_s=60 + MAX_COMMAND_TIMEOUT_S, heartbeat_s=10, retry=_retry(6))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
 RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
 WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))

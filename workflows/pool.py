@@ -6,9 +6,6 @@ PASSES_PER_RUN passes so its history stays short. One execution per task queue, 
 idempotently by every worker (runtime/schedules.py), so the UI's workflow list shows one
 row for it instead of a new run every 30 s as the schedule it replaces did. `rollouts
 reap` runs a pass now through the `pass_now` update and gets that pass's report back.
-
-Started with no input (as the old schedule and `rollouts reap` of earlier versions did),
-it runs one pass and returns its report.
 """
 
 from __future__ import annotations
@@ -20,7 +17,9 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import MaintenanceReport, PoolActivities
+    from temporal_rollouts.core.inputs import checked_input
     from workflows import params
+    from workflows.upgrades import continue_on_current_build, time_to_continue
 
 PASSES_PER_RUN = 200
 """Passes before continuing as new (each pass adds about 6 events)."""
@@ -41,9 +40,8 @@ class SlotPoolMaintenanceWorkflow:
         self._interval_s: float | None = None
 
     @workflow.run
-    async def run(self, input: MaintenanceInput | None = None) -> MaintenanceReport | None:
-        if input is None:
-            return await self._pass()
+    @checked_input
+    async def run(self, input: MaintenanceInput) -> None:
         self._interval_s = input.interval_s
         self._passes = self._started = input.passes
         for _ in range(PASSES_PER_RUN):
@@ -52,14 +50,17 @@ class SlotPoolMaintenanceWorkflow:
                 await workflow.wait_condition(lambda: self._wanted > 0, timeout=timedelta(seconds=self._interval_s))
             except TimeoutError:  # the period is over
                 pass
-            if workflow.info().is_continue_as_new_suggested():
+            if time_to_continue():
                 break
         while self._wanted or not workflow.all_handlers_finished():  # `pass_now` callers are answered first
             if self._wanted:
                 await self._pass()
             else:
                 await workflow.wait_condition(lambda: self._wanted > 0 or workflow.all_handlers_finished())
-        workflow.continue_as_new(MaintenanceInput(interval_s=self._interval_s, passes=self._passes))
+        workflow.continue_as_new(
+            MaintenanceInput(interval_s=self._interval_s, passes=self._passes),
+            initial_versioning_behavior=continue_on_current_build(),
+        )
 
     async def _pass(self) -> MaintenanceReport:
         self._wanted = 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
@@ -29,9 +28,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.verify import VerifyActivities, VerifyInput
     from activities.workspace import SetupWorkspaceInput, WorkspaceActivities
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error
     from temporal_rollouts.core.forks import BRANCH_COPIED, BRANCH_WAITING, BranchCopied
-    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import (
         ROLLOUT_FAILED,
         ROLLOUT_FINISHED,
@@ -47,9 +45,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows import params
     from workflows.forking import Forking
     from workflows.steps import StepFailed, stop_for
-
-# Tool calls run as local activities from this patch on (see params.TOOL_CALL_LOCAL).
-TOOL_CALLS_LOCAL = "tool-calls-local"
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -83,13 +78,8 @@ class TrajectoryWorkflow:
         return self._forking.waiting()
 
     @workflow.run
-    async def run(self, input: Any = None) -> TrajectoryResult:
-        """`input` is a TrajectoryInput as plain JSON, parsed here so a bad one fails at once
-        (temporal_rollouts.core.inputs says why the converter does not parse it)."""
-        try:
-            input = parse_input(TrajectoryInput, input, "TrajectoryWorkflow")
-        except InvalidInput as err:
-            raise as_application_error(err) from None
+    @checked_input
+    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
         info = workflow.info()
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
@@ -300,19 +290,9 @@ class TrajectoryWorkflow:
                 index=index,
                 default_timeout_s=input.limits.command_timeout_s,
             )
-            if workflow.patched(TOOL_CALLS_LOCAL):
-                outcome = await self._step(
-                    ToolActivities.tool_call,
-                    call,
-                    params.TOOL_CALL_LOCAL,
-                    StopReason.SANDBOX_ERROR,
-                    "tools",
-                    local=True,
-                )
-            else:  # a run that started before tool calls became local activities replays as it ran
-                outcome = await self._step(
-                    ToolActivities.tool_call, call, params.TOOL_CALL, StopReason.SANDBOX_ERROR, "tools"
-                )
+            outcome = await self._step(
+                ToolActivities.tool_call, call, params.TOOL_CALL_LOCAL, StopReason.SANDBOX_ERROR, "tools", local=True
+            )
             result.tool_calls += 1
             result.tool_stats.record(outcome.counted_as())
             result.transcript = outcome.transcript

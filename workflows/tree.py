@@ -16,7 +16,6 @@ walks each rollout's recorded branch points to find the branches an earlier run 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
@@ -24,9 +23,8 @@ from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from activities.resume import ResumeActivities, RunRef
-    from temporal_rollouts.core.errors import InvalidInput, as_application_error
     from temporal_rollouts.core.forks import BRANCH_REQUESTED, BranchPlan, BranchRequest, ForkSpec
-    from temporal_rollouts.core.inputs import parse_input
+    from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import TrajectoryInput, TrajectoryResult
     from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult, TreeNode
     from workflows import params
@@ -66,11 +64,8 @@ class RolloutTreeWorkflow:
         return list(self._nodes.values())
 
     @workflow.run
-    async def run(self, input: Any = None) -> RolloutTreeResult:
-        try:
-            input = parse_input(RolloutTreeInput, input, "RolloutTreeWorkflow")
-        except InvalidInput as err:
-            raise as_application_error(err) from None
+    @checked_input
+    async def run(self, input: RolloutTreeInput) -> RolloutTreeResult:
         self._resume = input.resume
         branch = input.branch
         plan = (

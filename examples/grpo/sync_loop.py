@@ -42,7 +42,6 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sinks.jsonl import read_groups
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = Path(__file__).with_name("smollm2_tools.jinja")
 HOST = "127.0.0.1"
 
 
@@ -58,7 +57,6 @@ def stack_environment(out: Path, server_url: str, slots: int) -> dict[str, str]:
         "type": "sglang",
         "base_url": server_url,
         "tokenizer": str(out / "tokenizer"),
-        "chat_template": str(TEMPLATE),
         "tool_call_parser": "hermes",
     }
     return {

@@ -24,9 +24,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_rollouts.cli import envs as cli_envs
 from temporal_rollouts.cli import fork as cli_fork
 from temporal_rollouts.cli import inspect as cli_inspect
 from temporal_rollouts.cli import train as cli_train
+from temporal_rollouts.cli import versions as cli_versions
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
     EXIT_ERROR,
@@ -43,23 +45,14 @@ from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the ex
 from temporal_rollouts.cli.records import describe_or_none
 from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import ConfigError, InvalidInput, RolloutError
+from temporal_rollouts.core.errors import InvalidInput, RolloutError
 from temporal_rollouts.core.inputs import parse_input
 from temporal_rollouts.core.records import BatchInput
 from temporal_rollouts.core.settings import DEMO_POLICY, Settings
-from temporal_rollouts.runtime.config import load_settings
+from temporal_rollouts.runtime.config import load_settings, with_env_modules
 from temporal_rollouts.runtime.temporal import connect
 
 DEMO_ENV = "terminal_tasks"
-
-
-def known_env(name: str) -> str:
-    from envs.registry import env_names
-
-    names = env_names()
-    if name not in names:
-        raise ConfigError(f"unknown env {name!r}: choose one of {', '.join(sorted(names))}")
-    return name
 
 
 def resolve_policy(settings: Settings, policy: str | None) -> str:
@@ -73,8 +66,9 @@ def resolve_policy(settings: Settings, policy: str | None) -> str:
 
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     limits = {"max_turns": args.max_turns} if args.max_turns else {}
+    known = cli_envs.env_is_known(args.env, settings)  # unknown here: the worker checks it in the first step
     fields = {
-        "env": known_env(args.env),
+        "env": args.env,
         "num_items": args.items,
         "group_size": args.group_size,
         "item_offset": args.offset,
@@ -87,7 +81,8 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
         "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
     }
     batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
-    _check_items(batch)
+    if known:
+        _check_items(batch)
     return batch
 
 
@@ -207,8 +202,10 @@ def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
     from worker import running_worker
 
+    check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
     console = Console()
     console.print(
         "[bold]temporal-rollouts demo[/bold]: terminal tasks played by the demo policy "
@@ -314,7 +311,11 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
     from temporal_rollouts.policy_servers.demo import main as serve_main
 
-    return serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *args.rest]) or 0
+    modules = [arg for module in settings.env_modules for arg in ("--env-module", module)]
+    return (
+        serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *modules, *args.rest])
+        or 0
+    )
 
 
 def _int_at_least(minimum: int):
@@ -355,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
     demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
+    cli_envs.add_env_module_flag(demo)
 
     batch = sub.add_parser(
         "batch",
@@ -363,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Start a batch of rollouts. Envs: {_env_names()}.",
     )
     batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
+    cli_envs.add_env_module_flag(batch)
     batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
     batch.add_argument(
         "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
@@ -408,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="run the slot reaper now")
     reap.add_argument("--json", action="store_true")
 
-    sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+    cli_envs.add_env_module_flag(sub.add_parser("worker", help="run a worker (same as `python worker.py`)"))
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop"])
@@ -427,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_inspect.add_parsers(sub)
     cli_train.add_parser(sub)
     cli_fork.add_parser(sub)
+    cli_versions.add_parser(sub)
+    cli_envs.add_parser(sub)
     return parser
 
 
@@ -441,7 +446,9 @@ COMMANDS = {
     "server": cmd_server,
     "train": cli_train.cmd_train,
     "fork": cli_fork.cmd_fork,
+    "envs": cli_envs.cmd_envs,
     **cli_inspect.COMMANDS,
+    **cli_versions.COMMANDS,
 }
 
 
@@ -466,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     settings: Settings | None = None
     try:
-        settings = load_settings()
+        settings = with_env_modules(load_settings(), getattr(args, "env_modules", None))
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
         return asyncio.run(COMMANDS[args.command](args, settings))

@@ -27,6 +27,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from temporal_rollouts.cli.envs import add_env_module_flag, env_is_known
 from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.cli.progress import root_cause
 from temporal_rollouts.cli.records import QUERY_TIMEOUT, require_workflow, status_name
@@ -49,6 +50,11 @@ def add_parser(sub: Any) -> None:
     start.add_argument("name", help="the run's name (its workflow id)")
     start.add_argument("--env", required=True, help="registered env")
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
+    start.add_argument(
+        "--tokenizer",
+        default=None,
+        help="for a chat policy that names none: a tokenizer (name or folder on the workers) for template tokens",
+    )
     start.add_argument("--group-size", type=int, default=8)
     start.add_argument(
         "--batch-size", type=int, default=0, help="sequences per trainer batch (door); 0: the trainer registers it"
@@ -78,6 +84,7 @@ def add_parser(sub: Any) -> None:
     )
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
+    add_env_module_flag(start)
     serve = actions.add_parser(
         "serve",
         help="the trainer door: trainers take and acknowledge runs' batches over HTTP",
@@ -98,6 +105,7 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
     fields: dict[str, Any] = {
         "env": args.env,
         "policy": args.policy,
+        "tokenizer": args.tokenizer,
         "group_size": args.group_size,
         "batch_size": args.batch_size,
         "max_staleness": args.max_staleness,
@@ -123,17 +131,15 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
 
 
 def check_start(feed: FeedInput, settings: Settings) -> None:
-    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run."""
-    from envs.registry import env_names
-
-    if feed.env not in env_names():
-        raise ConfigError(f"unknown env {feed.env!r}: choose one of {', '.join(sorted(env_names()))}")
+    """What the run's own first step checks, checked here too so a mistake is one line, not a failed run
+    (an env unknown here only gets a notice: a worker may know it, and the run's first step checks it)."""
+    env_is_known(feed.env, settings)
     endpoint = settings.policy_endpoint(feed.policy)
-    if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+    if isinstance(endpoint, ChatPolicy) and not (endpoint.tokenizer or feed.tokenizer):
         name = feed.policy or settings.default_policy
         raise ConfigError(
             f"policy {name!r} gives no token ids: a training run needs a token-level policy (sglang, vllm) "
-            f"or a chat policy with a tokenizer (policies.{name}.tokenizer)"
+            f"or a chat policy with a tokenizer (policies.{name}.tokenizer, or --tokenizer)"
         )
 
 

@@ -50,6 +50,11 @@ class FeedInput(BaseModel):
     env: str = Field(description="Registered env name, e.g. terminal_tasks.")
     env_config: dict[str, Any] = Field(default_factory=dict)
     policy: str | None = Field(default=None, description="A token-level policy, or a chat policy with a tokenizer.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="For a chat policy that names no tokenizer: one (a name or a folder on the workers) whose chat "
+        "template renders the groups' token ids and masks (the Atropos env's --env.tokenizer_name).",
+    )
     tool_call_parser: str | None = None
     group_size: int = Field(default=8, ge=1, le=MAX_GROUP_SIZE)
     item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET, description="First item of the env's task set.")

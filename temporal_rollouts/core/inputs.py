@@ -9,12 +9,13 @@ pydantic's raw multi-line text and for every ValidationError the workflow code m
 ever raise. An activity's undecodable input is a *retryable* ApplicationError that
 names no field.
 
-So the run methods and the activities declare their input as plain JSON (`Any`): the
-converter cannot fail on it, `temporal workflow start --input '{...}'` and the UI's form
-send the same JSON as before, the workflow and activity names stay, and recorded
-histories replay (same payloads, same commands). The first thing the code does is
-`parse_input`, which raises `InvalidInput` (non-retryable, stop reason config_error)
-with one line per bad field in words: "group_size: must be at least 1 (got -3)".
+So the run methods and the activities are written with their typed input, and
+`checked_input` shows the SDK a signature that takes plain JSON (`Any`): the converter
+cannot fail on it, `temporal workflow start --input '{...}'` and the UI's form send the
+same JSON as before, and recorded histories replay (same payloads, same commands). The
+wrapper's first step is `parse_input`, which raises `InvalidInput` (non-retryable, stop
+reason config_error) with one line per bad field in words: "group_size: must be at least
+1 (got -3)".
 """
 
 from __future__ import annotations
@@ -114,19 +115,21 @@ R = TypeVar("R")
 
 
 def checked_input(method: Callable[[A, Any], Awaitable[R]]) -> Callable[[A, Any], Awaitable[R]]:
-    """For an activity method `(self, input: SomeModel) -> Result`: take the input as plain JSON
-    and parse it first, so an undecodable input fails at once, non-retryably, naming the field.
-    Put it under `@activity.defn`, which then sees `input: Any` and the original result type."""
+    """For a workflow's `run` or an activity method, `(self, input: SomeModel) -> Result`: take the
+    input as plain JSON and parse it first, so an undecodable input fails at once, non-retryably,
+    naming the field. Put it under `@workflow.run` or `@activity.defn`, which then see `input: Any`
+    and the original result type."""
     hints = typing.get_type_hints(method)
     params = [p for p in inspect.signature(method).parameters if p != "self"]
     if len(params) != 1:
         raise TypeError(f"{method.__qualname__} must take exactly one input")
     model = hints[params[0]]
-    activity_name = method.__name__
+    owner, _, name = method.__qualname__.rpartition(".")
+    what = owner if name == "run" else f"{name} activity"  # "BatchWorkflow", "tool_call activity"
 
-    async def parsed(self: A, input: Any) -> R:
+    async def parsed(self: A, input: Any = None) -> R:
         try:
-            value = parse_input(model, input, f"{activity_name} activity")
+            value = parse_input(model, input, what)
         except InvalidInput as err:
             raise as_application_error(err) from None
         return await method(self, value)

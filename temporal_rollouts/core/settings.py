@@ -15,8 +15,14 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.inputs import describe_problem
@@ -42,6 +48,11 @@ def config_file() -> Path | None:
         return path.resolve()
     local = Path(CONFIG_FILE)
     return local.resolve() if local.is_file() else None
+
+
+def is_file_module(module: str) -> bool:
+    """Whether an `env_modules` entry is a file (a path, or a name ending in .py) rather than a module name."""
+    return module.endswith(".py") or "/" in module
 
 
 def _settings_problems(err: ValidationError, values: dict[str, Any]) -> str:
@@ -308,6 +319,12 @@ class WorkerSettings(BaseModel):
     """On SIGTERM, how long running activities get to finish before they are handed back."""
     host_name: str | None = None
     """This host's name in worker identities (`pid@host`); the machine's hostname when unset."""
+    versioning: bool = True
+    """Temporal worker versioning (docs/upgrades.md): each worker serves one build of the workflow code, a batch or rollout finishes on the build it started on, and new ones go to the deployment's current build. Off, every worker takes every task, and a workflow change that is not replay-safe breaks the rollouts in flight."""
+    build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    """This worker's build. Unset, it is a digest of the workflow code (comments and docstrings aside), so restarting workers whose workflows did not change keeps their build, and their rollouts go on; set it (a git commit, an image tag) to decide yourself."""
+    become_current: Literal["if_newest", "never"] = "if_newest"
+    """`if_newest`: a starting worker makes its build the current one when no build newer than it has polled yet, so upgrading is starting the new workers (an old worker that restarts never takes new work back). `never`: only `rollouts versions --set-current BUILD` (or `temporal worker deployment set-current-version`) moves new work to a build."""
     metrics_address: str | None = Field(default=None, pattern=r"^[^\s:]+:\d{1,5}$")
     """`host:port` where the worker serves the Temporal SDK's metrics for Prometheus at `/metrics` (sticky cache hits, misses and forced evictions, task latencies and slots); worker process k of `processes` serves on port + k - 1. Off when unset."""
 
@@ -330,6 +347,8 @@ class Settings(BaseSettings):
     """A batch of more rollouts (items x group size) than this is refused before it starts."""
     max_batch_concurrency: int = Field(default=2_000, ge=1, le=MAX_BATCH_CONCURRENCY)
     """A batch asking for more rollouts at once (`max_concurrency`) than this is refused before it starts; past what the workers and sandboxes can serve, more only queues in Temporal. Above 2,000 the Temporal server's own limits bind too: `limit.numPendingChildExecutions.error` (2,000 by default) refuses more children, and a batch whose history passes `limit.historyCount.suggestContinueAsNew` (4,096 events by default, 20,000 on the embedded server and in the compose stack; about 10 per rollout) stops starting rollouts until the running ones end and it continues as new; for more at once, raise those on the server or run several batches."""
+    env_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Modules whose envs this process loads besides the bundled ones and the installed packages' entry points (group `temporal_rollouts.envs`), for env code that is not packaged: module names on the import path, or `.py` files (relative to the config file's folder when a file is in use, else to the working directory). In `ROLLOUTS_ENV_MODULES`: comma-separated. `--env-module` adds to them. Every worker, the CLI and the demo policy load the same list (docs/write-an-env.md)."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
@@ -362,11 +381,27 @@ class Settings(BaseSettings):
             return (init_settings, env_settings)
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
 
+    @field_validator("env_modules", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
     @model_validator(mode="after")
     def _absolute_data_dir(self) -> Settings:
         if not self.data_dir.is_absolute():
             path = config_file()
             self.data_dir = ((path.parent if path else Path.cwd()) / self.data_dir).resolve()
+        return self
+
+    @model_validator(mode="after")
+    def _absolute_env_module_files(self) -> Settings:
+        """A relative env module file is taken from the config file's folder (else the working directory) and
+        made absolute, so the processes this one starts (the demo policy, more workers) find the same file."""
+        path = config_file()
+        base = path.parent if path else Path.cwd()
+        self.env_modules = [str((base / m).resolve()) if is_file_module(m) else m for m in self.env_modules]
         return self
 
     @property

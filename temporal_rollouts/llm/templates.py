@@ -10,6 +10,7 @@ machine without internet give a folder.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Sequence
 from functools import cached_property
@@ -19,6 +20,12 @@ from typing import Any
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message, ToolSpec
 
+log = logging.getLogger(__name__)
+
+PACKAGED_TEMPLATES = Path(__file__).with_name("chat_templates")
+TOOL_TEMPLATES = {"You are a helpful AI assistant named SmolLM": "smollm2_tools.jinja"}
+"""Text that marks a tokenizer's own template as one that renders no tools -> the packaged template used
+instead when the policy names no `chat_template` (SmolLM2's own drops the tools and every tool call)."""
 _MARK = "\u2063MARK\u2063"  # invisible separators: text no template adds on its own
 _LOADING = threading.Lock()
 """transformers' lazy import is not thread-safe: two activity threads loading a tokenizer at once
@@ -51,6 +58,9 @@ class ChatTemplate:
             if not path.is_file():
                 raise ConfigError(f"chat_template {chat_template!r} is not a file")
             template = path.read_text()
+        elif (packaged := tool_template_for(loaded)) is not None:
+            log.info("%s's own chat template renders no tools: using %s", tokenizer, packaged.name)
+            template = packaged.read_text()
         return cls(loaded, template)
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec], *, add_generation_prompt: bool) -> str:
@@ -106,6 +116,14 @@ class ChatTemplate:
             end = self.end_of_turn
             return end[len(stop_text) :] if end.startswith(stop_text) else ""
         return self.end_of_turn
+
+
+def tool_template_for(tokenizer: Any) -> Path | None:
+    """The packaged template for a tokenizer whose own one renders no tools (`TOOL_TEMPLATES`), else None."""
+    own = getattr(tokenizer, "chat_template", None)
+    if not isinstance(own, str) or "tools" in own:
+        return None
+    return next((PACKAGED_TEMPLATES / name for marker, name in TOOL_TEMPLATES.items() if marker in own), None)
 
 
 def template_message(message: Message) -> dict[str, Any]:

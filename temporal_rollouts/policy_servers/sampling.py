@@ -45,8 +45,18 @@ DEFAULT_WEIGHT_VERSION = "default"
 """SGLang's version before any update (`--weight-version`)."""
 
 
+DEFAULT_MAX_NEW_TOKENS = 128
+"""The most tokens one request samples unless the server is started with another cap (SGLang's own
+default for a request that names none): a CPU samples a few to a few dozen tokens a second, and a
+client that asks for its whole context budget (thousands) would hold a rollout for minutes to hours."""
+
+
 class BadRequest(ValueError):
     """A request this server cannot serve: answered with 400 and the message."""
+
+
+class Stopping(RuntimeError):
+    """The server is shutting down: the request in flight ends between two tokens (answered with 503)."""
 
 
 @dataclass
@@ -87,6 +97,9 @@ class TokenSampler:
     """The version those weights were loaded as (SGLang's `weight_version`)."""
     busy_s: float = 0.0
     """Seconds spent generating since the server started (`/get_model_info`): how busy it kept."""
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    """The most tokens a request samples, whatever it asks for (0: no cap); a capped request ends with
+    finish reason "length", as one that asked for that many."""
 
     def __init__(self, model, tokenizer, model_path: str, weight_version: str = DEFAULT_WEIGHT_VERSION) -> None:
         self.model = model
@@ -94,6 +107,7 @@ class TokenSampler:
         self.model_path = model_path
         self.weight_version = weight_version
         self.lock = threading.Lock()
+        self.stopping = threading.Event()
         self._last_prompt: tuple[list[int], Any] | None = None
         """The previous prompt's ids and its KV cache, computed by the weights now served."""
         self.vocab_size = model.config.vocab_size
@@ -117,6 +131,8 @@ class TokenSampler:
     def generate(self, req: SamplingRequest) -> tuple[list[Sample], str]:
         """The request's samples and the weight version that made every one of them."""
         self.check(req)
+        if self.max_new_tokens:
+            req.max_new_tokens = min(req.max_new_tokens, self.max_new_tokens)
         with self.lock, torch.inference_mode():
             started = time.monotonic()
             generator = torch.Generator()
@@ -128,6 +144,10 @@ class TokenSampler:
                 return [self._sample_one(req, generator) for _ in range(req.n)], self.weight_version
             finally:
                 self.busy_s += time.monotonic() - started
+
+    def stop(self) -> None:
+        """End the request in flight before its next token, and refuse the ones after it (shutdown)."""
+        self.stopping.set()
 
     def update_weights(self, model_path: str, weight_version: str | None) -> None:
         """Serve the weights saved at `model_path` from the next request on; a bad checkpoint
@@ -169,6 +189,8 @@ class TokenSampler:
         cache, cached = self._prompt_cache(req.input_ids)
         step_input = torch.tensor([req.input_ids[cached:]])
         while len(output_ids) < limit:
+            if self.stopping.is_set():
+                raise Stopping("the server is shutting down")
             out = self.model(input_ids=step_input, past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             if not output_ids:

@@ -50,6 +50,11 @@ def load_model(gguf: Path) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
+    try:  # transformers loads a GGUF only with accelerate installed, and says so only once it is asked to
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ImportError("loading the GGUF needs accelerate: pip install -e '.[rl]'") from None
+
     _build_name_map_once()
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     return model.eval()

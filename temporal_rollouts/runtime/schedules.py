@@ -1,16 +1,13 @@
 """The slot-pool maintenance workflow: one long-lived execution per task queue.
 
 Every worker starts it at start-up, idempotently (an execution that is already running is
-kept and told the current interval), and deletes the every-30-s reaper schedule of
-earlier versions when it finds one: that schedule started a new workflow each period and
-flooded the UI's workflow list. `rollouts reap` asks the running execution for a pass now.
+kept and told the current interval). `rollouts reap` asks the running execution for a pass now.
 """
 
 from __future__ import annotations
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.service import RPCError, RPCStatusCode
 
 from temporal_rollouts.core.settings import Settings
 
@@ -20,26 +17,10 @@ def maintenance_workflow_id(settings: Settings) -> str:
     return f"{settings.temporal.task_queue}-slot-maintenance"
 
 
-def reaper_schedule_id(settings: Settings) -> str:
-    """The schedule earlier versions created (deleted when found)."""
-    return f"{settings.temporal.task_queue}-slot-reaper"
-
-
-async def delete_old_reaper_schedule(client: Client, settings: Settings) -> bool:
-    try:
-        await client.get_schedule_handle(reaper_schedule_id(settings)).delete()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
-
-
 async def ensure_maintenance_workflow(client: Client, settings: Settings) -> WorkflowHandle:
     """Start the maintenance workflow unless it runs; either way it uses the configured interval."""
     from workflows.pool import MaintenanceInput, SlotPoolMaintenanceWorkflow
 
-    await delete_old_reaper_schedule(client, settings)
     interval = settings.sandbox.reap_interval_s
     handle = await client.start_workflow(
         SlotPoolMaintenanceWorkflow.run,

@@ -81,14 +81,37 @@ def wait_for_port(
         time.sleep(0.05)
 
 
+def _warn_of_missing_env_modules(settings: Settings) -> None:
+    """The demo policy already running was started with other env modules: their tasks are unknown to it."""
+    import httpx
+
+    try:
+        health = httpx.get(f"http://{settings.demo_policy.host}:{settings.demo_policy.port}/health", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return
+    if not isinstance(health, dict):
+        return
+    missing = [m for m in settings.env_modules if m not in (health.get("env_modules") or [])]
+    if missing:
+        log.warning(
+            "the demo policy already running does not know the envs of %s: `rollouts server stop` stops it, and the "
+            "next worker or batch starts it with them",
+            ", ".join(missing),
+        )
+
+
 def ensure_demo_policy(settings: Settings) -> bool:
     """Start the demo policy server if the default policy is `demo` and none listens; True if started."""
     cfg = settings.demo_policy
-    if settings.default_policy != DEMO_POLICY or not cfg.start_local or port_open(cfg.host, cfg.port):
+    if settings.default_policy != DEMO_POLICY or not cfg.start_local:
+        return False
+    if port_open(cfg.host, cfg.port):
+        _warn_of_missing_env_modules(settings)
         return False
     log_path = settings.data_dir / "demo_policy.log"
+    env_modules = [arg for module in settings.env_modules for arg in ("--env-module", module)]
     proc = start_detached(
-        "temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port)], log_path
+        "temporal_rollouts.policy_servers.demo", ["--host", cfg.host, "--port", str(cfg.port), *env_modules], log_path
     )
     wait_for_port(cfg.host, cfg.port, proc, "the demo policy server", log_path)
     _demo_pid_file(settings).write_text(str(proc.pid))

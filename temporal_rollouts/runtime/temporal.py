@@ -46,6 +46,10 @@ DYNAMIC_CONFIG: dict[str, Any] = {
     # rollouts; at the default 4,096 events (about 10 per rollout) that wait came every ~400
     # rollouts. The hard limit (51,200) still leaves room for 2,000 rollouts' events after it.
     SUGGEST_CONTINUE_AS_NEW: 20000,
+    # How soon an old worker build with nothing pinned to it any more shows as drained
+    # (`rollouts versions`, docs/upgrades.md); the server's default is over 6 minutes.
+    "matching.wv.VersionDrainageStatusRefreshInterval": "10s",
+    "matching.wv.VersionDrainageStatusVisibilityGracePeriod": "30s",
 }
 """The embedded dev server's tuning; the compose stack's docker/temporal/dynamicconfig.yaml holds the same."""
 

@@ -167,7 +167,6 @@ class StoredLease(BaseModel):
 
 
 LEASE_FILE = "lease_book.jsonl"
-LEGACY_LEASE_FILE = "leases.json"  # the whole book as one JSON array, as earlier servers wrote it
 
 
 class LeaseStore:
@@ -182,12 +181,11 @@ class LeaseStore:
         """Lines in the file, for the caller to decide when to compact."""
 
     def load(self) -> list[StoredLease]:
-        """The live leases, the latest written for each slot; reads the legacy JSON array too."""
-        legacy = self.path.with_name(LEGACY_LEASE_FILE)
+        """The live leases, the latest written for each slot."""
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return self._load_legacy(legacy) if legacy.exists() else []
+            return []
         live: dict[int, StoredLease] = {}
         self.lines = 0
         for line in text.splitlines():
@@ -212,20 +210,12 @@ class LeaseStore:
     def compact(self, leases: list[StoredLease]) -> None:
         write_lines_atomically(self.path, [json.dumps({"put": s.model_dump(mode="json")}) for s in leases])
         self.lines = len(leases)
-        self.path.with_name(LEGACY_LEASE_FILE).unlink(missing_ok=True)
 
     def _append(self, entry: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as file:
             file.write(json.dumps(entry) + "\n")
         self.lines += 1
-
-    def _load_legacy(self, legacy: Path) -> list[StoredLease]:
-        try:
-            return [StoredLease.model_validate(item) for item in json.loads(legacy.read_text(encoding="utf-8"))]
-        except (ValueError, ValidationError) as err:
-            log.warning("lease file %s is unreadable (%s); starting with no leases", legacy, err)
-            return []
 
 
 def write_lines_atomically(path: Path, lines: list[str]) -> None:

@@ -17,15 +17,15 @@ class SftTemplates:
         self._settings = settings
         self._loaded: dict[tuple[str, str | None], ChatTemplate] = {}
 
-    async def for_policy(self, policy: str | None) -> ChatTemplate | None:
-        """The template for a chat policy with a tokenizer; None for any other policy."""
+    async def for_policy(self, policy: str | None, tokenizer: str | None = None) -> ChatTemplate | None:
+        """The template for a chat policy with a tokenizer (its own, else `tokenizer`); None for any other policy."""
         try:
             endpoint = self._settings.policy_endpoint(policy)
         except ConfigError:
             return None
-        if not isinstance(endpoint, ChatPolicy) or not endpoint.tokenizer:
+        if not isinstance(endpoint, ChatPolicy) or not (endpoint.tokenizer or tokenizer):
             return None
-        key = (endpoint.tokenizer, endpoint.chat_template)
+        key = (endpoint.tokenizer or tokenizer, endpoint.chat_template)
         if key not in self._loaded:
             self._loaded[key] = await asyncio.to_thread(ChatTemplate.load, *key)
         return self._loaded[key]

@@ -239,17 +239,17 @@ def demo_sft(
     settings.policies.pop("demo-sft", None)
 
 
-async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_end(
-    settings: Settings, worker, demo_sft: str, smollm2_server: GenerateServerProcess, tmp_path: Path
-) -> None:
-    out = tmp_path / "out" / "sft.jsonl"
+async def process_terminal_tasks(settings: Settings, tokenizer: Path, tmp_path: Path, policy: str, steps: int) -> list:
+    """`process` over terminal_tasks with a chat policy: its groups, each scored 1.0 by the demo policy, with
+    template-rendered tokens and masks (the assistant's turns trainable) and no logprobs."""
+    out = tmp_path / "out" / f"{policy}.jsonl"
     proc = run_env(
         "process",
         settings,
-        smollm2_server.tokenizer_dir,
+        tokenizer,
         tmp_path,
-        policy=demo_sft,
-        total_steps=2,
+        policy=policy,
+        total_steps=steps,
         task_env="terminal_tasks",
         env_config={},
         max_agent_turns=10,
@@ -257,21 +257,43 @@ async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_en
     )
     await finish(proc, tmp_path, "process")
     groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 2
+    assert len(groups) == steps
     for group in groups:
         assert group["scores"] == [1.0, 1.0]
         assert all(len(t) == len(m) > 0 for t, m in zip(group["tokens"], group["masks"]))
         assert any(m != IGNORE_INDEX for mask in group["masks"] for m in mask), "the assistant's turns are trainable"
         assert group["inference_logprobs"] is None, "a chat policy gives no logprobs"
+    return groups
+
+
+async def test_process_with_the_demo_policy_and_a_local_tokenizer_runs_to_its_end(
+    settings: Settings, worker, demo_sft: str, smollm2_server: GenerateServerProcess, tmp_path: Path
+) -> None:
+    await process_terminal_tasks(settings, smollm2_server.tokenizer_dir, tmp_path, demo_sft, steps=2)
 
 
 async def test_serve_with_a_policy_that_gives_no_tokens_fails_at_once_in_one_line(
-    settings: Settings, smollm2_server: GenerateServerProcess, tmp_path: Path
+    settings: Settings, tmp_path: Path
 ) -> None:
-    proc = run_env("serve", settings, smollm2_server.tokenizer_dir, tmp_path, policy="demo")
+    """Neither the policy nor `--env.tokenizer_name` names a tokenizer (its default is the policy's own)."""
+    proc = run_env("serve", settings, Path("policy"), tmp_path, policy="demo")
     code = await asyncio.to_thread(proc.wait, 120)
     output = (tmp_path / "serve.log").read_text()
-    assert code != 0 and "error: serve needs token ids, and policy 'demo' gives none" in output, output[-2000:]
+    assert code != 0, output[-2000:]
+    assert output.strip().splitlines()[-1] == (
+        "error: policy 'demo' names no tokenizer: give it one (policies.demo.tokenizer, a local folder) "
+        "or pass --env.tokenizer_name"
+    )
+
+
+async def test_process_makes_tokens_with_env_tokenizer_name_when_the_policy_gives_none(
+    settings: Settings, worker, smollm2_server: GenerateServerProcess, smollm2_tokenizer, tmp_path: Path
+) -> None:
+    """The demo policy names no tokenizer; `--env.tokenizer_name` gives one, whose chat template (SmolLM2's,
+    with its tools template found by itself) renders the groups' tokens and masks. It asked for
+    `policies.demo.tokenizer` instead."""
+    [group] = await process_terminal_tasks(settings, smollm2_server.tokenizer_dir, tmp_path, "demo", steps=1)
+    assert "<tool_call>" in smollm2_tokenizer.decode(group["tokens"][0])
 
 
 async def test_a_killed_env_process_loses_nothing_and_its_restart_attaches_to_the_run(

@@ -35,6 +35,7 @@ from temporal_rollouts.runtime.services import wait_for_port
 from temporal_rollouts.runtime.temporal import connect, dynamic_config_flags, temporal_binary
 from tests.support import REPO
 from tests.support.compose import load_compose
+from tests.support.processes import stop_process
 from tests.support.sandbox import executions_under
 from tests.support.sandbox_process import free_port_on
 from tests.support.servers.process import HOST, free_port
@@ -85,13 +86,7 @@ class Stack:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(40)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_process(proc)
 
 
 def base_env() -> dict[str, str]:

@@ -1,31 +1,20 @@
 """The slot-pool maintenance workflow: one long-lived execution per task queue that runs a
-pass, sleeps, and continues as new; started idempotently; the old reaper schedule deleted;
+pass, sleeps, and continues as new; started idempotently;
 `rollouts reap` gets a pass now through an update. Real dev server, worker and sandbox."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
 
 import pytest
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleIntervalSpec,
-    ScheduleSpec,
-    WorkflowExecutionStatus,
-)
+from temporalio.client import Client, WorkflowExecutionStatus
 
 import workflows.pool as pool_workflow
 from activities.pool import MaintenanceReport, PoolActivities
 from activities.snapshots import SnapshotActivities
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.runtime.schedules import (
-    ensure_maintenance_workflow,
-    reaper_schedule_id,
-)
+from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder
 from tests.support.waiting import leased_slots, wait_until
@@ -42,21 +31,11 @@ async def maintenance_settings(settings: Settings, client: Client, monkeypatch) 
     await client.get_workflow_handle(f"{settings.temporal.task_queue}-slot-maintenance").terminate("test over")
 
 
-async def test_one_long_lived_workflow_replaces_the_schedule(client: Client, maintenance_settings: Settings) -> None:
+async def test_one_long_lived_workflow_per_task_queue(client: Client, maintenance_settings: Settings) -> None:
     settings = maintenance_settings
-    await client.create_schedule(
-        reaper_schedule_id(settings),
-        Schedule(
-            action=ScheduleActionStartWorkflow(
-                "SlotPoolMaintenanceWorkflow", id="old-reaper-run", task_queue=settings.temporal.task_queue
-            ),
-            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
-        ),
-    )
     first = await ensure_maintenance_workflow(client, settings)
     again = await ensure_maintenance_workflow(client, settings)
     assert again.result_run_id == first.result_run_id  # idempotent: the running execution is kept
-    assert [s.id async for s in await client.list_schedules()] == []  # the old schedule is gone
 
     handle = client.get_workflow_handle(first.id)
     # Three passes per run, one every 0.5 s: it continues as new and keeps counting.

@@ -38,7 +38,7 @@ MAX_PROCESSES = 12
 async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
     settings: Settings, parts, demo_policy, tmp_path: Path
 ) -> None:
-    from worker import Parts, build_worker
+    from worker import Parts, polling_worker
 
     own = settings.model_copy(
         update={
@@ -68,7 +68,7 @@ async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
             for _ in range(MAX_PROCESSES + 2)
         ]
         client: Client = await connect(own, objects=parts.objects, start_embedded=False)
-        async with build_worker(client, own_parts):
+        async with polling_worker(client, own_parts):
             result = BatchResult.model_validate(
                 await client.execute_workflow(
                     BatchWorkflow.run,

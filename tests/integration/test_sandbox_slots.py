@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
@@ -14,7 +13,6 @@ from temporal_rollouts.sandbox_server.persistence import (
     LEASE_FILE,
     LeaseStore,
     ResultJournal,
-    StoredLease,
     StoredResult,
 )
 from temporal_rollouts.sandbox_server.schema import (
@@ -285,7 +283,7 @@ async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_l
     assert again.output == "alive\n"
 
 
-async def test_the_lease_journal_survives_many_grants_a_torn_line_and_the_legacy_file(tmp_path, monkeypatch):
+async def test_the_lease_journal_survives_many_grants_and_a_torn_line(tmp_path, monkeypatch):
     monkeypatch.setattr(slotbook, "COMPACT_LINES", 8)
     root = tmp_path / "root"
     async with SlotManager(root, 2, "c") as first:
@@ -299,14 +297,6 @@ async def test_the_lease_journal_survives_many_grants_a_torn_line_and_the_legacy
         file.write('{"drop": "half-writ')  # a crash in the middle of a write
     async with SlotManager(root, 2, "c") as restarted:
         assert [s.lease.lease_id for s in restarted.slot_states() if s.lease] == [kept.lease_id]
-
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    stored = StoredLease(lease=kept.model_copy(update={"container_id": "old"}), ttl_s=60, allow_network=False)
-    (legacy / "leases.json").write_text(json.dumps([stored.model_dump(mode="json")]))
-    async with SlotManager(legacy, 2, "old") as upgraded:
-        assert [s.lease.lease_id for s in upgraded.slot_states() if s.lease] == [kept.lease_id]
-    assert not (legacy / "leases.json").exists() and (legacy / LEASE_FILE).exists()
 
 
 async def test_a_lease_that_lapsed_before_a_restart_is_not_restored(tmp_path):

@@ -30,7 +30,7 @@ from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.run_api import RunApiProcess
-from worker import Parts, build_worker
+from worker import Parts, polling_worker
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +60,7 @@ async def continue_as_new_server(
         address = env.client.service_client.config.target_host
         own = settings.model_copy(update={"temporal": settings.temporal.model_copy(update={"address": address})})
         client = await connect(own, objects=parts.objects, start_embedded=False)
-        async with build_worker(client, parts):
+        async with polling_worker(client, parts):
             yield client, own
     finally:
         await env.shutdown()
@@ -124,7 +124,7 @@ async def project_client(settings: Settings, parts: Parts) -> Client:
 
 @pytest.fixture(scope="session")
 async def worker(project_client: Client, parts: Parts) -> AsyncIterator[None]:
-    async with build_worker(project_client, parts):
+    async with polling_worker(project_client, parts):
         yield
 
 

@@ -45,13 +45,8 @@ class WorkerProcess:
         self.start()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc:
+            stop_process(self.proc)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until the worker logs that it polls its task queue."""
@@ -63,6 +58,18 @@ class WorkerProcess:
                 return
             time.sleep(0.1)
         raise AssertionError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen, wait_s: float = 40.0) -> None:
+    """SIGTERM, then SIGKILL after `wait_s`, and reap it; nothing when it has already ended."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def kill_servers_under(data_dir: Path) -> list[int]:

@@ -1,12 +1,12 @@
-"""Histories recorded before the package re-layout still replay on today's workflow code.
+"""Recorded histories replay on today's workflow code, sandboxed and not.
 
-tests/data/histories/ holds real histories from the pre-layout tree (commit dfc88b6): a
-terminal-task rollout, an echo_chain batch and one of its child rollouts, each run
-through the real worker, dev server, sandbox and demo policy. Workflow and activity
-names, inputs and the order of commands must stay replayable, so a running rollout
-survives an upgrade of its workers. The fork_* histories are a branched batch's tree, its
-parent (branching after turn 1, with turn snapshots) and its branch (a live copy), recorded
-when branching landed: later changes must keep them replayable too.
+tests/data/histories/ holds real runs through the real worker, dev server, sandbox and demo
+policy, recorded by `python -m tests.support.record_histories`: a terminal-task rollout, an
+echo_chain batch and one of its child rollouts, and a branched batch's tree, its parent
+(branching after turn 1, with turn snapshots) and its branch (a live copy). A change that
+fails this test changes what a workflow does with a history it wrote: worker versioning keeps
+the runs in flight on the build they started on (docs/upgrades.md), so re-record the
+histories when that is meant, and look again when it is not.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from workflows.trajectory import TrajectoryWorkflow
 from workflows.tree import RolloutTreeWorkflow
 
 HISTORIES = REPO / "tests" / "data" / "histories"
-RECORDED_IDS = {
+RECORDED_IDS = {  # as tests/support/record_histories.py names them
     "trajectory": "rollout-recorded",
     "batch": "batch-recorded",
     "batch_child": "batch-recorded/item-0/g0",
@@ -36,7 +36,7 @@ RECORDED_IDS = {
 
 @pytest.mark.parametrize("name", ["trajectory", "batch", "batch_child", "fork_tree", "fork_parent", "fork_branch"])
 @pytest.mark.parametrize("runner", [UnsandboxedWorkflowRunner, SandboxedWorkflowRunner])
-async def test_a_history_from_before_the_layout_replays(name: str, runner) -> None:
+async def test_a_recorded_history_replays(name: str, runner) -> None:
     history = WorkflowHistory.from_json(RECORDED_IDS[name], (HISTORIES / f"{name}.json").read_text())
     replayer = Replayer(
         workflows=[BatchWorkflow, TrajectoryWorkflow, RolloutTreeWorkflow, SlotPoolMaintenanceWorkflow],

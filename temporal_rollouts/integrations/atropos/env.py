@@ -37,6 +37,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from envs import get_env
+from envs.sources import load_env_sources
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
@@ -125,6 +126,8 @@ class TemporalRolloutsEnv(BaseEnv):
             settings.temporal.address = self.config.temporal_address
         self.settings = settings
         self.client: Client = await connect(settings, objects=object_client(settings), start_embedded=False)
+        for problem in load_env_sources(settings.env_modules):  # the envs the workers load, from the same settings
+            log.warning("%s", problem.line())
         self.task_env = get_env(self.config.task_env, self.config.env_config)
         self.next_item = 0
         self.tool_error_buffer: list[dict[str, Any]] = []
@@ -198,13 +201,19 @@ class TemporalRolloutsEnv(BaseEnv):
 
     def _needs_tokens(self, mode: str) -> None:
         endpoint = self.settings.policy_endpoint(self.config.policy)
-        if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer:
+        if isinstance(endpoint, ChatPolicy) and not endpoint.tokenizer and not self._run_tokenizer():
             name = self.config.policy or self.settings.default_policy
             raise SystemExit(
                 f"error: {mode} needs token ids, and policy {name!r} gives none: use a token-level "
                 f"policy (type sglang or vllm), or give it a tokenizer (policies.{name}.tokenizer) for "
                 "template-rendered tokens and masks"
             )
+
+    def _run_tokenizer(self) -> str | None:
+        """`--env.tokenizer_name`, for a chat policy that names no tokenizer: its template renders the tokens
+        (the policy's own tokenizer wins where it has one; the default, `policy`, names none)."""
+        name = self.config.tokenizer_name
+        return name if name and name != POLICY_TOKENIZER else None
 
     def _run_name(self) -> str:
         return self.config.run_name or self.config.wandb_name or self.name
@@ -218,6 +227,7 @@ class TemporalRolloutsEnv(BaseEnv):
             "env": config.task_env,
             "env_config": env_config,
             "policy": config.policy,
+            "tokenizer": self._run_tokenizer(),
             "tool_call_parser": config.tool_call_parser,
             "group_size": config.group_size,
             "limits": RolloutLimits(

@@ -27,10 +27,11 @@ class GenerateServerProcess(LoopbackServer):
 
     what = "the generate server"
 
-    def __init__(self, gguf: Path, workdir: Path) -> None:
+    def __init__(self, gguf: Path, workdir: Path, args: tuple[str, ...] = ()) -> None:
         super().__init__(workdir / "generate_server.log")
         self.gguf = gguf
         self.tokenizer_dir = workdir / "tokenizer"
+        self.args = args
 
     def start(self) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -45,6 +46,7 @@ class GenerateServerProcess(LoopbackServer):
                 str(self.port),
                 "--tokenizer-out",
                 str(self.tokenizer_dir),
+                *self.args,
             ],
             env=env,
         )
