@@ -155,6 +155,7 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
             max_groups_in_flight=GROUPS_PER_STEP * (MAX_STALENESS + 1),
             max_staleness=MAX_STALENESS,
             max_retries=4,
+            sink="atropos",
             sampling=Sampling(temperature=1.0, max_tokens=6),
             limits=RolloutLimits(max_turns=4),
         )

@@ -28,8 +28,8 @@ from temporal_rollouts.core.feed import FeedInput  # noqa: E402
 from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
 from temporal_rollouts.core.settings import GeneratePolicy, Settings  # noqa: E402
 from temporal_rollouts.door.client import Batch, DoorClient  # noqa: E402
+from temporal_rollouts.llm.templates import PACKAGED_TEMPLATES  # noqa: E402
 from temporal_rollouts.policy_servers.weights import save_weights  # noqa: E402
-from tests.support import REPO  # noqa: E402
 from tests.support.servers.door import DoorProcess  # noqa: E402
 from tests.support.servers.fixtures import GenerateServerProcess  # noqa: E402
 from workflows.feed import TrainingFeedWorkflow  # noqa: E402
@@ -47,7 +47,7 @@ def policy(settings: Settings, own_smollm2_server: GenerateServerProcess) -> Ite
         type="sglang",
         base_url=own_smollm2_server.url,
         tokenizer=str(own_smollm2_server.tokenizer_dir),
-        chat_template=str(REPO / "examples" / "grpo" / "smollm2_tools.jinja"),
+        chat_template=str(PACKAGED_TEMPLATES / "smollm2_tools.jinja"),
         tool_call_parser="hermes",
     )
     yield "door-smol"

@@ -146,7 +146,9 @@ class TemporalRolloutsEnv(BaseEnv):
         await self.setup()
         self._needs_tokens("serve")
         await self.setup_wandb()
-        handle = await self._feed(FeedInput(**self._feed_fields(), api_url=self.config.rollout_server_url))
+        handle = await self._feed(
+            FeedInput(**self._feed_fields(), sink="atropos", api_url=self.config.rollout_server_url)
+        )
         stop_sent = False
         while True:
             status = await _status(handle)
