@@ -117,6 +117,8 @@ class DoorFigures(BaseModel):
     groups_marked_stale: int = 0
     groups_requeued: int = 0
     groups_dropped_stale: int = 0
+    completion_tokens_held_back: int = 0
+    """Generated tokens of the groups re-queued or dropped for staleness: generated, never trained."""
     staleness: dict[str, int] = Field(default_factory=dict)
     """Groups handed out by their staleness at consumption (trainer version minus oldest token version)."""
 
@@ -331,11 +333,13 @@ class DoorLedger(BaseModel):
             elif rules.stale_groups == StaleGroups.REQUEUE and group.requeues < rules.max_requeues:
                 self.pending.remove(group)
                 self.figures.groups_requeued += 1
+                self.figures.completion_tokens_held_back += group.completion_tokens
                 requeue.append(group)
                 continue
             elif rules.stale_groups in (StaleGroups.DROP, StaleGroups.REQUEUE):
                 self.pending.remove(group)
                 self.figures.groups_dropped_stale += 1
+                self.figures.completion_tokens_held_back += group.completion_tokens
                 continue
             else:
                 masked = group.stale_sequences(version, rules.max_staleness)
