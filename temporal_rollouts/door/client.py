@@ -172,6 +172,11 @@ class DoorClient:
         """The run's figures, its trainer and its door (`door`: batch size, pending groups, batches out, ...)."""
         return self._call("GET", f"/runs/{run}")
 
+    def metrics(self, run: str) -> dict[str, float]:
+        """The run's door as wandb-style metrics (`door/batches_acknowledged`, ...), to log with the trainer's own."""
+        door = self.status(run).get("door")
+        return door_metrics(door) if door else {}
+
     def take(self, run: str, *, lease_s: float = 600.0, trainer_version: int | None = None) -> Batch | None:
         """The next batch, leased for `lease_s`; None while the run has no full batch stored. RunEnded when
         the run is done and everything is acknowledged."""
@@ -241,6 +246,19 @@ class DoorClient:
                     raise (RunEnded if response.status_code == 410 else DoorClientError)(response.status_code, message)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def door_metrics(door: dict[str, Any]) -> dict[str, float]:
+    """A run's door status (`status(run)["door"]`) as flat metrics: batches taken, acknowledged and re-delivered,
+    leases expired, groups and tokens acknowledged, stale groups, the trainer's version, the largest staleness."""
+    figures = door["figures"]
+    metrics = {f"door/{name}": float(value) for name, value in figures.items() if isinstance(value, int | float)}
+    metrics["door/trainer_version"] = float(door["trainer_version"])
+    metrics["door/batches_out"] = float(door["batches_out"])
+    metrics["door/pending_groups"] = float(door["pending_groups"])
+    if figures["staleness"]:
+        metrics["door/max_staleness_consumed"] = float(max(int(k) for k in figures["staleness"]))
+    return metrics
 
 
 def _message(response: httpx.Response) -> str:

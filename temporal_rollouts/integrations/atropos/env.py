@@ -41,6 +41,7 @@ from envs.sources import load_env_sources
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
+from temporal_rollouts.door.client import door_metrics
 from temporal_rollouts.core.records import (
     RolloutLimits,
     Sampling,
@@ -438,6 +439,8 @@ def _figures(status: FeedStatus) -> dict[str, float]:
     }
     if f.staleness:
         metrics["feed/max_staleness_posted"] = max(int(k) for k in f.staleness)
+    if status.door is not None:
+        metrics.update(door_metrics(status.door.model_dump(mode="json")))
     return metrics
 
 

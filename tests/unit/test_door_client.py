@@ -1,0 +1,118 @@
+"""The trainer's side of the door, at the transport seam: a retried take keeps its request id, a batch
+reads as sequences with their versions and marks, the end of a run ends the iteration; and the
+endpoint refuses to listen beyond loopback without a key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import httpx
+import pytest
+
+from temporal_rollouts.door import server
+from temporal_rollouts.door.client import DoorClient, DoorClientError, door_metrics
+
+GROUP = {
+    "tokens": [[5, 6, 7], [5, 6, 8]],
+    "masks": [[-100, 6, 7], [-100, -100, 8]],
+    "scores": [1.0, 0.0],
+    "inference_logprobs": [[1.0, -0.1, -0.2], [1.0, 1.0, -0.3]],
+    "overrides": [
+        {"rollout_id": "r/g0/r0", "policy_versions": [3]},
+        {"rollout_id": "r/g0/r1", "policy_versions": [2, 3], "parent": "r/g0/r0", "branch_turn": 1},
+    ],
+    "group_overrides": {"group_id": "r/g0", "staleness": 1, "stale": False},
+}
+
+
+def batch_answer(number: int = 0) -> dict:
+    return {
+        "batch": {
+            "number": number,
+            "lease": f"{number}.1",
+            "deadline": 1e10,
+            "deliveries": 1,
+            "trainer_version": 3,
+            "final": False,
+            "groups": [GROUP],
+        },
+        "acknowledged_below": number,
+        "next_number": number + 1,
+    }
+
+
+def test_a_take_whose_answer_was_lost_is_sent_again_under_the_same_request_id() -> None:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if len(seen) == 1:
+            return httpx.Response(503, json={"error": {"message": "no worker answered", "code": 503}})
+        return httpx.Response(200, json=batch_answer())
+
+    door = DoorClient("http://door", transport=httpx.MockTransport(handler))
+    door.retry_for_s = 5
+    batch = door.take("r", lease_s=30, trainer_version=3)
+    assert batch is not None and len(seen) == 2
+    assert seen[0]["request_id"] == seen[1]["request_id"] and seen[0]["request_id"].startswith("take-")
+    assert seen[0]["lease_s"] == 30 and seen[0]["trainer_version"] == 3
+    first, second = batch.sequences()
+    assert (first.versions, first.trainable(), first.score, first.group_id) == ([3], [1, 2], 1.0, "r/g0")
+    assert (second.parent, second.branch_turn, second.trainable()) == ("r/g0/r0", 1, [2])
+    assert batch.scores == [1.0, 0.0]
+
+
+def test_batches_end_when_the_run_is_done_and_a_refusal_is_raised_with_its_words() -> None:
+    answers = iter(
+        [
+            httpx.Response(200, json=batch_answer(0)),
+            httpx.Response(200, json={"batch": None, "acknowledged_below": 1, "next_number": 1}),
+            httpx.Response(200, json=batch_answer(1)),
+            httpx.Response(410, json={"error": {"message": "training run r is done", "code": 410}}),
+        ]
+    )
+    door = DoorClient("http://door", transport=httpx.MockTransport(lambda request: next(answers)))
+    assert [b.number for b in door.batches("r", poll_s=0)] == [0, 1]
+
+    refusing = DoorClient(
+        "http://door",
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(409, json={"error": {"message": "lease '9.1' is not one of batch 0's"}})
+        ),
+    )
+    with pytest.raises(DoorClientError, match="not one of batch 0's") as refused:
+        refusing.ack("r", 0, "9.1")
+    assert refused.value.status == 409
+
+
+def test_the_door_figures_read_as_flat_metrics() -> None:
+    door = {
+        "trainer_version": 4,
+        "batches_out": 1,
+        "pending_groups": 2,
+        "figures": {"batches_acknowledged": 4, "batches_redelivered": 1, "staleness": {"0": 5, "1": 3}},
+    }
+    metrics = door_metrics(door)
+    assert metrics["door/batches_acknowledged"] == 4 and metrics["door/batches_redelivered"] == 1
+    assert metrics["door/max_staleness_consumed"] == 1 and metrics["door/trainer_version"] == 4
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::", "gpu-node"])
+def test_the_endpoint_refuses_to_listen_beyond_loopback_without_a_key(host: str) -> None:
+    args = argparse.Namespace(host=host, api_key_env=None)
+    with pytest.raises(server.KeyRequired, match="--api-key-env"):
+        server.key_from(args)
+
+
+def test_the_endpoint_takes_its_key_from_the_environment_and_removes_it(monkeypatch) -> None:
+    monkeypatch.setenv("DOOR_KEY_FOR_TEST", "k3y")
+    args = argparse.Namespace(host="0.0.0.0", api_key_env="DOOR_KEY_FOR_TEST")
+    assert server.key_from(args) == "k3y"
+    import os
+
+    assert "DOOR_KEY_FOR_TEST" not in os.environ
+    assert server.key_from(argparse.Namespace(host="127.0.0.1", api_key_env=None)) is None
+    monkeypatch.setenv("DOOR_KEY_FOR_TEST", " ")
+    with pytest.raises(server.KeyRequired, match="not set or empty"):
+        server.key_from(argparse.Namespace(host="127.0.0.1", api_key_env="DOOR_KEY_FOR_TEST"))
