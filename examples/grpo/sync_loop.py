@@ -114,6 +114,14 @@ class Stack:
                 raise RuntimeError(f"the worker did not start; see {worker_log}")
             time.sleep(0.5)
 
+    def start_door(self) -> str:
+        """The trainer door's endpoint (`python -m temporal_rollouts.door`) on a port of its own; its URL."""
+        port = free_port()
+        log = self.out / "door.log"
+        door = self._start([sys.executable, "-m", "temporal_rollouts.door", "--port", str(port)], log)
+        wait_for_port(HOST, port, door, "the door's endpoint", log, wait_s=120)
+        return f"http://{HOST}:{port}"
+
     def close(self) -> None:
         for proc in reversed(self.processes):
             if proc.poll() is None:
