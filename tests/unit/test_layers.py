@@ -61,6 +61,7 @@ UNITS: dict[str, int] = {
     "temporal_rollouts.cli": 6,
     "temporal_rollouts.runtime": 6,
     "temporal_rollouts.integrations": 6,
+    "temporal_rollouts.door": 6,
     "temporal_rollouts.policy_servers.demo": 6,
     "temporal_rollouts": 6,
 }
