@@ -252,7 +252,8 @@ async def test_a_killed_endpoint_and_an_expired_lease_lose_nothing_and_acknowled
     # Atropos' trainer side: /batch hands out the next batch's groups and acknowledges the one before
     async with httpx.AsyncClient(base_url=f"{stage.door.url}/runs/{run}", timeout=60) as atropos:
         assert (await atropos.get("/info")).json() == {"batch_size": GROUP_SIZE, "max_token_len": -1}
-        groups = (await atropos.get("/batch")).json()["batch"]
+        while (groups := (await atropos.get("/batch")).json()["batch"]) is None:  # g1 may still be being stored
+            await asyncio.sleep(0.1)
         assert [g["group_overrides"]["group_id"] for g in groups] == [f"{run}/g1"]
         assert groups[0]["inference_logprobs"] and groups[0]["overrides"][0]["policy_versions"] == [0]
         assert (await atropos.get("/batch")).json() == {"batch": None}, "g2, g3 still run; batch 1 acknowledged"
