@@ -182,9 +182,14 @@ async def test_groups_that_finish_out_of_order_reach_a_slow_trainer_within_the_b
     door = DoorClient(stage.door.url)
     batches: list[Batch] = []
 
+    stored = 0
+
     async def step(*finished: tuple[int, int]) -> Batch:
+        nonlocal stored
         for group, version in finished:
             await finish(client, run, group, version)
+        stored += len(finished)
+        await wait_until(lambda: _stored(feed, stored))  # every group of the step is in before the trainer asks
         batch = await take(door, run)
         batches.append(batch)
         assert await asyncio.to_thread(batch.ack) == "acknowledged"
@@ -271,6 +276,10 @@ async def test_a_killed_endpoint_and_an_expired_lease_lose_nothing_and_acknowled
     d = done.door.figures
     assert (d.batches_formed, d.batches_acknowledged, d.batches_redelivered, d.leases_expired) == (4, 4, 1, 1)
     assert d.acks_repeated == 1 and d.groups_acknowledged == 4
+
+
+async def _stored(feed: WorkflowHandle, n: int) -> bool:
+    return (await status(feed)).figures.groups_posted >= n
 
 
 async def _started(feed: WorkflowHandle, n: int) -> bool:
