@@ -39,12 +39,10 @@ import httpx  # noqa: E402
 
 from bench import quiet  # noqa: E402
 from bench.procs import _spawn, run_in_data_dir  # noqa: E402
-from bench.training_stack import POLICY, TrainingStack, training_stack  # noqa: E402
+from bench.training_stack import POLICY, TrainingStack, served_weights_on_disk, training_stack  # noqa: E402
 from temporal_rollouts.core.feed import FeedInput, FeedStatus  # noqa: E402
 from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
 from temporal_rollouts.door.client import DoorClient, RunEnded  # noqa: E402
-from temporal_rollouts.policy_servers import smollm2  # noqa: E402
-from temporal_rollouts.policy_servers.weights import save_weights  # noqa: E402
 from workflows.feed import TrainingFeedWorkflow  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,10 +209,7 @@ def account(events: list[dict], status: FeedStatus) -> dict:
 
 
 async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
-    weights = data_dir / "weights"
-    model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
-    await asyncio.to_thread(save_weights, model, weights)  # the same weights, loaded as each new version
-    del model
+    weights = await served_weights_on_disk(data_dir)  # the same weights, loaded as each new version
     async with training_stack(
         data_dir, slots=8, chat_template=TEMPLATE, steered=True, policy_args=("--threads", "1")
     ) as stack:

@@ -146,6 +146,16 @@ class TrainingStack:
             raise RuntimeError(f"the policy server refused version {version}: {answer}")
 
 
+async def served_weights_on_disk(data_dir: Path) -> Path:
+    """The served model's own weights saved under `data_dir/weights`: what a stand-in trainer publishes as each
+    new version (the weights stay the same; the versions and the server's reloads are what is exercised)."""
+    from temporal_rollouts.policy_servers import smollm2
+    from temporal_rollouts.policy_servers.weights import save_weights
+
+    model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
+    return await asyncio.to_thread(save_weights, model, data_dir / "weights")
+
+
 @contextlib.asynccontextmanager
 async def training_stack(
     data_dir: Path,
