@@ -181,30 +181,39 @@ def format_feed(status: FeedStatus) -> str:
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(f.dropped.items())) or "none"
     stale = ", ".join(f"{k}: {v}" for k, v in sorted(f.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
     served = f", weights v{t.policy_version} served" if t.policy_version is not None else ""
-    trainer = (
-        f"step {t.current_step}{served}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
-        if t.registered
-        else "no trainer registered yet"
-    )
+    waiting_for = "acknowledge" if status.door is not None else "step"
     admission = (
         "open"
         if status.admitted
-        else "held (waiting for the trainer to step)"
-        if status.in_flight or t.registered
+        else f"held (waiting for the trainer to {waiting_for})"
+        if status.in_flight or t.registered or status.door is not None
         else "-"
     )
+    if status.door is not None:  # the run serves its batches itself: staleness is decided at consumption
+        groups = f"{status.in_flight} in flight, {f.groups_posted} stored for the door"
+        tokens = f"{f.tokens_generated} generated, {f.tokens_posted} stored"
+        trainer = door_line(status)
+    else:
+        groups = (
+            f"{status.in_flight} in flight ({status.held} finished, waiting for room in run-api), {f.groups_posted} "
+            f"posted, {f.groups_stale} posted stale"
+        )
+        tokens = (
+            f"{f.tokens_generated} generated, {f.tokens_posted} posted; staleness at posting (steps: groups): {stale}"
+        )
+        trainer = (
+            f"step {t.current_step}{served}, batch {t.batch_size}, {t.queued} of ours queued, env id {t.env_id}"
+            if t.registered
+            else "no trainer registered yet"
+        )
     lines = [
         f"training run {status.run} ({status.env}): {status.phase}" + (" - stopping" if status.stopping else ""),
-        f"  groups: {f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for "
-        f"room in run-api), {f.groups_posted} posted, "
-        f"{f.groups_stale} posted stale, dropped: {dropped}",
+        f"  groups: {f.groups_started} started, {groups}, dropped: {dropped}",
         f"  rollouts: {f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
         f"{f.rollouts_retried} resumed after a machinery failure",
-        f"  tokens: {f.tokens_generated} generated, {f.tokens_posted} posted; staleness at posting (steps: groups): {stale}",
+        f"  tokens: {tokens}",
         f"  trainer: {trainer}; admission {admission} (max staleness {status.max_staleness})",
     ]
-    if status.door is not None:
-        lines[-1] = f"  trainer: {door_line(status)}; admission {admission} (max staleness {status.max_staleness})"
     if status.output:
         lines.append(f"  groups written to {status.output}")
     return "\n".join(lines)

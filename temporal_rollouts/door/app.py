@@ -68,7 +68,10 @@ def _run(request: Request) -> str:
 
 
 def create_app(
-    doors: RunDoors, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None, atropos_lease_s=600.0
+    doors: RunDoors,
+    api_key: str | None = None,
+    allowed_hosts: AllowedHosts | None = None,
+    atropos_lease_s: float = 600.0,
 ) -> Starlette:
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})

@@ -116,3 +116,39 @@ def test_the_endpoint_takes_its_key_from_the_environment_and_removes_it(monkeypa
     monkeypatch.setenv("DOOR_KEY_FOR_TEST", " ")
     with pytest.raises(server.KeyRequired, match="not set or empty"):
         server.key_from(argparse.Namespace(host="127.0.0.1", api_key_env="DOOR_KEY_FOR_TEST"))
+
+
+def test_rollouts_train_status_shows_what_the_trainer_took_acknowledged_and_was_handed_again() -> None:
+    from temporal_rollouts.cli.train import format_feed
+    from temporal_rollouts.core.door import DoorFigures
+    from temporal_rollouts.core.feed import DoorStatus, FeedFigures, FeedStatus, TrainerView
+
+    door = DoorStatus(
+        batch_size=16,
+        trainer_version=2,
+        pending_groups=1,
+        batches_out=1,
+        batches_to_redeliver=0,
+        next_number=3,
+        acknowledged_below=2,
+        figures=DoorFigures(
+            batches_formed=3, batches_taken=4, batches_acknowledged=2, batches_redelivered=1, staleness={"0": 3}
+        ),
+    )
+    status = FeedStatus(
+        run="r",
+        env="write_word",
+        phase="waiting for rollouts",
+        in_flight=2,
+        rollouts_running=4,
+        figures=FeedFigures(groups_started=6, groups_posted=4),
+        trainer=TrainerView(),
+        max_staleness=1,
+        admitted=False,
+        stopping=False,
+        door=door,
+    )
+    text = format_feed(status)
+    assert "4 stored for the door" in text and "run-api" not in text
+    assert "batches 3 formed, 4 taken, 2 acknowledged, 1 re-delivered" in text
+    assert "staleness at consumption 0: 3" in text and "waiting for the trainer to acknowledge" in text
