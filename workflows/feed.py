@@ -197,9 +197,7 @@ class TrainingFeedWorkflow:
     @take_batch.validator
     def _may_take(self, request: TakeRequest) -> None:
         """Refused (and so never recorded in history) while there is nothing to hand out: trainers poll."""
-        if self._input is None:
-            raise ApplicationError("the run is starting", type="DoorError")
-        if self._input.sink != "door":
+        if _started(self._input).sink != "door":
             raise ApplicationError(
                 f"run {workflow.info().workflow_id} sends its groups to {self._input.sink}", type="DoorError"
             )
@@ -217,6 +215,7 @@ class TrainingFeedWorkflow:
 
     @ack_batch.validator
     def _may_ack(self, request: AckRequest) -> None:
+        _started(self._input)
         with _door_errors():
             self._state.door.model_copy(deep=True).acknowledge(request)
 
@@ -228,6 +227,7 @@ class TrainingFeedWorkflow:
 
     @release_batch.validator
     def _may_release(self, request: ReleaseRequest) -> None:
+        _started(self._input)
         with _door_errors():
             self._state.door.model_copy(deep=True).release(request)
 
@@ -240,7 +240,7 @@ class TrainingFeedWorkflow:
 
     @register_trainer.validator
     def _may_register(self, request: RegisterRequest) -> None:
-        if self._input is not None and self._input.sink != "door":
+        if _started(self._input).sink != "door":
             raise ApplicationError(
                 f"run {workflow.info().workflow_id} sends its groups to {self._input.sink}", type="DoorError"
             )
@@ -269,6 +269,8 @@ class TrainingFeedWorkflow:
             carried.inbox = [*carried.inbox, *self._state.inbox]
             carried.stopping = carried.stopping or self._state.stopping
             self._state = carried
+        if input.sink == "door" and input.batch_size and not self._state.door.batch_size:
+            self._state.door.batch_size = input.batch_size  # before any await: a trainer may take at once
         run = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(run)])
         check = await workflow.execute_activity_method(
@@ -285,8 +287,6 @@ class TrainingFeedWorkflow:
             ),
             **params.FEED_CHECK.options(),
         )
-        if input.sink == "door" and input.batch_size and not self._state.door.batch_size:
-            self._state.door.batch_size = input.batch_size
         self._item_count, self._allow_network = check.item_count, check.allow_network
         self._state.output, self._state.api_url = check.output, check.api_url
         self._checked_at = workflow.time()
@@ -838,3 +838,12 @@ def _door_errors() -> Iterator[None]:
         yield
     except DoorError as err:
         raise ApplicationError(str(err), type="DoorError", non_retryable=True) from None
+
+
+def _started(input: FeedInput | None) -> FeedInput:
+    """An Update heard before the run's first line (a new run, or the next one after continue-as-new, whose
+    state is not in place yet) is refused without being recorded; the endpoint answers 503 and the trainer's
+    client asks again."""
+    if input is None:
+        raise ApplicationError("the run is starting", type="RunStarting")
+    return input

@@ -143,6 +143,8 @@ class RunDoors:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == "NoBatchYet":
                 raise DoorRefused(204, "no batch yet") from None
+            if isinstance(cause, ApplicationError) and cause.type == "RunStarting":
+                raise DoorRefused(503, f"training run {run} is starting; try again") from None
             message = cause.message if isinstance(cause, ApplicationError) else str(cause)
             raise DoorRefused(409, message) from None
         except RPCError as err:

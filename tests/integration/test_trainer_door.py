@@ -7,6 +7,7 @@ make groups finish out of order, with the weight versions it chooses, against a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,16 +17,19 @@ import httpx
 import pytest
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.envs import LoadedItems, LoadItemsInput
 from activities.feed import FeedCheck, FeedCheckInput, FeedGroupInput, FeedGroupOutcome, RunsToCheck
+from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
-from temporal_rollouts.core.records import StopReason, TrajectoryInput, TrajectoryResult
+from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.door.client import Batch, DoorClient, DoorClientError
+from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, fast_step_flags, temporal_binary
 from temporal_rollouts.storage.feed_groups import FeedGroupStore
 from temporal_rollouts.storage.objects import object_client
 from tests.support.servers.door import DoorProcess
@@ -49,7 +53,7 @@ class HeldRollout:
     @workflow.run
     async def run(self, input: TrajectoryInput) -> TrajectoryResult:
         await workflow.wait_condition(lambda: self._version is not None)
-        return TrajectoryResult(
+        result = TrajectoryResult(
             rollout_id=workflow.info().workflow_id,
             env=input.env,
             item_id=input.item.id,
@@ -58,7 +62,11 @@ class HeldRollout:
             stop_reason=StopReason.COMPLETED,
             policy_versions=[self._version],
             completion_tokens=3,
+            run_id=workflow.info().run_id,
         )
+        if input.notify:  # as a real rollout tells its run (whichever run of it is current) that it ended
+            await workflow.get_external_workflow_handle(input.notify).signal(ROLLOUT_FINISHED, result)
+        return result
 
 
 @dataclass
@@ -110,17 +118,18 @@ class Stage:
     stand_ins: StandIns
 
 
-@pytest.fixture
-async def stage(temporal_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stage]:
-    address = temporal_env.client.service_client.config.target_host
-    settings = Settings(data_dir=tmp_path / "data", temporal={"address": address})
+@contextlib.asynccontextmanager
+async def staged(env: WorkflowEnvironment, folder: Path) -> AsyncIterator[Stage]:
+    """The door's endpoint over `env`'s server and a store in `folder`, and a worker with the stand-ins."""
+    address = env.client.service_client.config.target_host
+    settings = Settings(data_dir=folder / "data", temporal={"address": address})
     stand_ins = StandIns(FeedGroupStore(object_client(settings), settings.storage.bucket))
     queue = f"door-{uuid.uuid4().hex[:6]}"
-    door = DoorProcess(tmp_path / "door.log", address, settings.data_dir)
+    door = DoorProcess(folder / "door.log", address, settings.data_dir)
     door.start()
     try:
         async with Worker(
-            temporal_env.client,
+            env.client,
             task_queue=queue,
             workflows=[TrainingFeedWorkflow, HeldRollout],
             activities=[
@@ -131,9 +140,15 @@ async def stage(temporal_env: WorkflowEnvironment, tmp_path: Path) -> AsyncItera
             ],
             workflow_runner=UnsandboxedWorkflowRunner(),
         ):
-            yield Stage(temporal_env.client, queue, door, stand_ins)
+            yield Stage(env.client, queue, door, stand_ins)
     finally:
         door.stop()
+
+
+@pytest.fixture
+async def stage(temporal_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stage]:
+    async with staged(temporal_env, tmp_path) as ready:
+        yield ready
 
 
 async def status(feed: WorkflowHandle) -> FeedStatus:
@@ -300,3 +315,41 @@ async def test_the_endpoint_with_a_key_refuses_a_caller_without_it(temporal_env,
             assert right.status_code == 404 and "no training run nothing" in right.json()["error"]["message"]
     finally:
         door.stop()
+
+
+async def test_the_ledger_and_the_trainer_go_on_across_continue_as_new(tmp_path: Path) -> None:
+    """On a server that suggests continue-as-new every 120 events, a run whose trainer takes and acknowledges
+    eight batches spans several runs: the numbers go on, nothing is handed out twice or lost."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=search_attributes.ALL,
+        dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: 120}),
+    )
+    try:
+        async with staged(env, tmp_path) as stage:
+            client, run = stage.client, f"door-can-{uuid.uuid4().hex[:6]}"
+            feed = await client.start_workflow(
+                TrainingFeedWorkflow.run,
+                FeedInput(
+                    env="echo_chain", group_size=GROUP_SIZE, batch_size=GROUP_SIZE, max_staleness=1, max_groups=8
+                ),
+                id=run,
+                task_queue=stage.queue,
+            )
+            door = DoorClient(stage.door.url)
+            taken: list[Batch] = []
+            for group in range(8):
+                await wait_until(lambda: _started(feed, min(group + 2, 8)), timeout_s=60)
+                await finish(client, run, group, group)
+                batch = await take(door, run, trainer_version=group)
+                taken.append(batch)
+                assert await asyncio.to_thread(batch.ack) == "acknowledged"
+            done = await feed.result()
+            runs = [w async for w in client.list_workflows(f"WorkflowId = '{run}'")]
+    finally:
+        await env.shutdown()
+    assert len(runs) > 1, "the run continued as new"
+    assert [b.number for b in taken] == list(range(8))
+    assert [ids(b) for b in taken] == [[f"{run}/g{g}"] for g in range(8)]
+    assert done.door.figures.batches_acknowledged == 8 and done.door.figures.batches_redelivered == 0
