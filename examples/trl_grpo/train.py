@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer, unpatched, training SmolLM2-135M on CPU from the trainer door.
 
-    python -m examples.trl_grpo.train --steps 20 --out runs/trl-grpo
+    python -m examples.trl_grpo.train --steps 12 --out runs/trl-grpo
 
 TRL (`trl` 1.16) lets a trainer bring its own rollouts through `rollout_func`: a function that
 receives the step's prompts and returns, per completion, `prompt_ids`, `completion_ids` and
@@ -248,13 +248,13 @@ def train(args: argparse.Namespace, out: Path, stack: Stack) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"), help="logs, checkpoints, curve, plot")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument(
         "--group-size", type=int, default=8, help="rollouts per write_word task (TRL's num_generations)"
     )
     parser.add_argument("--groups-per-step", type=int, default=2, help="tasks per step (TRL's prompts)")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads, for the server and the trainer each")
     args = parser.parse_args(argv)
     out = args.out.resolve()
