@@ -36,7 +36,7 @@ from workflows.feed import TrainingFeedWorkflow  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-GROUP_SIZE = 4
+GROUP_SIZE = 2
 STEPS = 2
 TOLERANCE = 1e-4
 
@@ -111,7 +111,7 @@ async def test_every_trained_token_is_labelled_with_the_weights_that_made_it(
             batch_size=2 * GROUP_SIZE,
             max_staleness=1,
             max_groups=2 * (STEPS + 1),
-            sampling=Sampling(temperature=1.0, max_tokens=16),
+            sampling=Sampling(temperature=1.0, max_tokens=12),
             limits=RolloutLimits(max_turns=1),
         ),
         id=run,
