@@ -77,19 +77,22 @@ class TrainerQuery(BaseModel):
 
 
 class FeedGroupInput(BaseModel):
+    """One finished group of a training run, to post. The run's settings (`sink`, `max_staleness`,
+    `stale_groups`) come from its FeedInput every time, so they have no default here: FeedInput's is the one."""
+
     run: str
     group_id: str
     results: list[TrajectoryResult]
     policy: str | None = None
     tokenizer: str | None = Field(default=None, description="The run's tokenizer, for a chat policy with none.")
-    sink: Literal["door", "atropos", "jsonl"] = "door"
+    sink: Literal["door", "atropos", "jsonl"]
     output: str | None = None
     door_key: str | None = Field(default=None, description="The door: the object key the group is stored under.")
     api_url: str | None = None
     env_id: int | None = None
     max_token_length: int = 0
-    max_staleness: int = 1
-    stale_groups: StaleGroups = StaleGroups.POST
+    max_staleness: int
+    stale_groups: StaleGroups
     prefix_tokens: PrefixTokens | None = None
 
 

@@ -8,6 +8,7 @@ history, so even a run killed from the outside tells how far it got.
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
@@ -22,6 +23,7 @@ from temporal_rollouts.core.settings import StorageSettings
 from temporal_rollouts.storage.snapshots import snapshot_key
 
 POLL_S = 2.0
+M = TypeVar("M", bound=BaseModel)
 
 
 class RunRef(BaseModel):
@@ -52,6 +54,14 @@ async def run_result(client: Client, workflow_id: str, run_id: str | None = None
         return TrajectoryResult.model_validate(await handle.query("resume_state"))
     except RPCError:
         return None
+
+
+async def run_input(client: Client, workflow_id: str, run_id: str | None, model: type[M]) -> M:
+    """The input a run was started with, read from its history (the latest run's, when `run_id` is None)."""
+    history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+    payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
+    [value] = await client.data_converter.decode(payloads, [model])
+    return value
 
 
 class ResumeActivities:
@@ -116,8 +126,5 @@ class ResumeActivities:
     async def started_input(self, input: RunRef) -> TrajectoryInput:
         """The input a rollout's first run was started with (a branch's own, which only its history holds)."""
         with activity_boundary():
-            handle = self._client.get_workflow_handle(input.workflow_id, run_id=input.run_id)
-            history = await handle.fetch_history()
-            payloads = history.events[0].workflow_execution_started_event_attributes.input.payloads
-            [started] = await self._client.data_converter.decode(payloads, [TrajectoryInput])
+            started = await run_input(self._client, input.workflow_id, input.run_id, TrajectoryInput)
             return started.model_copy(update={"resume_from_run": None})

@@ -39,7 +39,13 @@ import httpx  # noqa: E402
 
 from bench import quiet  # noqa: E402
 from bench.procs import _spawn, run_in_data_dir  # noqa: E402
-from bench.training_stack import POLICY, TrainingStack, served_weights_on_disk, training_stack  # noqa: E402
+from bench.training_stack import (  # noqa: E402
+    POLICY,
+    POLICY_KEY_ENV,
+    TrainingStack,
+    served_weights_on_disk,
+    training_stack,
+)
 from temporal_rollouts.core.feed import FeedInput, FeedStatus  # noqa: E402
 from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
 from temporal_rollouts.door.client import DoorClient, RunEnded  # noqa: E402
@@ -101,6 +107,7 @@ def trainer_main(door_url: str, run: str, ledger: Path, policy_url: str, weights
                     answer = httpx.post(
                         f"{policy_url}/update_weights_from_disk",
                         json={"model_path": str(weights), "weight_version": str(version)},
+                        headers={"Authorization": f"Bearer {os.environ[POLICY_KEY_ENV]}"},
                         timeout=600,
                     ).json()
                     if answer.get("success"):

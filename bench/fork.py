@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.procs import services  # noqa: E402
-from temporal_rollouts.cli.fork import start_fork  # noqa: E402
+from temporal_rollouts.client.forks import start_fork  # noqa: E402
 from temporal_rollouts.core.records import BatchInput, RolloutLimits, TrajectoryInput, TrajectoryResult  # noqa: E402
 from temporal_rollouts.core.tasks import Item  # noqa: E402
 from temporal_rollouts.core.trees import RolloutTreeResult  # noqa: E402

@@ -308,7 +308,7 @@ async def services(
         if worker == "process":
             pids["worker"] = await worker_process(stack, settings, data_dir / "worker.log", worker_env)
         elif worker == "inproc":  # exactly what `python worker.py` runs, in this process
-            from worker import running_worker
+            from temporal_rollouts.runtime.worker import running_worker
 
             await stack.enter_async_context(running_worker(settings))
         yield Stack(settings, env.client, pool, pids)

@@ -81,8 +81,8 @@ async def measure(pool: SandboxPool, backend: LocalBackend, instance_id: str) ->
         lease = await pool.acquire(Holder(workflow_id=f"bench-{uuid.uuid4().hex[:8]}"), ttl_s=1800, wait_s=60)
         try:
             if phase == "setup_cold_s":
-                transfer._repository_entry.cache_clear()
-                transfer._wheels_entry.cache_clear()
+                transfer.REPOSITORY_ENTRIES.clear()
+                transfer.WHEELS_ENTRIES.clear()
             if phase != "setup_warm_s":
                 empty_container_cache(backend, lease.container_id)
             row[phase], meta = await timed(env.setup_workspace(item, LeasedSlot(pool, lease, f"{run}/{phase}/setup")))

@@ -85,7 +85,8 @@ class Trainer:
 
     async def busy_s(self) -> float:
         async with httpx.AsyncClient(timeout=60) as http:
-            return float((await http.get(f"{self.stack.policy_url}/get_model_info")).json()["busy_s"])
+            info = await http.get(f"{self.stack.policy_url}/get_model_info", headers=self.stack.policy_headers)
+            return float(info.json()["busy_s"])
 
     async def clock(self) -> tuple[float, float]:
         return time.monotonic(), await self.busy_s()
@@ -111,7 +112,9 @@ class Trainer:
             stats = await asyncio.to_thread(
                 train_step, model, optimizer, batch, clip=args.clip, current_version=current
             )
-            await asyncio.to_thread(save_and_publish, model, checkpoints, step, self.stack.policy_url)
+            await asyncio.to_thread(
+                save_and_publish, model, checkpoints, step, self.stack.policy_url, api_key=self.stack.policy_key
+            )
             await asyncio.to_thread(taken.ack)
             staleness = [group["group_overrides"]["staleness"] for group in batch]
             record = Step(step, stats, staleness, busy, time.monotonic() - now[0])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 TASK_QUEUE = "bench-training"
 POLICY = "smol"
 MODEL_LOAD_S = 600.0
+POLICY_KEY_ENV = "BENCH_POLICY_KEY"
+"""The policy server's key travels in this variable: to the server, the worker and the env's serve."""
 
 
 @dataclass
@@ -47,6 +50,12 @@ class TrainingStack:
     policy_port: int = 0
     policy_args: list[str] = field(default_factory=list)
     kills: dict[str, int] = field(default_factory=dict)
+    policy_key: str = field(default_factory=lambda: os.environ.setdefault(POLICY_KEY_ENV, secrets.token_urlsafe(32)))
+
+    @property
+    def policy_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.policy_key}"}
+
     door_port: int = 0
 
     @property
@@ -61,6 +70,7 @@ class TrainingStack:
             "ROLLOUTS_ATROPOS__API_URL": self.run_api_url,
             "HF_HUB_OFFLINE": "1",
             "ROLLOUTS_SANDBOX__START_LOCAL": "true",
+            POLICY_KEY_ENV: self.policy_key,
         }  # the worker starts (and restarts) the sandbox itself
 
     async def start_worker(self) -> None:
@@ -106,10 +116,20 @@ class TrainingStack:
                 str(self.policy_port),
                 "--tokenizer-out",
                 str(self.tokenizer_dir),
+                "--api-key-env",
+                POLICY_KEY_ENV,
+                "--weights-dir",
+                str(self.data_dir),
                 *self.policy_args,
             ],
             log,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)},
+            env={
+                **os.environ,
+                POLICY_KEY_ENV: self.policy_key,
+                "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": str(REPO),
+            },
         )
         self.processes["policy_server"] = proc
         await asyncio.to_thread(wait_for_port, "127.0.0.1", self.policy_port, proc, "policy server", log, MODEL_LOAD_S)
@@ -139,6 +159,7 @@ class TrainingStack:
             answer = (
                 await http.post(
                     f"{self.policy_url}/update_weights_from_disk",
+                    headers=self.policy_headers,
                     json={"model_path": str(folder), "weight_version": str(version)},
                 )
             ).json()
@@ -197,6 +218,7 @@ async def training_stack(
                     chat_template=str(chat_template) if chat_template else None,  # SmolLM2's: found by itself
                     prefill_from="demo" if steered else None,
                     timeout_s=120,
+                    api_key_env=POLICY_KEY_ENV,
                 )
             },
         )

@@ -111,7 +111,7 @@ class SweSmithEnv(Env):
         tool_calls = sum(len(m.tool_calls or ()) for m in transcript if m.role == "assistant")
 
         # No process of the agent may run while it is graded (the grader's /tmp is out of its reach anyway).
-        await slot.stop_terminal(key="grader-stop-terminal")
+        await slot.stop_processes(key="grader-stop-processes")
         repository, wheels = await self._share(instance, slot)
         script = grading.grade_script(
             name,
@@ -129,7 +129,9 @@ class SweSmithEnv(Env):
         chunk_count = max(1, -(-len(targets) // settings.test_chunk_size))
         timeout_s = settings.install_timeout_s + chunk_count * settings.test_timeout_s + GRADER_OVERHEAD_S
         entries = [entry for entry in (repository, wheels) if entry]
-        run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries)
+        # Read-only: the grader reads the agent's repository and works in its own /tmp; nothing the tests
+        # start can then touch the workspace either (the snapshot after verify is what the agent left).
+        run = await slot.exec("grader-run", script, timeout_s=timeout_s, cache=entries, read_only=True)
         report = read_grading(run.output, targets, run.exit_code, run.timed_out)
         if report is None:
             raise TaskError(
@@ -153,6 +155,11 @@ class SweSmithEnv(Env):
             details["install_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         else:
             details["canary"], details["grader_tampered"] = report.canary, tampered
+            details["canary_templates"] = report.canary_templates
+            if report.machinery:
+                details["machinery"] = report.machinery
+            if report.tests_in_sight is not None:
+                details["tests_in_sight"] = report.tests_in_sight
             if report.stopped:
                 details["grader_output"] = run.output[-OUTPUT_TAIL_CHARS:]
         return Verdict(score=score, details=details)

@@ -106,7 +106,7 @@ def grade_script(
         "python3 -I -S -c 'import sys; sys.path.insert(0, sys.argv[1]); from grader.grade import main; "
         'sys.exit(main(sys.argv[2:]))\' "$G/bin" '
         f'--agent-repo /workspace/{shlex.quote(name)} --grader-root "$G" --python "$G/venv/bin/python" '
-        f"--chunk-size {int(chunk_size)} --timeout-s {float(test_timeout_s)}\n"
+        f'--bin "$G/bin" --chunk-size {int(chunk_size)} --timeout-s {float(test_timeout_s)}\n'
     )
     # The cleanup may fail (a test left a folder it cannot write): under `set -e` that would end an
     # honest grading non-zero, which the env reads as the code under test stopping the grader.
@@ -124,6 +124,7 @@ def grade_script(
         + f'{GIT_SOURCE} ls-tree -r -z --full-tree {q_commit} > "$G/base-tree"\n'
         + f'if ! timeout -s KILL {float(install_timeout_s)} bash "$G/install.sh" > "$G/install.log" 2>&1; then\n'
         + f'  tail -c 4000 "$G/install.log"; echo; echo {shlex.quote(NOT_INSTALLED_LINE)}; exit 0\nfi\n'
+        + 'rm -rf "$G/wheels" "$G/src.git" "$G/install.sh" "$G/install.log"\n'
         + f"echo {INSTALLED_LINE}\n"
         + run
     )

@@ -7,29 +7,35 @@ once per container and named by the digest of its content. Setup and grading com
 the entries they read (`exec(..., cache=[...])`); the agent's commands see none of them. A
 remote `repo_base_url` (a URL) is not cached: the slot fetches the commit itself, with the
 network on.
+
+What the worker builds for this (bundles, entry archives) lives in `scratch`: the last few per
+process, removed when dropped and at exit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import os
 import shlex
 import shutil
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
 from envs.base import SlotHandle
 from envs.swe_smith.model import SweInstance
+from envs.swe_smith.scratch import ScratchCache
 from temporal_rollouts.core.errors import ConfigError, TaskError
 
 BUNDLE_NAME = "repo.bundle"
 WHEELS_NAME = "wheels"
 REPOSITORY_NAME = "repo.git"
 DIGEST_CHARS = 20
+BUNDLES: ScratchCache[Path] = ScratchCache("bundle", capacity=32)
+"""Bundles made of git repositories under `repo_base_url` (a `.bundle` there is sent as it is)."""
+REPOSITORY_ENTRIES: ScratchCache[tuple[str, Path]] = ScratchCache("repo", capacity=32)
+WHEELS_ENTRIES: ScratchCache[tuple[str, Path]] = ScratchCache("wheels", capacity=4)
 
 
 def local_bundle(repo_base_url: str, repo: str) -> Path:
@@ -42,13 +48,13 @@ def local_bundle(repo_base_url: str, repo: str) -> Path:
             return bundle
         for candidate in (base / f"{name}.git", base / name):
             if (candidate / "HEAD").is_file() or (candidate / ".git").exists():
-                return _bundled(str(candidate), candidate.stat().st_mtime_ns)
+                key = (str(candidate), candidate.stat().st_mtime_ns)
+                return BUNDLES.get(key, lambda folder, repository=str(candidate): _bundled(repository, folder))
     raise TaskError(f"repository {repo!r} not found under {repo_base_url!r} (no .bundle, .git or checkout)")
 
 
-@functools.lru_cache(maxsize=32)
-def _bundled(repository: str, _stamp: int) -> Path:
-    target = Path(tempfile.mkdtemp(prefix="swe-bundle-")) / BUNDLE_NAME
+def _bundled(repository: str, folder: Path) -> Path:
+    target = folder / BUNDLE_NAME
     done = subprocess.run(
         ["git", "-C", repository, "bundle", "create", str(target), "--all"],
         capture_output=True,
@@ -63,13 +69,12 @@ def _bundled(repository: str, _stamp: int) -> Path:
 def repository_entry(bundle: Path) -> tuple[str, Path]:
     """(name, tar.gz) of the container cache entry for a bundle: `repo.git`, a bare repository with
     every ref of the bundle. The name is the bundle's digest, so equal bundles share one entry."""
-    return _repository_entry(str(bundle), bundle.stat().st_mtime_ns)
+    key = (str(bundle), bundle.stat().st_mtime_ns)
+    return REPOSITORY_ENTRIES.get(key, lambda folder: _repository_entry(str(bundle), folder))
 
 
-@functools.lru_cache(maxsize=32)
-def _repository_entry(bundle: str, _stamp: int) -> tuple[str, Path]:
+def _repository_entry(bundle: str, work: Path) -> tuple[str, Path]:
     digest = hashlib.sha256(Path(bundle).read_bytes()).hexdigest()[:DIGEST_CHARS]
-    work = Path(tempfile.mkdtemp(prefix="swe-cache-"))
     bare = work / REPOSITORY_NAME
     done = subprocess.run(
         ["git", "clone", "-q", "--mirror", bundle, str(bare)], capture_output=True, text=True, check=False
@@ -93,15 +98,14 @@ def wheels_entry(wheelhouse: str) -> tuple[str, Path]:
             f"wheelhouse {wheelhouse!r} holds no wheels: fetch the grader's pinned wheels with "
             "`python -m envs.swe_smith.build --out envs/swe_smith/data --wheels-only` (make test does it)"
         )
-    return _wheels_entry(str(wheels), stamps)
+    return WHEELS_ENTRIES.get((str(wheels), stamps), lambda folder: _wheels_entry(str(wheels), stamps, folder))
 
 
-@functools.lru_cache(maxsize=16)
-def _wheels_entry(wheelhouse: str, stamps: tuple) -> tuple[str, Path]:
+def _wheels_entry(wheelhouse: str, stamps: tuple, folder: Path) -> tuple[str, Path]:
     digest = hashlib.sha256()
     for name, _ in stamps:
         digest.update(name.encode() + b"\0" + Path(wheelhouse, name).read_bytes())
-    archive = Path(tempfile.mkdtemp(prefix="swe-cache-")) / "entry.tar.gz"
+    archive = folder / "entry.tar.gz"
     with tarfile.open(archive, mode="w:gz") as tar:
         for name, _ in stamps:
             tar.add(os.path.join(wheelhouse, name), arcname=f"{WHEELS_NAME}/{name}")

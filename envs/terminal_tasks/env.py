@@ -43,8 +43,10 @@ check must leave the workspace as it found it). The bundled checks also run thei
 ONE_SHOT_PRELUDE = "export HOME=/tmp\n"
 """A one-shot check's HOME is its own /tmp (a tmpfs of that command alone), not the agent's workspace."""
 FINGERPRINT_COMMAND = (
-    f"python3 -I -S - /workspace <<'__FINGERPRINT__'\n{Path(fingerprint.__file__).read_text()}__FINGERPRINT__\n"
+    "python3 -I -S - --read-only /workspace <<'__FINGERPRINT__'\n"
+    f"{Path(fingerprint.__file__).read_text()}__FINGERPRINT__\n"
 )
+"""Run read-only, like the check it frames: it fails (no digests) unless the workspace is mounted so."""
 OUTPUT_TAIL_CHARS = 2000
 
 
@@ -93,25 +95,33 @@ class TerminalTasksEnv(Env):
             command = _in_session(CHECK_PRELUDE + task.check)
             result = await slot.terminal_stateful(command, timeout=CHECK_TIMEOUT_S, key="check")
             return _verdict(task, result, checked_in_agent_shell=True)
-        # Nothing of the agent may run while it is checked: its terminal (and what it left running) goes first.
-        await slot.stop_terminal(key="stop-terminal")
+        # Nothing of the agent may run while it is checked: every process of the slot goes first, and the
+        # check sees the workspace read-only, so neither a leftover nor a program it runs can change it.
+        await slot.stop_processes(key="stop-processes")
         before = await _fingerprint(slot, "fingerprint-before")
-        result = await slot.exec("check", ONE_SHOT_PRELUDE + CHECK_PRELUDE + task.check, timeout_s=CHECK_TIMEOUT_S)
+        check = ONE_SHOT_PRELUDE + CHECK_PRELUDE + task.check
+        result = await slot.exec("check", check, timeout_s=CHECK_TIMEOUT_S, read_only=True)
         after = await _fingerprint(slot, "fingerprint-after")
-        unknown = before is None or after is None
-        moved = ["(fingerprint failed)"] if unknown else fingerprint.changed(before, after)
-        return _verdict(task, result, workspace_changed=moved)
+        if isinstance(before, str) or isinstance(after, str):
+            blind = before if isinstance(before, str) else after
+            return _verdict(task, result, workspace_changed=["(fingerprint failed)"], fingerprint_failed=blind)
+        return _verdict(task, result, workspace_changed=fingerprint.changed(before, after))
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
         return self.task(item).turns()
 
 
-async def _fingerprint(slot: SlotHandle, key: str) -> dict[str, str] | None:
-    result = await slot.exec(key, FINGERPRINT_COMMAND, timeout_s=CHECK_TIMEOUT_S)
-    try:
-        return json.loads(result.output) if result.ok else None
-    except ValueError:
-        return None
+async def _fingerprint(slot: SlotHandle, key: str) -> dict[str, str] | str:
+    """The workspace's digests, or why there are none (the check then fails: see `fingerprint`)."""
+    result = await slot.exec(key, FINGERPRINT_COMMAND, timeout_s=CHECK_TIMEOUT_S, read_only=True)
+    if result.ok:
+        try:
+            prints = json.loads(result.output)
+        except ValueError:
+            prints = None
+        if isinstance(prints, dict) and all(isinstance(v, str) for v in prints.values()):
+            return prints
+    return (result.output.strip() or f"exit {result.exit_code}")[-OUTPUT_TAIL_CHARS:]
 
 
 def _verdict(
@@ -120,6 +130,7 @@ def _verdict(
     *,
     workspace_changed: Sequence[str] = (),
     checked_in_agent_shell: bool = False,
+    fingerprint_failed: str | None = None,
 ) -> Verdict:
     solved = result.exit_code == 0 and not result.timed_out and not workspace_changed
     details: dict[str, Any] = {
@@ -130,6 +141,8 @@ def _verdict(
     }
     if workspace_changed:
         details["workspace_changed"] = list(workspace_changed)[:20]
+    if fingerprint_failed is not None:
+        details["fingerprint_failed"] = fingerprint_failed
     if checked_in_agent_shell:
         details["checked_in_agent_shell"] = True
     return Verdict(score=1.0 if solved else 0.0, details=details)

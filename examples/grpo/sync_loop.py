@@ -5,7 +5,10 @@ weights served as the next version, repeat, with the reward printed at every ste
 
 It starts what a user would: the CPU policy server, and `python worker.py` on its own
 embedded dev server and local sandbox (ports and data folder of its own, under --out),
-with the server as the token-level `sglang` policy `cpu`. Each step runs one
+with the server as the token-level `sglang` policy `cpu`. The server has a key of its own
+(drawn here, handed over in the environment variable `POLICY_KEY_ENV`, sent by the worker
+and by this script) and loads weights only from --out/checkpoints, so no other local
+process can read its requests or swap the weights a step is labelled with. Each step runs one
 `BatchWorkflow` of `write_word` rollouts (one model turn each), reads the scored groups
 from the batch's JSONL, trains `train_step` on them and publishes the weights with
 `save_and_publish`. The next batch starts only once the server serves them, so every
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -33,7 +37,7 @@ import torch
 
 from envs import get_env
 from examples.grpo.trainer import load_policy, save_and_publish, train_step
-from temporal_rollouts.cli.main import start_batch
+from temporal_rollouts.client.batches import start_batch
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits, Sampling
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.services import wait_for_port
@@ -43,6 +47,7 @@ from temporal_rollouts.sinks.jsonl import read_groups
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
+POLICY_KEY_ENV = "GRPO_POLICY_KEY"
 
 
 def free_port() -> int:
@@ -58,6 +63,7 @@ def stack_environment(out: Path, server_url: str, slots: int) -> dict[str, str]:
         "base_url": server_url,
         "tokenizer": str(out / "tokenizer"),
         "tool_call_parser": "hermes",
+        "api_key_env": POLICY_KEY_ENV,
     }
     return {
         "ROLLOUTS_DATA_DIR": str(out / "rollouts"),
@@ -81,6 +87,7 @@ class Stack:
         self.server_url = f"http://{HOST}:{self.port}"
         shared = stack_environment(out, self.server_url, slots)
         os.environ.update(shared)
+        self.key = os.environ.setdefault(POLICY_KEY_ENV, secrets.token_urlsafe(32))
         self.settings = Settings()
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.processes: list[subprocess.Popen] = []
@@ -103,6 +110,10 @@ class Stack:
                 str(self.out / "tokenizer"),
                 "--threads",
                 str(self.threads),
+                "--api-key-env",
+                POLICY_KEY_ENV,
+                "--weights-dir",
+                str(self.out / "checkpoints"),
             ],
             server_log,
         )
@@ -140,10 +151,11 @@ class Stack:
             await backend.stop_container(container.container_id)
 
 
-def served_versions(server_url: str) -> set[str]:
+def served_versions(server_url: str, key: str) -> set[str]:
     """The weight versions the server reports for the requests since the last call, then forgets them."""
-    records = httpx.get(f"{server_url}/requests", timeout=60).raise_for_status().json()
-    httpx.post(f"{server_url}/requests/reset", timeout=60).raise_for_status()
+    headers = {"Authorization": f"Bearer {key}"}
+    records = httpx.get(f"{server_url}/requests", headers=headers, timeout=60).raise_for_status().json()
+    httpx.post(f"{server_url}/requests/reset", headers=headers, timeout=60).raise_for_status()
     return {record["weight_version"] for record in records}
 
 
@@ -155,7 +167,7 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
     task_count = get_env("write_word").item_count()
     settings, server_url = stack.settings, stack.server_url
     client = await connect(settings, start_embedded=False)
-    served_versions(server_url)
+    served_versions(server_url, stack.key)
     for step in range(1, args.steps + 1):
         started = time.monotonic()
         batch = BatchInput(
@@ -172,14 +184,14 @@ async def run(args: argparse.Namespace, out: Path, stack: Stack) -> None:
         handle = await start_batch(client, settings, batch, f"grpo-sync-{out.name}-{step:03d}-{int(time.time())}")
         result: BatchResult = await handle.result()
         rolled = time.monotonic()
-        versions = served_versions(server_url)
+        versions = served_versions(server_url, stack.key)
         expected = "default" if step == 1 else str(step - 1)
         if versions != {expected}:
             raise RuntimeError(f"step {step}: tokens from versions {sorted(versions)}, expected only {expected}")
         groups = read_groups(Path(result.output)) if result.output else []
         stats = train_step(model, optimizer, groups, clip=args.clip)
         trained = time.monotonic()
-        save_and_publish(model, out / "checkpoints", step, server_url)
+        save_and_publish(model, out / "checkpoints", step, server_url, api_key=stack.key)
         published = time.monotonic()
         curve.append(stats.mean_reward)
         print(

@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -267,6 +268,7 @@ def train_from_door(args: argparse.Namespace) -> None:
     from temporal_rollouts.door.client import DoorClient
 
     torch.set_num_threads(args.threads)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     model = load_policy(args.weights)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     with DoorClient(args.door) as door:
@@ -277,7 +279,7 @@ def train_from_door(args: argparse.Namespace) -> None:
             groups, stale = fresh_groups(batch.groups)
             stats = train_step(model, optimizer, groups, clip=args.clip, current_version=version)
             stats.stale_skipped = stale
-            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=args.api_key)
+            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=api_key)
             batch.ack()  # after the server serves the new weights: the run counts versions by acknowledgements
             report(step, stats, args.stats)
             version = step
@@ -297,6 +299,7 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
     from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 
     torch.set_num_threads(args.threads)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     model = load_policy(args.weights)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     async with TrajectoryApi(args.run_api) as api:
@@ -313,7 +316,7 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
         for step in range(args.first_step, args.first_step + args.steps):
             batch = await pull_batch(api)
             stats = train_step(model, optimizer, batch, clip=args.clip)
-            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=args.api_key)
+            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=api_key)
             report(step, stats, args.stats)
 
 
@@ -324,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lease-s", type=float, default=600.0, help="how long a batch is leased to this trainer")
     parser.add_argument("--run-api", default="http://127.0.0.1:8000", help="Atropos' trajectory API (without --door)")
     parser.add_argument("--policy-server", default="http://127.0.0.1:30000", help="the CPU generate server")
-    parser.add_argument("--api-key", default=None, help="the policy server's bearer token, if it has one")
+    parser.add_argument(
+        "--api-key-env", default=None, metavar="NAME", help="the environment variable holding the policy server's key"
+    )
     parser.add_argument("--checkpoints", type=Path, default=Path("runs/grpo/checkpoints"))
     parser.add_argument("--weights", type=Path, default=None, help="start from this checkpoint (default: the GGUF)")
     parser.add_argument("--first-step", type=int, default=1, help="the version the first update publishes")

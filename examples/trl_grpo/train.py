@@ -109,15 +109,15 @@ def score_reward(completions: list, score: list[float], **kwargs: Any) -> list[f
 class PublishAndAcknowledge(TrainerCallback):
     """After each optimizer step: the weights served as version `step`, then the batch acknowledged."""
 
-    def __init__(self, rollouts: DoorRollouts, policy_url: str, out: Path) -> None:
-        self.rollouts, self.policy_url, self.out = rollouts, policy_url, out
+    def __init__(self, rollouts: DoorRollouts, policy_url: str, policy_key: str | None, out: Path) -> None:
+        self.rollouts, self.policy_url, self.policy_key, self.out = rollouts, policy_url, policy_key, out
         self.rewards: list[float] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs) -> None:
         batch = self.rollouts.batch
         assert batch is not None and model is not None
         step = state.global_step
-        save_and_publish(model, self.out / "checkpoints", step, self.policy_url)
+        save_and_publish(model, self.out / "checkpoints", step, self.policy_url, api_key=self.policy_key)
         batch.ack()
         self.rollouts.version = step
         reward = statistics.fmean(batch.scores)
@@ -174,10 +174,10 @@ def trl_config(args: argparse.Namespace, out: Path) -> GRPOConfig:
 def train(args: argparse.Namespace, out: Path, stack: Stack) -> dict:
     import asyncio
 
+    from temporal_rollouts.client.training import start_feed
     from temporal_rollouts.core.feed import FeedInput
     from temporal_rollouts.core.records import RolloutLimits, Sampling
     from temporal_rollouts.runtime.temporal import connect
-    from workflows.feed import TrainingFeedWorkflow
 
     door_url = stack.start_door()
     run = f"trl-grpo-{uuid.uuid4().hex[:6]}"
@@ -194,9 +194,7 @@ def train(args: argparse.Namespace, out: Path, stack: Stack) -> dict:
 
     async def start() -> None:
         client = await connect(stack.settings, start_embedded=False)
-        await client.start_workflow(
-            TrainingFeedWorkflow.run, feed, id=run, task_queue=stack.settings.temporal.task_queue
-        )
+        await start_feed(client, stack.settings, run, feed)
 
     asyncio.run(start())
     torch.set_num_threads(args.threads)
@@ -206,7 +204,7 @@ def train(args: argparse.Namespace, out: Path, stack: Stack) -> dict:
     prompts = Dataset.from_dict({"prompt": [f"(group {i}: the door's run decides)" for i in range(args.steps * 64)]})
     with DoorClient(door_url) as door:
         rollouts = DoorRollouts(door, run)
-        callback = PublishAndAcknowledge(rollouts, stack.server_url, out)
+        callback = PublishAndAcknowledge(rollouts, stack.server_url, stack.key, out)
         trainer = GRPOTrainer(
             model=trainable_policy(),
             reward_funcs=score_reward,

@@ -1,73 +1,28 @@
-"""`rollouts envs`, and how every command that names an env finds the envs the workers know.
+"""`rollouts envs`, and the lines a command prints about the env it names (client/envs.py finds them).
 
-The CLI loads the same sources as a worker (`envs.sources`: the bundled envs, installed
-packages' entry points, the settings' `env_modules` and `--env-module`). A name it still does
-not know may be one a worker knows (a worker started with another `--env-module`, on another
-machine with other packages), so it is not refused here: the batch's first step checks it on
-the worker, and a one-line notice says so.
+The CLI loads the same sources as a worker. A name it still does not know may be one a worker
+knows, so it is not refused: a one-line notice says the batch's first step checks it on the worker.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
-from typing import Any
 
+from temporal_rollouts.client.envs import load_envs, unknown_env_note
 from temporal_rollouts.core.settings import Settings
 
-_reported: set[str] = set()
 
-
-def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--env-module",
-        action="append",
-        dest="env_modules",
-        metavar="MODULE",
-        help="also load the envs of this module (a name on the import path, or a .py file); repeatable, "
-        "adds to settings env_modules",
-    )
-
-
-def load_envs(settings: Settings) -> None:
-    """Load every env source the settings name; each one that fails is one line on stderr, once."""
-    from envs.sources import load_env_sources
-
-    problems = load_env_sources(settings.env_modules)
-    for problem in problems:
-        if problem.source not in _reported:
-            _reported.add(problem.source)
-            print(f"warning: {problem.line()}", file=sys.stderr)
-
-
-def env_is_known(name: str, settings: Settings) -> bool:
-    """True when this process knows the env `name`; otherwise a one-line notice that the worker will check it."""
-    from envs.registry import env_names
-
-    load_envs(settings)
-    names = env_names()
-    if name in names:
-        return True
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else f" (known here: {', '.join(names)})"
-    print(
-        f"note: env {name!r} is not known to this command{hint}; the batch's first step checks it on the worker",
-        file=sys.stderr,
-    )
-    return False
-
-
-def add_parser(sub: Any) -> None:
-    envs = sub.add_parser(
-        "envs",
-        help="every env, with where it comes from (bundled, a package's entry point, a module)",
-        description="Every env this machine's settings load: bundled, installed packages' entry points "
-        "(group temporal_rollouts.envs) and env_modules. Exits 1 when a source failed to load.",
-    )
-    add_env_module_flag(envs)
-    envs.add_argument("--json", action="store_true", help="one JSON object: envs and the sources that failed")
+def note_unknown_env(name: str, settings: Settings) -> bool:
+    """True when this process knows the env `name`; otherwise a one-line notice that the worker will check it
+    (and, once each, a line for every env source that failed to load)."""
+    for line in load_envs(settings):
+        print(f"warning: {line}", file=sys.stderr)
+    note = unknown_env_note(name)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
+    return note is None
 
 
 async def cmd_envs(args: argparse.Namespace, settings: Settings) -> int:

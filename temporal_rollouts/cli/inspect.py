@@ -1,6 +1,6 @@
 """`rollouts show`, `export`, `list` and `cancel`: read what agents did, and stop a batch.
 
-Everything here reads through temporal_rollouts/cli/records.py, which joins a
+Everything here reads through temporal_rollouts/client/records.py, which joins a
 rollout's result in Temporal with its conversation in the object store; these functions
 only print. Text output is for people (tool results cut to a readable length); `--json`
 and `export` give everything.
@@ -9,44 +9,29 @@ and `export` give everything.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
-
+from temporal_rollouts.cli.list_rollouts import cmd_list_rollouts, refuse_filters_without_a_batch
+from temporal_rollouts.cli.screen import Column, screen_width, table_lines, when
+from temporal_rollouts.client.batches import cancel_batch
+from temporal_rollouts.client.connection import inspection_client
+from temporal_rollouts.client.exports import export_batch
+from temporal_rollouts.client.records import (
+    BatchSummary,
+    RolloutRecord,
+    RolloutResult,
+    list_batches,
+    load_rollout,
+    rollout_branches,
+)
+from temporal_rollouts.core.defaults import BATCHES_LISTED
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.list_rollouts import add_filter_arguments, cmd_list_rollouts, refuse_filters_without_a_batch
-from temporal_rollouts.cli.records import (
-    RolloutRecord,
-    batch_rollout_ids,
-    list_batches,
-    load_rollout,
-    require_workflow,
-    rollout_branches,
-)
-from temporal_rollouts.cli.rollout_rows import MAX_ROLLOUTS
-from temporal_rollouts.runtime.temporal import connect
-from temporal_rollouts.storage.objects import object_client
-from temporal_rollouts.storage.transcripts import TranscriptStore
 
 TOOL_RESULT_CHARS = 800
 """A tool result longer than this is shown as its head and tail in `rollouts show`."""
-BATCHES_LISTED = 20
-"""Batches `rollouts list` shows unless --limit says otherwise."""
-EXPORT_CONCURRENCY = 16
-"""Rollouts `rollouts export` reads at once (each is a describe, a result and a transcript walk)."""
-
-
-async def inspection_client(settings: Settings) -> tuple[Client, TranscriptStore]:
-    """A client that never starts a server (reading must not bring one up) and the transcript store."""
-    objects = object_client(settings)
-    client = await connect(settings, objects=objects, start_embedded=False)
-    return client, TranscriptStore(objects, settings.storage.bucket)
 
 
 def cut(text: str, limit: int = TOOL_RESULT_CHARS) -> str:
@@ -86,11 +71,15 @@ def format_rollout(record: RolloutRecord) -> str:
     if result is None:
         out.append("no result recorded (the run left no state)")
         return "\n".join(out)
-    stop = result.stop_reason.value + (f": {result.stop_detail}" if result.stop_detail else "")
-    out.append(f"stop reason  {stop}")
-    out.append(
-        f"score        {result.score:g}" + ("" if result.stop_reason.scored else "  (not scored: the rollout failed)")
-    )
+    if result.stop_reason is None:  # running: it has neither yet
+        step = f" ({record.phase})" if record.phase else ""
+        out.append(f"stop reason  - (still running{step})")
+        out.append("score        - (not scored yet)")
+    else:
+        out.append(
+            f"stop reason  {result.stop_reason.value}" + (f": {result.stop_detail}" if result.stop_detail else "")
+        )
+        out.append(f"score        {not_scored(result) if result.score is None else f'{result.score:g}'}")
     out.append(f"turns        {result.turns}, tool calls {result.tool_calls}, tool errors {len(result.tool_errors)}")
     for error in result.tool_errors:
         out.append(f"  turn {error.turn} {error.tool_name}({error.arguments}): {error.error}")
@@ -99,6 +88,11 @@ def format_rollout(record: RolloutRecord) -> str:
     if result.timings:
         out.append("timings (s)  " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()))
     return "\n".join(out)
+
+
+def not_scored(result: RolloutResult) -> str:
+    """What a closed rollout without a score shows where a score would be: never a 0."""
+    return f"- (not scored: the rollout {'failed' if result.failed else 'ended without one'})"
 
 
 def _tree_lines(record: RolloutRecord) -> list[str]:
@@ -123,36 +117,15 @@ async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     record = await load_rollout(client, transcripts, args.rollout_id)
     record.branches = await rollout_branches(client, args.rollout_id)
     if args.json:
-        print(record.model_dump_json(exclude_none=True))
+        print(json.dumps(record.shown()))
     else:
         print(format_rollout(record))
     return 0
 
 
-async def export_batch(client: Client, transcripts: TranscriptStore, batch_id: str, output: Path) -> dict[str, Any]:
-    """Every rollout of a batch, failed ones included, one JSON object a line."""
-    await require_workflow(client, batch_id, "BatchWorkflow")
-    ids = await batch_rollout_ids(client, batch_id)
-    reading = asyncio.Semaphore(EXPORT_CONCURRENCY)
-
-    async def load(rollout: str) -> RolloutRecord:
-        async with reading:
-            return await load_rollout(client, transcripts, rollout)
-
-    records = await asyncio.gather(*(load(rollout) for rollout in ids))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(record.model_dump_json(exclude_none=True) + "\n")
-    statuses: dict[str, int] = {}
-    for record in records:
-        statuses[record.status] = statuses.get(record.status, 0) + 1
-    return {"batch_id": batch_id, "output": str(output), "rollouts": len(records), "statuses": statuses}
-
-
 def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
     """The Atropos viewer's HTML (atroposlib's jsonl2html): one group per item, one entry per
-    rollout, failed ones included (scored 0, their stop reason in the text)."""
+    rollout, failed ones included (their reward reads "not scored", their stop reason is in the text)."""
     try:
         from atroposlib.frontend.jsonl2html import generate_html
     except ImportError as err:
@@ -163,7 +136,8 @@ def write_atropos_html(records: list[RolloutRecord], output: Path) -> Path:
         group = groups.setdefault(item, {"messages": [], "scores": []})
         text = format_rollout(record).replace("```", "` ` `")  # a fenced block: agent text is never read as HTML
         group["messages"].append(f"```text\n{text}\n```")
-        group["scores"].append(record.result.score if record.result else 0.0)
+        score = record.result.score if record.result else None
+        group["scores"].append("not scored" if score is None else score)
     groups_path = output.with_suffix(".groups.jsonl")
     groups_path.write_text("".join(json.dumps(group) + "\n" for group in groups.values()), encoding="utf-8")
     html_path = output.with_suffix(".html")
@@ -201,31 +175,51 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if not batches:
         print(f"no batches on {settings.temporal_address} (namespace {settings.temporal.namespace})")
         return 0
-    print(
-        f"{'batch':<36} {'status':<11} {'env':<15} {'policy':<12} {'total':>5} {'done':>5} {'failed':>6} "
-        f"{'running':>7} {'score':>6}  started"
-    )
-    for b in batches:
-
-        def num(value: int | None) -> str:
-            return "-" if value is None else str(value)
-
-        score = "-" if b.mean_score is None else f"{b.mean_score:.2f}"
-        started = b.started_at.strftime("%Y-%m-%d %H:%M:%S") if b.started_at else "-"
-        print(
-            f"{b.batch_id:<36} {b.outcome:<11} {b.env or '-':<15} {b.policy or '-':<12} {num(b.total):>5} "
-            f"{num(b.completed):>5} {num(b.failed):>6} {num(b.running):>7} {score:>6}  {started}"
-        )
+    print("\n".join(batch_lines(batches, screen_width())))
     return 0
+
+
+BATCH_COLUMNS = [
+    Column("batch"),
+    Column("status"),
+    Column("done", right=True),
+    Column("failed", right=True),
+    Column("score", right=True),
+    Column("started"),
+    Column("running", right=True, optional=True),
+    Column("env", optional=True),
+    Column("policy", optional=True),
+]
+
+
+def batch_lines(batches: list[BatchSummary], width: int | None) -> list[str]:
+    """`rollouts list`: a row per batch (done: rollouts scored or failed, of all), and under a running
+    batch whose rollouts wait on retries, why."""
+
+    def num(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [
+        (
+            b.batch_id,
+            b.outcome,
+            "-" if b.total is None else f"{(b.completed or 0) + (b.failed or 0)}/{b.total}",
+            num(b.failed),
+            "-" if b.mean_score is None else f"{b.mean_score:.2f}",
+            when(b.started_at),
+            num(b.running),
+            b.env or "-",
+            b.policy or "-",
+        )
+        for b in batches
+    ]
+    return table_lines(BATCH_COLUMNS, rows, width, [[f"  ! {note}" for note in b.retrying] for b in batches])
 
 
 async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel a batch: its running rollouts are cancelled too, and each releases its slot on the way out."""
     client, _ = await inspection_client(settings)
-    described = await require_workflow(client, args.batch_id, "BatchWorkflow")
-    if described.status != WorkflowExecutionStatus.RUNNING:
-        raise ConfigError(f"batch {args.batch_id} is not running (it is {described.status.name.lower()})")
-    await client.get_workflow_handle(args.batch_id).cancel()
+    await cancel_batch(client, args.batch_id)
     message = {"batch_id": args.batch_id, "status": "cancel_requested"}
     print(
         json.dumps(message)
@@ -233,83 +227,3 @@ async def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         else f"cancelling {args.batch_id}: its running rollouts stop and give their slots back"
     )
     return 0
-
-
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    show = sub.add_parser("show", help="a rollout's conversation, tool calls, results, stop reason, score and timings")
-    show.add_argument(
-        "rollout_id", help="e.g. batch-terminal_tasks-1a2b3c4d/item-0/g1 (`rollouts list BATCH_ID` lists them)"
-    )
-    show.add_argument("--json", action="store_true", help="the whole record as one JSON object")
-
-    export = sub.add_parser("export", help="every rollout of a batch, failed ones included, as JSONL")
-    export.add_argument("batch_id")
-    export.add_argument(
-        "--output", default=None, help="JSONL path (default: <data_dir>/exports/<batch id>.rollouts.jsonl)"
-    )
-    export.add_argument(
-        "--html", action="store_true", help="also write the Atropos viewer's HTML beside it (needs the rl extra)"
-    )
-    export.add_argument("--json", action="store_true", help="print a JSON summary")
-
-    listing = sub.add_parser(
-        "list",
-        help="batches, newest first, with their counts; or the rollouts of one batch",
-        description="Without BATCH_ID: batches, newest first, with their counts. With it: the "
-        "rollouts of that batch or training run (ids for `rollouts show`), filtered.",
-    )
-    listing.add_argument(
-        "batch_id",
-        nargs="?",
-        default=None,
-        metavar="BATCH_ID",
-        help="list this batch's (or training run's) rollouts instead",
-    )
-    listing.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help=f"how many batches (default {BATCHES_LISTED}) or rollouts (default {MAX_ROLLOUTS})",
-    )
-    add_filter_arguments(listing)
-    listing.add_argument("--json", action="store_true")
-
-    view = sub.add_parser(
-        "view", help="a local web page of batches, rollouts and trajectories", formatter_class=DefaultsHelpFormatter
-    )
-    view.add_argument("--host", default="127.0.0.1", help="address to bind (the page has no login: keep it local)")
-    view.add_argument("--port", type=int, default=8300)
-    view.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the page is reached by (repeatable); it refuses every other Host header",
-    )
-
-    cancel = sub.add_parser("cancel", help="cancel a running batch; its rollouts release their slots")
-    cancel.add_argument("batch_id")
-    cancel.add_argument("--json", action="store_true")
-
-
-async def cmd_view(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve the web page of temporal_rollouts/view until Ctrl-C."""
-    import uvicorn
-
-    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
-    from temporal_rollouts.view.app import create_app
-
-    client, transcripts = await inspection_client(settings)
-    origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
-    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts))
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    print(
-        f"rollouts view: http://{args.host}:{args.port}/  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
-        f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
-        flush=True,
-    )
-    await uvicorn.Server(config).serve()
-    return 0
-
-
-COMMANDS = {"show": cmd_show, "export": cmd_export, "list": cmd_list, "cancel": cmd_cancel, "view": cmd_view}

@@ -1,4 +1,4 @@
-"""`rollouts list BATCH_ID`: the rollouts of a batch or training run, filtered as the web page filters them.
+"""`rollouts list ID`: the rollouts of a batch, a training run or a fork, filtered as the web page filters them.
 
 The ids it prints are the ones `rollouts show` and `rollouts resume` take, so nobody has to
 guess their format. Text for people; `--json` gives the rows (turns included) as one array.
@@ -11,33 +11,12 @@ import json
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.rollout_rows import (
-    MAX_ROLLOUTS,
-    RolloutFilter,
-    RolloutRow,
-    list_rollouts,
-    read_outcomes,
-)
+from temporal_rollouts.cli.screen import Column, screen_width, table_lines
+from temporal_rollouts.client.rollout_rows import RolloutFilter, RolloutRow, rollouts_of
+from temporal_rollouts.core.defaults import ROLLOUTS_LISTED
 from temporal_rollouts.core.errors import ConfigError
 
-LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow")
 FILTER_FLAGS = ("status", "stop_reason", "min_score", "max_score")
-
-
-def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--status", default=None, help="with a BATCH_ID: running, completed, failed, canceled, terminated or timed_out"
-    )
-    parser.add_argument(
-        "--stop-reason", default=None, help="with a BATCH_ID: e.g. completed, max_turns, model_rejected"
-    )
-    parser.add_argument(
-        "--min-score", type=float, default=None, help="with a BATCH_ID: scored rollouts from this score"
-    )
-    parser.add_argument(
-        "--max-score", type=float, default=None, help="with a BATCH_ID: scored rollouts up to this score"
-    )
 
 
 def wanted_rollouts(args: argparse.Namespace) -> RolloutFilter:
@@ -52,8 +31,16 @@ def refuse_filters_without_a_batch(args: argparse.Namespace) -> None:
         )
 
 
-def format_rows(rows: list[RolloutRow]) -> list[str]:
-    header = ("rollout", "status", "stop reason", "score", "turns")
+ROW_COLUMNS = [
+    Column("rollout"),
+    Column("status"),
+    Column("stop reason"),
+    Column("score", right=True),
+    Column("turns", right=True, optional=True),
+]
+
+
+def format_rows(rows: list[RolloutRow], width: int | None = None) -> list[str]:
     cells = [
         (
             row.rollout_id,
@@ -64,28 +51,12 @@ def format_rows(rows: list[RolloutRow]) -> list[str]:
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
-
-    def line(values: tuple[str, ...]) -> str:
-        left = "  ".join(value.ljust(width) for value, width in zip(values[:3], widths[:3], strict=True))
-        right = "  ".join(value.rjust(width) for value, width in zip(values[3:], widths[3:], strict=True))
-        return f"{left}  {right}"
-
-    return [line(header), *(line(values) for values in cells)]
+    return table_lines(ROW_COLUMNS, cells, width)
 
 
 async def cmd_list_rollouts(client: Client, args: argparse.Namespace) -> int:
-    described = await describe_or_none(client, args.batch_id)
-    if described is None:
-        raise ConfigError(f"no batch with id {args.batch_id!r} (see `rollouts list`)")
-    if described.workflow_type not in LISTED_TYPES:
-        raise ConfigError(f"{args.batch_id!r} is a {described.workflow_type}, not a batch or a training run")
     wanted = wanted_rollouts(args)
-    rows = await list_rollouts(client, args.batch_id, wanted, limit=args.limit or MAX_ROLLOUTS)
-    outcomes = await read_outcomes(client, rows)
-    for row in rows:
-        if (outcome := outcomes.get(row.rollout_id)) is not None:
-            row.turns = outcome.turns
+    rows = await rollouts_of(client, args.batch_id, wanted, limit=args.limit or ROLLOUTS_LISTED)
     if args.json:
         print(json.dumps([row.model_dump(mode="json") for row in rows]))
         return 0
@@ -95,7 +66,7 @@ async def cmd_list_rollouts(client: Client, args: argparse.Namespace) -> int:
     if not rows:
         print(f"no rollouts of {args.batch_id}" + (f" with {shown}" if shown else ""))
         return 0
-    print("\n".join(format_rows(rows)))
+    print("\n".join(format_rows(rows, screen_width())))
     print(
         f"{len(rows)} rollout{'s' if len(rows) != 1 else ''} of {args.batch_id}"
         + (f" with {shown}" if shown else "")

@@ -2,157 +2,72 @@
 
 Everything here can also be done with the `temporal` CLI or the Temporal UI: a batch
 is a `BatchWorkflow` on task queue `rollouts` started with plain JSON input. The parser,
-the batch and server commands live here; cli_progress.py (the progress display, status,
-exit codes), cli_resume.py and cli_inspect.py (show, export, list, cancel, view) hold the rest.
+the batch and server commands live here; progress.py (the progress display, status),
+resume.py, inspect.py (show, export, list, cancel), train.py and fork.py hold the rest,
+and parsers.py the flags of theirs. The work is the control layer's (temporal_rollouts/client/);
+a command gives it flags and words what comes back. Each command imports what it uses when
+it runs, so that `rollouts --help` and a usage error answer at once (bench/cli_help.py).
+`rollouts view`, `rollouts policy serve` and `rollouts train serve` run programs of their own in this one's place.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-import time
-import uuid
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
 
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError, RPCStatusCode
-
-from temporal_rollouts.cli import envs as cli_envs
-from temporal_rollouts.cli import fork as cli_fork
-from temporal_rollouts.cli import inspect as cli_inspect
-from temporal_rollouts.cli import train as cli_train
-from temporal_rollouts.cli import versions as cli_versions
-from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
-from temporal_rollouts.cli.progress import (  # noqa: F401  (re-exported: the exit codes and status are the CLI's)
+from temporal_rollouts.cli import parsers
+from temporal_rollouts.core import defaults  # plain values, importing nothing
+from temporal_rollouts.runtime.exit_codes import (  # noqa: F401  (re-exported: the exit codes are the CLI's)
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_PIPE_CLOSED,
     EXIT_USAGE,
     batch_exit_code,
-    batch_status,
-    finish,
-    format_status,
+    exit_flushed,
     status_exit_code,
 )
-from temporal_rollouts.cli.records import describe_or_none
-from temporal_rollouts.cli.resume import cmd_resume
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.errors import InvalidInput, RolloutError
-from temporal_rollouts.core.inputs import parse_input
-from temporal_rollouts.core.records import BatchInput
-from temporal_rollouts.core.settings import DEMO_POLICY, Settings
-from temporal_rollouts.runtime.config import load_settings, with_env_modules
-from temporal_rollouts.runtime.temporal import connect
+from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `rollouts --help` imports none of it
+    from rich.console import Console
+    from temporalio.client import Client
+
+    from temporal_rollouts.core.records import BatchInput
+    from temporal_rollouts.core.settings import Settings
 
 DEMO_ENV = "terminal_tasks"
 
 
-def resolve_policy(settings: Settings, policy: str | None) -> str:
-    """The policy a batch runs on, decided here when it starts: the CLI's own `default_policy`
-    when none is named, checked against the CLI's settings (the worker resolves the name to an
-    endpoint, so no URL secret or key enters the workflow)."""
-    name = policy or settings.default_policy
-    settings.policy_endpoint(name)  # raises ConfigError naming the known policies
-    return name
-
-
 def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
-    limits = {"max_turns": args.max_turns} if args.max_turns else {}
-    known = cli_envs.env_is_known(args.env, settings)  # unknown here: the worker checks it in the first step
+    from temporal_rollouts.cli.envs import note_unknown_env
+    from temporal_rollouts.client.batches import batch_input
+
+    known = note_unknown_env(args.env, settings)  # unknown here: the worker checks it in the first step
     fields = {
         "env": args.env,
         "num_items": args.items,
         "group_size": args.group_size,
         "item_offset": args.offset,
         "cycle_items": args.cycle,
-        "policy": resolve_policy(settings, args.policy),
-        "limits": limits,
+        "policy": args.policy,
+        "limits": {"max_turns": args.max_turns} if args.max_turns else {},
         "max_concurrency": args.max_concurrency,
         "start_rate": args.start_rate,
         "output": args.output,
-        "env_config": _json_option("--env-config", args.env_config) if args.env_config else {},
+        "env_config": parsers.json_flag("--env-config", args.env_config) if args.env_config else {},
     }
-    batch = parse_input(BatchInput, fields, "BatchWorkflow")  # the same checks and words as the workflow's own
-    if known:
-        _check_items(batch)
-    return batch
-
-
-def _check_items(batch: BatchInput) -> None:
-    """The batch's first step checks this too; here it is refused before anything starts."""
-    from activities.envs import check_items_fit
-    from envs.registry import get_env
-
-    item_count = get_env(batch.env, batch.env_config).item_count()
-    check_items_fit(batch.env, item_count, batch.num_items, batch.item_offset, batch.cycle_items)
-
-
-def _json_option(flag: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
-
-
-async def start_batch(
-    client: Client, settings: Settings, batch: BatchInput, batch_id: str | None = None
-) -> WorkflowHandle:
-    from workflows.batch import BatchWorkflow
-
-    if batch.branch is not None:  # its rollouts carry RolloutForkedFrom, which an older server may lack
-        from temporal_rollouts.runtime.registration import add_missing_search_attributes
-
-        await add_missing_search_attributes(client, settings.temporal.namespace)
-    attributes = [SearchAttributePair(sa.ENV, batch.env)]
-    if batch.policy:
-        attributes.append(SearchAttributePair(sa.POLICY, batch.policy))
-    workflow_id = batch_id or f"batch-{batch.env}-{uuid.uuid4().hex[:8]}"
-
-    async def start() -> WorkflowHandle:
-        return await client.start_workflow(
-            BatchWorkflow.run,
-            batch,
-            id=workflow_id,
-            task_queue=settings.temporal.task_queue,
-            search_attributes=TypedSearchAttributes(attributes),
-        )
-
-    try:
-        return await start()
-    except RPCError as err:
-        if err.status != RPCStatusCode.INVALID_ARGUMENT or "search attribute" not in err.message.lower():
-            raise
-        from temporal_rollouts.runtime.registration import add_missing_search_attributes
-
-        if not await add_missing_search_attributes(client, settings.temporal.namespace):
-            raise
-        return await start()
+    return batch_input(fields, settings, env_known=known)
 
 
 async def _warn_without_worker(client: Client, settings: Settings, console: Console) -> None:
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporal_rollouts.client.batches import worker_is_polling
 
-    try:
-        described = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=settings.temporal.namespace,
-                task_queue=TaskQueue(name=settings.temporal.task_queue),
-                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-            )
-        )
-    except RPCError:
-        return
-    if not described.pollers:
+    if not await worker_is_polling(client, settings):
         console.print(
             f"[yellow]no worker polls task queue {settings.temporal.task_queue!r}: "
             "start one with `python worker.py`[/yellow]"
@@ -160,9 +75,18 @@ async def _warn_without_worker(client: Client, settings: Settings, console: Cons
 
 
 async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.client.batches import start_batch
+    from temporal_rollouts.client.connection import command_client
+    from temporal_rollouts.core.settings import DEMO_POLICY
+
     console = Console(stderr=args.json)
     batch = _batch_input(args, settings)  # a bad input is refused before anything is started or connected
-    client = await connect(settings)
+    client = await command_client(settings)
     if settings.embedded and batch.policy == DEMO_POLICY:
         # `rollouts server stop` stopped it with the server; bring both back, not only the server
         from temporal_rollouts.runtime.services import ensure_demo_policy
@@ -180,30 +104,50 @@ async def cmd_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect(settings, start_embedded=False)
+    from temporal_rollouts.cli.progress import format_status
+    from temporal_rollouts.cli.screen import screen_width
+    from temporal_rollouts.cli.train import format_feed
+    from temporal_rollouts.client.batches import batch_status
+    from temporal_rollouts.client.connection import command_client
+    from temporal_rollouts.client.records import describe_or_none
+    from temporal_rollouts.client.training import FEED, feed_status
+
+    client = await command_client(settings, start_embedded=False)
     described = await describe_or_none(client, args.batch_id)
-    if described is not None and described.workflow_type == cli_train.FEED:  # a training run: its own figures
-        status = await cli_train.feed_status(client, args.batch_id)
-        print(status.model_dump_json() if args.json else cli_train.format_feed(status))
+    if described is not None and described.workflow_type == FEED:  # a training run: its own figures
+        status = await feed_status(client, args.batch_id)
+        print(status.model_dump_json() if args.json else format_feed(status, screen_width()))
         return 0
     data = await batch_status(client, args.batch_id)
-    print(json.dumps(data) if args.json else format_status(data))
+    print(json.dumps(data) if args.json else format_status(data, screen_width()))
     return status_exit_code(data)
 
 
 def demo_batch(args: argparse.Namespace, settings: Settings) -> BatchInput:
     """The demo's batch, its policy decided here as `rollouts batch` decides it, so it is labelled."""
+    from temporal_rollouts.client.batches import check_items, resolve_policy
+    from temporal_rollouts.core.records import BatchInput
+
     batch = BatchInput(
         env=DEMO_ENV, num_items=args.items, group_size=args.group_size, policy=resolve_policy(settings, None)
     )
-    _check_items(batch)
+    check_items(batch)
     return batch
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    """The main job on the embedded default: a worker in this process, a demo batch, a summary."""
+    """The main job on the embedded default: a worker in this process, a demo batch, a summary. A demo
+    that fails stops what it started (its server, sandbox, demo policy) and leaves what it found running."""
+    import logging
+
+    from rich.console import Console
+
+    from temporal_rollouts.cli.progress import finish
+    from temporal_rollouts.client.batches import start_batch
+    from temporal_rollouts.runtime.logs import configure_logging
     from temporal_rollouts.runtime.preflight import check_local_sandboxes
-    from worker import running_worker
+    from temporal_rollouts.runtime.started_here import StartedHere
+    from temporal_rollouts.runtime.worker import running_worker
 
     check_local_sandboxes(settings)  # one line naming the fix, before anything is printed or started
     console = Console()
@@ -212,9 +156,16 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         "(a scripted test policy that replays reference solutions, not a model)"
     )
     batch = demo_batch(args, settings)  # refused before a worker or server is started
-    async with running_worker(settings) as client:
-        handle = await start_batch(client, settings, batch)
-        code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    configure_logging(settings.data_dir, console_level=logging.WARNING)  # the bar owns the screen; details: the log
+    before = await StartedHere.note(settings)
+    try:
+        async with running_worker(settings) as client:
+            handle = await start_batch(client, settings, batch)
+            code = await finish(client, handle, console, settings, as_json=False, policy=batch.policy)
+    except BaseException:
+        if stopped := await before.stop_the_rest():
+            console.print(f"the demo did not finish; stopped what it had started: {', '.join(stopped)}")
+        raise
     if settings.embedded:
         console.print(
             "The Temporal server, sandbox and demo policy keep running for the UI and later batches; "
@@ -224,6 +175,11 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
     from temporal_rollouts.sandbox.pool import SandboxPool
 
     pool = SandboxPool.from_settings(settings)
@@ -246,7 +202,7 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     for container in containers:
         for slot in container.slots:
             lease = slot.lease
-            state = "leased" if lease else "quarantined" if slot.quarantined else "free"
+            state = "leased" if lease else f"quarantined: {slot.quarantined}" if slot.quarantined else "free"
             table.add_row(
                 container.container_id,
                 str(slot.slot),
@@ -261,16 +217,15 @@ async def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     """A pass of the slot-pool maintenance workflow, now: restart dead containers, free leases
     of closed rollouts, stop idle containers."""
-    from activities.pool import MaintenanceReport
-    from temporal_rollouts.runtime.schedules import ensure_maintenance_workflow
-    from workflows.pool import SlotPoolMaintenanceWorkflow
+    from rich.console import Console
+
+    from temporal_rollouts.client.connection import command_client
+    from temporal_rollouts.client.slots import reap_now
 
     console = Console(stderr=args.json)
-    client = await connect(settings)
+    client = await command_client(settings)
     await _warn_without_worker(client, settings, console)
-    handle = await ensure_maintenance_workflow(client, settings)
-    raw = await handle.execute_update(SlotPoolMaintenanceWorkflow.pass_now)
-    report = MaintenanceReport.model_validate(raw)
+    report = await reap_now(client, settings)
     if args.json:
         print(report.model_dump_json())
         return 0
@@ -284,9 +239,13 @@ async def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from worker import main_async
+    from temporal_rollouts.runtime.logs import configure_logging
+    from temporal_rollouts.runtime.preflight import check_local_sandboxes
+    from temporal_rollouts.runtime.worker import main_async
 
-    await main_async(settings)
+    check_local_sandboxes(settings)  # as `python worker.py`: one line, and nothing made, not even the log
+    configure_logging(settings.data_dir, verbose=args.verbose)
+    await main_async(settings, verbose=args.verbose)
     return 0
 
 
@@ -309,13 +268,24 @@ async def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_policy_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from temporal_rollouts.policy_servers.demo import main as serve_main
-
+    """The demo policy's own program in this process's place (it is a peer of the CLI, never imported)."""
     modules = [arg for module in settings.env_modules for arg in ("--env-module", module)]
-    return (
-        serve_main(["--host", args.host, "--port", str(args.port or settings.demo_policy.port), *modules, *args.rest])
-        or 0
-    )
+    port = str(args.port or settings.demo_policy.port)
+    exec_module("temporal_rollouts.policy_servers.demo", ["--host", args.host, "--port", port, *modules, *args.rest])
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """The web page's own program (`python -m temporal_rollouts.view`) in this process's place, with the
+    flags as given: it parses them, so `rollouts view --help` is its help."""
+    exec_module("temporal_rollouts.view", args.rest)
+
+
+def exec_module(module: str, argv: list[str]) -> NoReturn:
+    """Replace this process with `python -m module argv...`: same pid, same terminal, so Ctrl-C and a
+    supervisor's SIGTERM reach the server itself."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
 
 
 def _int_at_least(minimum: int):
@@ -335,12 +305,6 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
-def _env_names() -> str:
-    from envs.registry import env_names
-
-    return ", ".join(sorted(env_names()))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollouts",
@@ -349,28 +313,32 @@ def build_parser() -> argparse.ArgumentParser:
         f"{EXIT_PARTIAL} some rollouts failed, {EXIT_FAILED} the batch failed",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    defaults = DefaultsHelpFormatter
 
     demo = sub.add_parser(
-        "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=defaults
+        "demo", help="run a demo batch on the embedded default, start to finish", formatter_class=DefaultsHelpFormatter
     )
     demo.add_argument("--items", type=positive_int, default=12, help="terminal tasks to run")
-    demo.add_argument("--group-size", type=positive_int, default=2, help="rollouts per task")
-    cli_envs.add_env_module_flag(demo)
+    demo.add_argument("--group-size", type=positive_int, default=defaults.BATCH_GROUP_SIZE, help="rollouts per task")
+    parsers.add_env_module_flag(demo)
 
     batch = sub.add_parser(
         "batch",
         help="start a batch of rollouts",
-        formatter_class=defaults,
-        description=f"Start a batch of rollouts. Envs: {_env_names()}.",
+        formatter_class=DefaultsHelpFormatter,
+        description="Start a batch of rollouts.",
     )
-    batch.add_argument("--env", required=True, help=f"registered env: {_env_names()}")
-    cli_envs.add_env_module_flag(batch)
-    batch.add_argument("--items", type=positive_int, default=4, help="items of the env's task set")
+    batch.add_argument("--env", required=True, help="an env the workers know (`rollouts envs` lists them)")
+    parsers.add_env_module_flag(batch)
+    batch.add_argument("--items", type=positive_int, default=defaults.BATCH_ITEMS, help="items of the env's task set")
     batch.add_argument(
-        "--group-size", type=positive_int, default=2, help="rollouts per item (one scored group per item)"
+        "--group-size",
+        type=positive_int,
+        default=defaults.BATCH_GROUP_SIZE,
+        help="rollouts per item (one scored group per item)",
     )
-    batch.add_argument("--offset", type=non_negative_int, default=0, help="index of the first item")
+    batch.add_argument(
+        "--offset", type=non_negative_int, default=defaults.BATCH_ITEM_OFFSET, help="index of the first item"
+    )
     batch.add_argument(
         "--cycle",
         action="store_true",
@@ -382,12 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy name (from `policies`, or `demo`) or OpenAI-compatible base URL; "
         "default: the config's default_policy",
     )
-    batch.add_argument("--max-turns", type=positive_int, default=None, help="model turns per rollout (default 30)")
-    batch.add_argument("--max-concurrency", type=positive_int, default=32, help="rollouts running at once")
+    batch.add_argument(
+        "--max-turns", type=positive_int, default=None, help=f"model turns per rollout (default {defaults.MAX_TURNS})"
+    )
+    batch.add_argument(
+        "--max-concurrency", type=positive_int, default=defaults.BATCH_MAX_CONCURRENCY, help="rollouts running at once"
+    )
     batch.add_argument(
         "--start-rate",
         type=float,
-        default=0,
+        default=defaults.BATCH_START_RATE,
         help="rollouts started per second at most; 0 starts them as fast as the batch can",
     )
     batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
@@ -411,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="run the slot reaper now")
     reap.add_argument("--json", action="store_true")
 
-    cli_envs.add_env_module_flag(sub.add_parser("worker", help="run a worker (same as `python worker.py`)"))
+    worker = sub.add_parser("worker", help="run a worker (same as `python worker.py`)")
+    worker.add_argument("--verbose", action="store_true", help="full tracebacks on the console too")
+    parsers.add_env_module_flag(worker)
 
     server = sub.add_parser("server", help="start or stop the embedded Temporal dev server")
     server.add_argument("action", choices=["start", "stop"])
@@ -427,11 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault-injection flags, see python -m temporal_rollouts.policy_servers.demo -h",
     )
 
-    cli_inspect.add_parsers(sub)
-    cli_train.add_parser(sub)
-    cli_fork.add_parser(sub)
-    cli_versions.add_parser(sub)
-    cli_envs.add_parser(sub)
+    parsers.add_inspect_parsers(sub)
+    parsers.add_train_parser(sub)
+    parsers.add_fork_parser(sub)
+    parsers.add_versions_parser(sub)
+    parsers.add_envs_parser(sub)
     return parser
 
 
@@ -441,27 +415,26 @@ COMMANDS = {
     "demo": cmd_demo,
     "slots": cmd_slots,
     "reap": cmd_reap,
-    "resume": cmd_resume,
+    "resume": "temporal_rollouts.cli.resume:cmd_resume",
     "worker": cmd_worker,
     "server": cmd_server,
-    "train": cli_train.cmd_train,
-    "fork": cli_fork.cmd_fork,
-    "envs": cli_envs.cmd_envs,
-    **cli_inspect.COMMANDS,
-    **cli_versions.COMMANDS,
+    "train": "temporal_rollouts.cli.train:cmd_train",
+    "fork": "temporal_rollouts.cli.fork:cmd_fork",
+    "envs": "temporal_rollouts.cli.envs:cmd_envs",
+    "versions": "temporal_rollouts.cli.versions:cmd_versions",
+    **{name: f"temporal_rollouts.cli.inspect:cmd_{name}" for name in ("show", "export", "list", "cancel")},
 }
+"""Each command's function, or where to import it from when it runs."""
 
 
-def explain_rpc_error(err: RPCError, settings: Settings | None) -> str:
-    where = settings.temporal_address if settings else "Temporal"
-    if err.status == RPCStatusCode.NOT_FOUND:
-        return f"not found on {where}: {err.message}"
-    if err.status == RPCStatusCode.UNAVAILABLE:
-        hint = (
-            " (start it with `python worker.py` or `rollouts server start`)" if settings and settings.embedded else ""
-        )
-        return f"Temporal at {where} is not reachable{hint}: {err.message}"
-    return f"Temporal at {where} answered {err.status.name if err.status else 'an error'}: {err.message}"
+def command(name: str):
+    found = COMMANDS[name]
+    if isinstance(found, str):
+        import importlib
+
+        module, _, function = found.partition(":")
+        found = getattr(importlib.import_module(module), function)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,34 +444,30 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = [*unknown, *args.rest]
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "view":  # the page's program reads the settings itself, and answers --help at once
+        return cmd_view(args)
+    if args.command == "train" and args.train_command == "serve":  # the door's endpoint, a program of its own
+        exec_module("temporal_rollouts.door", args.rest)
+    import asyncio
+
+    from temporal_rollouts.runtime.command_errors import report_error
+    from temporal_rollouts.runtime.config import load_settings, with_env_modules
+
     settings: Settings | None = None
     try:
         settings = with_env_modules(load_settings(), getattr(args, "env_modules", None))
         if args.command == "policy":
             return cmd_policy_serve(args, settings)
-        return asyncio.run(COMMANDS[args.command](args, settings))
-    except RolloutError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except RPCError as err:
-        print(f"error: {explain_rpc_error(err, settings)}", file=sys.stderr)
-        return EXIT_ERROR
-    except ValidationError as err:  # a batch input the models refuse (the CLI checks most before)
-        first = err.errors()[0]
-        print(f"error: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
-        return EXIT_ERROR
+        return asyncio.run(command(args.command)(args, settings))
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        return report_error(err, settings)
 
 
 def run() -> None:
-    """The `rollouts` command. It leaves with os._exit once its output is flushed: the Temporal
-    client's native threads can abort the interpreter while it finalizes, which would turn a
-    finished command into a crash and a wrong exit code."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The `rollouts` command (runtime/exit_codes.py says why it leaves with os._exit)."""
+    exit_flushed(lambda: main())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The batch progress display, summaries, `rollouts status` and the exit codes of batch commands.
 
-Split from cli.py: what a person watching a batch sees (the bar, the rollouts waiting on
-retries and why, the summary) and how that becomes an exit code.
+What a person watching a batch sees (the bar, the rollouts waiting on retries and why, the
+summary) and how that becomes an exit code; the figures come from client/batches.py.
 """
 
 from __future__ import annotations
@@ -14,43 +14,19 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-    WorkflowFailureError,
-    WorkflowHandle,
-)
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
 from temporal_rollouts.cli.progress_bar import BatchBar
-from temporal_rollouts.core import search_attributes as sa
-from temporal_rollouts.core.records import BatchProgress, BatchResult
+from temporal_rollouts.cli.screen import wrapped
+from temporal_rollouts.client.batches import batch_progress, summary_json
+from temporal_rollouts.client.records import retry_summary, root_cause, waiting_on_retries
+from temporal_rollouts.core.records import BatchResult
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.cli.records import (
-    QUERY_TIMEOUT,
-    require_workflow,
-    retry_summary,
-    waiting_on_retries,
-)
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PARTIAL, EXIT_FAILED = 0, 1, 2, 3, 4
-"""Exit codes: 0 every rollout scored; 1 the command failed (bad input, unknown id, no server);
-2 a usage error (argparse); 3 a partial batch (some rollouts failed); 4 a failed batch
-(no rollout scored, or the batch workflow itself failed, was cancelled or terminated)."""
+from temporal_rollouts.runtime.exit_codes import EXIT_FAILED, batch_exit_code
 
 RETRY_CHECK_S = 3.0
 """How often the progress display asks Temporal which rollouts are waiting on retries."""
-
-
-def batch_exit_code(completed: int, failed: int) -> int:
-    if failed == 0:
-        return EXIT_OK
-    return EXIT_PARTIAL if completed else EXIT_FAILED
-
-
-async def _progress(handle: WorkflowHandle) -> BatchProgress | None:
-    raw = await handle.query("progress", rpc_timeout=QUERY_TIMEOUT)
-    return BatchProgress.model_validate(raw) if raw else None
 
 
 async def watch(client: Client, handle: WorkflowHandle, console: Console) -> BatchResult:
@@ -59,12 +35,12 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
     result_task = asyncio.ensure_future(handle.result())
     retry_lines: list[str] = []
     next_retry_check = time.monotonic() + RETRY_CHECK_S
-    with BatchBar(console) as bar:
+    with BatchBar(console, handle.id) as bar:
         task = bar.add_task(handle.id, total=None)
         bar.notes = [("loading items", "")]
         while not result_task.done():
             try:
-                progress = await _progress(handle)
+                progress = await batch_progress(handle)
                 if time.monotonic() >= next_retry_check:
                     retry_lines = retry_summary(await waiting_on_retries(client, handle.id))
                     next_retry_check = time.monotonic() + RETRY_CHECK_S
@@ -78,25 +54,6 @@ async def watch(client: Client, handle: WorkflowHandle, console: Console) -> Bat
         bar.notes = []
         bar.update(task, total=result.total, completed=result.completed + result.failed)
     return result
-
-
-def summary_json(result: BatchResult) -> dict[str, Any]:
-    return {
-        "batch_id": result.batch_id,
-        "env": result.env,
-        "total": result.total,
-        "completed": result.completed,
-        "failed": result.failed,
-        "mean_score": result.mean_score,
-        "stop_reasons": result.stop_reasons,
-        "stop_details": result.stop_details,
-        "items": result.items,
-        "distinct_items": result.distinct_items,
-        "output": result.output,
-        "groups_written": result.groups_written,
-        "groups_pending": result.groups_pending,
-        "resumed": result.resumed,
-    }
 
 
 def print_summary(result: BatchResult, console: Console, settings: Settings, policy: str | None = None) -> None:
@@ -122,18 +79,6 @@ def print_summary(result: BatchResult, console: Console, settings: Settings, pol
     if settings.ui_url:
         page = f"{settings.ui_url}/namespaces/{settings.temporal.namespace}/workflows/{result.batch_id}"
         console.print(f"Temporal UI: {page}", soft_wrap=True)
-
-
-def root_cause(err: BaseException) -> str:
-    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
-    message = str(err)
-    cause: BaseException | None = err
-    while cause is not None:
-        text = getattr(cause, "message", None) or str(cause)
-        if text:
-            message = text
-        cause = getattr(cause, "cause", None) or cause.__cause__
-    return message
 
 
 async def finish(
@@ -162,55 +107,8 @@ async def finish(
     return batch_exit_code(result.completed, result.failed)
 
 
-async def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """A batch's state, counts, policy and (while it runs) the rollouts waiting on retries and why."""
-    described = await require_workflow(client, batch_id, "BatchWorkflow")
-    handle = client.get_workflow_handle(batch_id)
-    status = described.status.name.lower() if described.status else "unknown"
-    data: dict[str, Any] = {
-        "batch_id": batch_id,
-        "status": status,
-        "policy": described.typed_search_attributes.get(sa.POLICY),
-    }
-    if described.status == WorkflowExecutionStatus.COMPLETED:
-        result = BatchResult.model_validate(await handle.result())
-        return {**data, **summary_json(result), "status": "completed"}
-    try:
-        progress = await _progress(handle)
-    except RPCError:
-        progress = None
-    if progress:
-        data |= {
-            "total": progress.total,
-            "completed": progress.completed,
-            "failed": progress.failed,
-            "running": progress.running,
-            "mean_score": progress.mean_score,
-            "stop_reasons": progress.stop_reasons,
-            "stop_details": progress.stop_details,
-            "output": progress.output,
-        }
-    if described.status == WorkflowExecutionStatus.RUNNING:
-        data["retrying"] = [
-            note.model_dump() | {"headline": note.headline} for note in await waiting_on_retries(client, batch_id)
-        ]
-    elif described.status == WorkflowExecutionStatus.FAILED:
-        try:
-            await handle.result()
-        except WorkflowFailureError as err:
-            data["error"] = root_cause(err)
-    return data
-
-
-def status_exit_code(data: dict[str, Any]) -> int:
-    if data["status"] == "running":
-        return EXIT_OK
-    if data["status"] == "completed":
-        return batch_exit_code(data.get("completed") or 0, data.get("failed") or 0)
-    return EXIT_FAILED
-
-
-def format_status(data: dict[str, Any]) -> str:
+def format_status(data: dict[str, Any], width: int | None = None) -> str:
+    """`rollouts status` for people; a line longer than `width` wraps at its words, under itself."""
     lines = [
         f"batch {data['batch_id']}: {data['status']}" + (f" (policy {data['policy']})" if data.get("policy") else "")
     ]
@@ -242,4 +140,4 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"  results: {data['output']}")
     if data.get("total"):
         lines.append(f"  rollouts: `rollouts list {data['batch_id']}` (ids, stop reasons, scores)")
-    return "\n".join(lines)
+    return "\n".join(part for line in lines for part in wrapped(line, width))

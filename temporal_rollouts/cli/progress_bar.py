@@ -1,10 +1,11 @@
-"""The batch progress bar: one row that always fits, and the lines under it.
+"""The batch progress bar: the batch's id, one row that always fits, and the lines under it.
 
 Rich lays a progress row out as a table: text that is too long for the row (counts, the
 causes of retries) pushes the bar, the count and the elapsed time off the screen. So the
-row holds only what has a fixed width (spinner, batch id cut to fit, bar, done/total,
-elapsed time), and the counts and retry causes are lines of their own under it, which
-wrap rather than being cut, so a retry number is never lost at 80 columns.
+row holds only what has a fixed width (spinner, bar, done/total, elapsed time); the batch id,
+which a person copies into the next command, is a line of its own above it, whole; and the
+counts and retry causes are lines of their own under it, which wrap rather than being cut,
+so a retry number is never lost at 80 columns.
 """
 
 from __future__ import annotations
@@ -16,16 +17,12 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
-    TextColumn,
     TimeElapsedColumn,
 )
 from rich.table import Column
 from rich.text import Text
 
 from temporal_rollouts.core.records import BatchProgress
-
-MAX_ID_COLUMNS = 40
-"""The batch id takes at most this many columns of the row (and less on a narrow screen)."""
 
 
 def counts_line(progress: BatchProgress) -> str:
@@ -36,16 +33,13 @@ def counts_line(progress: BatchProgress) -> str:
 
 
 class BatchBar(Progress):
-    """A Progress of one batch; `notes` are shown under its row, each wrapped to the screen."""
+    """A Progress of one batch: its id above its row, and `notes` under it, each wrapped to the screen."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, batch_id: str) -> None:
         self.notes: list[tuple[str, str]] = []
-        id_width = max(8, min(MAX_ID_COLUMNS, console.width // 3))
+        self.batch_id = batch_id
         super().__init__(
             SpinnerColumn(),
-            TextColumn(
-                "[bold]{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=id_width)
-            ),
             BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=10)),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -55,8 +49,9 @@ class BatchBar(Progress):
         )
 
     def get_renderables(self) -> list[RenderableType]:
+        title = Text.assemble("batch ", (self.batch_id, "bold"), overflow="fold")
         lines = [Padding(Text(text, style=style), (0, 0, 0, 2)) for text, style in self.notes]
-        return [self.make_tasks_table(self.tasks), *lines]
+        return [title, self.make_tasks_table(self.tasks), *lines]
 
     def show(self, progress: BatchProgress, retry_lines: list[str]) -> None:
         self.notes = [(counts_line(progress), ""), *((line, "yellow") for line in retry_lines)]

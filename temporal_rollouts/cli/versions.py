@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,12 +13,6 @@ from rich.table import Table
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime import versioning
 from temporal_rollouts.runtime.temporal import connect
-
-
-def add_parser(sub: Any) -> None:
-    versions = sub.add_parser("versions", help="worker builds: which takes new work, which are drained")
-    versions.add_argument("--set-current", metavar="BUILD", default=None, help="make BUILD take new batches")
-    versions.add_argument("--json", action="store_true")
 
 
 async def cmd_versions(args: argparse.Namespace, settings: Settings) -> int:
@@ -59,6 +52,3 @@ async def cmd_versions(args: argparse.Namespace, settings: Settings) -> int:
     console.print(table)
     console.print("stop an old build's workers once it shows drained: nothing is pinned to it any more")
     return 0
-
-
-COMMANDS = {"versions": cmd_versions}

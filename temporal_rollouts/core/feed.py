@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temporal_rollouts.core import defaults
 from temporal_rollouts.core.records import (
     MAX_GROUP_SIZE,
     MAX_ITEM_OFFSET,
@@ -56,39 +57,47 @@ class FeedInput(BaseModel):
         "template renders the groups' token ids and masks (the Atropos env's --env.tokenizer_name).",
     )
     tool_call_parser: str | None = None
-    group_size: int = Field(default=8, ge=1, le=MAX_GROUP_SIZE)
+    group_size: int = Field(default=defaults.FEED_GROUP_SIZE, ge=1, le=MAX_GROUP_SIZE)
     item_offset: int = Field(default=0, ge=0, le=MAX_ITEM_OFFSET, description="First item of the env's task set.")
     cycle_items: bool = Field(default=True, description="Start again at the first item once the task set is used up.")
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
-    max_groups_in_flight: int = Field(default=16, ge=1, le=4096, description="Groups whose rollouts run at once.")
+    max_groups_in_flight: int = Field(
+        default=defaults.FEED_GROUPS_IN_FLIGHT, ge=1, le=4096, description="Groups whose rollouts run at once."
+    )
     max_staleness: int = Field(
-        default=1,
+        default=defaults.FEED_MAX_STALENESS,
         ge=0,
         description="Trainer steps a posted token may lag behind the trainer: a group starts only "
         "while the groups ahead of it fit in that many steps' batches.",
     )
     stale_groups: StaleGroups = Field(
-        default=StaleGroups.POST,
+        default=StaleGroups(defaults.FEED_STALE_GROUPS),
         description="What happens to a group staler than the bound when it would reach the trainer: handed "
         "over marked (post), marked with its stale rollouts masked (scores_only), dropped, or its item started "
         "again (requeue, the door only).",
     )
-    max_retries: int = Field(default=3, ge=0, description="Runs after the first a rollout gets for machinery failures.")
+    max_retries: int = Field(
+        default=defaults.FEED_MAX_RETRIES,
+        ge=0,
+        description="Runs after the first a rollout gets for machinery failures.",
+    )
     retry_backoff_s: float = Field(
         default=10.0,
         ge=0,
         description="Wait before resuming a failed rollout, doubled each time (at most 5 minutes): "
         "a model server that is down for a minute is waited out, not raced.",
     )
-    max_groups: int = Field(default=0, ge=0, description="Stop after posting this many groups; 0 runs until stopped.")
+    max_groups: int = Field(
+        default=defaults.FEED_MAX_GROUPS, ge=0, description="Stop after posting this many groups; 0 runs until stopped."
+    )
     sink: Literal["door", "atropos", "jsonl"] = Field(
-        default="door",
+        default=defaults.FEED_SINK,
         description="Where finished groups go: the trainer door (batches a trainer takes and acknowledges), "
         "run-api, or `output` (SFT data, `process`).",
     )
     batch_size: int = Field(
-        default=0,
+        default=defaults.FEED_BATCH_SIZE,
         ge=0,
         le=1_000_000,
         description="The door: sequences in one trainer batch (whole groups); 0: the first trainer to register says.",

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from temporal_rollouts.core import defaults
 from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
 from temporal_rollouts.core.tool_stats import ToolErrorRecord, ToolStats
 from temporal_rollouts.sandbox_server.schema import SlotRef
@@ -124,7 +125,8 @@ class ForkSpec(BaseModel):
         default=None, description="A live branch: the parent's slot, copied while it waits."
     )
     rebuild: WorkspaceRebuild = Field(
-        default="auto", description="Without a live copy: a snapshot of that turn (auto: when one exists) or a replay."
+        default=defaults.FORK_REBUILD,
+        description="Without a live copy: a snapshot of that turn (auto: when one exists) or a replay.",
     )
     allow_divergence: bool = Field(default=False, description="Go on when a replayed tool call answers differently.")
 

@@ -110,6 +110,12 @@ def parse_input(model: type[M], raw: Any, what: str) -> M:
         raise InvalidInput(f"invalid {what} input:\n{problems}") from None
 
 
+def field_default(model: type[BaseModel], name: str) -> Any:
+    """The default of `model`'s field `name`, for a config that offers the same setting under its own name
+    (the Atropos env's `max_staleness`): the model stays the one place that says it."""
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
 A = TypeVar("A")
 R = TypeVar("R")
 

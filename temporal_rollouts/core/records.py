@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temporal_rollouts.core import defaults
 from temporal_rollouts.core.forks import BranchPlan, BranchRecord, BranchSpec, ForkOrigin, ForkSpec
 from temporal_rollouts.core.refs import TokenTraceRef, TranscriptRef
 from temporal_rollouts.core.tasks import Item
@@ -59,7 +60,9 @@ _SCORED = {
 class RolloutLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_turns: int = Field(default=30, ge=1, description="Model turns before the rollout stops (max_agent_turns).")
+    max_turns: int = Field(
+        default=defaults.MAX_TURNS, ge=1, description="Model turns before the rollout stops (max_agent_turns)."
+    )
     max_tool_calls: int = Field(default=100, ge=0, description="Tool calls before the rollout stops.")
     wall_clock_s: float = Field(default=1800.0, gt=0, description="Budget from the first model turn to the last.")
     context_tokens: int = Field(
@@ -98,11 +101,13 @@ class BatchInput(BaseModel):
 
     env: str = Field(description="Registered env name, e.g. terminal_tasks.")
     num_items: int = Field(
-        default=4, ge=1, description="Items in the batch; items x group size is capped by settings max_batch_rollouts."
+        default=defaults.BATCH_ITEMS,
+        ge=1,
+        description="Items in the batch; items x group size is capped by settings max_batch_rollouts.",
     )
-    group_size: int = Field(default=2, ge=1, le=MAX_GROUP_SIZE)
+    group_size: int = Field(default=defaults.BATCH_GROUP_SIZE, ge=1, le=MAX_GROUP_SIZE)
     item_offset: int = Field(
-        default=0,
+        default=defaults.BATCH_ITEM_OFFSET,
         ge=0,
         le=MAX_ITEM_OFFSET,
         description="Index of the first item in the env's task set; must lie inside it.",
@@ -120,13 +125,13 @@ class BatchInput(BaseModel):
     limits: RolloutLimits = Field(default_factory=RolloutLimits)
     sampling: Sampling = Field(default_factory=Sampling)
     max_concurrency: int = Field(
-        default=32,
+        default=defaults.BATCH_MAX_CONCURRENCY,
         ge=1,
         le=MAX_BATCH_CONCURRENCY,
         description="Trajectories running at once; capped by settings max_batch_concurrency.",
     )
     start_rate: float = Field(
-        default=0,
+        default=defaults.BATCH_START_RATE,
         ge=0,
         le=MAX_START_RATE,
         allow_inf_nan=False,

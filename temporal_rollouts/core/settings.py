@@ -7,6 +7,7 @@ then a TOML file (`rollouts.toml` in the working directory, or the path in
 are read once, when `Settings()` is built, never at import time. A relative `data_dir`
 is taken from the config file's folder when a file is in use, else from the working
 directory, and made absolute, so every command run against one config finds the same data.
+Left unset, it does not move with the working directory either (`default_data_dir`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ from temporal_rollouts.sandbox_server.schema import DEFAULT_LEASE_TTL_S, DEFAULT
 
 DEMO_POLICY = "demo"
 CONFIG_FILE = "rollouts.toml"
+DATA_FOLDER = ".rollouts"
+
+
+def default_data_dir(config: Path | None) -> Path:
+    """Where the data lives when `data_dir` is not set, the same from any working directory: beside the
+    config file in use; else in the checkout the project runs from (an editable install, as `make demo`
+    makes: each checkout its own data, its own server's database and its own store); else, for an
+    installed package, the user's data home (`$XDG_DATA_HOME/temporal-rollouts`, by default
+    `~/.local/share/temporal-rollouts`)."""
+    if config is not None:
+        return config.parent / DATA_FOLDER
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "worker.py").is_file():
+        return checkout / DATA_FOLDER
+    home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(home) / "temporal-rollouts"
 
 
 def config_file() -> Path | None:
@@ -265,6 +282,8 @@ class DemoPolicySettings(BaseModel):
     """Address the demo policy server binds."""
     port: int = 8765
     """Port of the demo policy server."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the demo policy's key (sent as a bearer token); a `host` beyond loopback needs one, or the server refuses to start."""
 
 
 class StorageSettings(BaseModel):
@@ -341,8 +360,8 @@ class AtroposSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROLLOUTS_", env_nested_delimiter="__", extra="forbid")
 
-    data_dir: Path = Path(".rollouts")
-    """Where the embedded server's database, sandbox workspaces, results and logs live."""
+    data_dir: Path = Path(DATA_FOLDER)
+    """Where the embedded server's database, sandbox workspaces, results and logs live. Unset: `.rollouts` beside the config file in use, else in the checkout the project runs from, else `~/.local/share/temporal-rollouts`; never the working directory's (docs/configuration.md)."""
     max_batch_rollouts: int = Field(default=1_000_000, ge=1)
     """A batch of more rollouts (items x group size) than this is refused before it starts."""
     max_batch_concurrency: int = Field(default=2_000, ge=1, le=MAX_BATCH_CONCURRENCY)
@@ -390,8 +409,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _absolute_data_dir(self) -> Settings:
-        if not self.data_dir.is_absolute():
-            path = config_file()
+        path = config_file()
+        if "data_dir" not in self.model_fields_set:
+            self.data_dir = default_data_dir(path).resolve()
+        elif not self.data_dir.is_absolute():
             self.data_dir = ((path.parent if path else Path.cwd()) / self.data_dir).resolve()
         return self
 
@@ -436,7 +457,10 @@ class Settings(BaseSettings):
         if name in self.policies:
             return self.policies[name]
         if name == DEMO_POLICY:
-            return ChatPolicy(base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0)
+            demo = self.demo_policy
+            return ChatPolicy(
+                base_url=self.demo_policy_url, model="demo-policy", timeout_s=60.0, api_key_env=demo.api_key_env
+            )
         if name.startswith(("http://", "https://")):
             return ChatPolicy(base_url=name.rstrip("/"))
         known = sorted({DEMO_POLICY, *self.policies})

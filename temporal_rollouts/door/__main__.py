@@ -1,3 +1,6 @@
-from temporal_rollouts.door.server import main
+"""`python -m temporal_rollouts.door`: the trainer door's endpoint (server.py)."""
 
-main()
+from temporal_rollouts.door.server import main
+from temporal_rollouts.runtime.exit_codes import exit_flushed
+
+exit_flushed(main)

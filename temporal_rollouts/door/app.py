@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from temporal_rollouts.core.door import AckRequest, RegisterRequest, ReleaseRequest, TakeRequest
-from temporal_rollouts.door.runs import DoorRefused, RunDoors
+from temporal_rollouts.client.door import DoorRefused, RunDoors
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 
 ATROPOS_CONSUMER = "atropos"

@@ -2,8 +2,8 @@
 can update: the policy of an RL loop that needs no GPU.
 
     python -m temporal_rollouts.policy_servers.cpu_generate [--port 30000] [--tokenizer-out DIR]
-        [--gguf PATH] [--weights CHECKPOINT --weight-version V] [--api-key KEY] [--threads N]
-        [--max-new-tokens N]
+        [--gguf PATH] [--weights CHECKPOINT --weight-version V] [--weights-dir DIR]
+        [--api-key-env NAME] [--threads N] [--max-new-tokens N]
 
 Token-level RL clients send token ids and need back the sampled ids with one logprob
 each. The production servers (SGLang, Atropos' patched vLLM) need a GPU; this one runs
@@ -21,16 +21,21 @@ Routes, as SGLang names and shapes them:
   -> `{"success", "message", "num_paused_requests"}` (400 when `success` is false): load a
   `save_pretrained` folder or a `.safetensors` state dict of the same architecture and
   serve it, labelled `weight_version` when given, from the next request on (`sampling`
-  says how requests in flight are kept whole).
+  says how requests in flight are kept whole). Only checkpoints under `--weights-dir`
+  (links resolved) are loaded; without it every update is refused, so no caller can make
+  the server read, or say whether there is, anything else on its disk.
 - `GET /get_weight_version` -> `{"weight_version"}`; `GET /get_model_info` (and newer
   SGLang's `/model_info`) -> model path, tokenizer path, `weight_version`, architecture.
 - `GET /health`; `GET /requests` lists what was asked and sampled (with the version) in
   the last RECORDS_KEPT requests, `POST /requests/reset` empties it, so tests and the
   GRPO example can check a client against the server.
 
-With `--api-key` every route but `/health` needs `Authorization: Bearer KEY`. A request samples at
-most `--max-new-tokens` (128) tokens, whatever it asks for, so a rollout on a CPU finishes; SIGTERM
-ends the request in flight between two tokens (503) and the server with it.
+With `--api-key-env NAME` (the key in that environment variable, never on the command line,
+which every local process can read) every route but `/health` needs `Authorization: Bearer
+KEY`, compared in constant time; a `--host` beyond loopback refuses to start without it
+(`sandbox_server.keys`). A loopback server without a key answers every local process. A request
+samples at most `--max-new-tokens` (128) tokens, whatever it asks for, so a rollout on a CPU
+finishes; SIGTERM ends the request in flight between two tokens (503) and the server with it.
 """
 
 from __future__ import annotations
@@ -46,13 +51,13 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey, KeyRequired, add_key_argument, key_from_env, require_key
 from temporal_rollouts.policy_servers.sampling import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_WEIGHT_VERSION,
@@ -106,6 +111,18 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return body
 
 
+def _under(folder: Path | None, model_path: str) -> str:
+    """`model_path` resolved (a relative one within `folder`), if it lies in `folder`; else BadRequest,
+    the same whether or not the path exists."""
+    if folder is None:
+        raise BadRequest("this server loads no weights from disk: start it with --weights-dir DIR")
+    root = folder.resolve()
+    resolved = (root / model_path).resolve()
+    if not resolved.is_relative_to(root):
+        raise BadRequest(f"model_path must lie in the server's weights folder {root}")
+    return str(resolved)
+
+
 def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
     """(model_path, weight_version) of an update, or BadRequest for what this server cannot do."""
     unknown = sorted(set(body) - UPDATE_FIELDS)
@@ -125,8 +142,12 @@ def _update_request(body: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def create_app(
-    sampler: TokenSampler, api_key: str | None = None, allowed_hosts: AllowedHosts | None = None
+    sampler: TokenSampler,
+    api_key: str | None = None,
+    allowed_hosts: AllowedHosts | None = None,
+    weights_dir: Path | None = None,
 ) -> Starlette:
+    """`weights_dir`: the only folder `update_weights_from_disk` loads from (None: none)."""
     served: deque[dict] = deque(maxlen=RECORDS_KEPT)
 
     async def health(request: Request) -> JSONResponse:
@@ -168,6 +189,7 @@ def create_app(
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         try:
             model_path, version = _update_request(await _json_object(request))
+            model_path = _under(weights_dir, model_path)
             started = time.monotonic()
             await asyncio.to_thread(sampler.update_weights, model_path, version)
         except (BadRequest, WeightsError) as exc:
@@ -193,11 +215,6 @@ def create_app(
             }
         )
 
-    async def bearer_token(request: Request, call_next):
-        if api_key and request.url.path != "/health" and request.headers.get("authorization") != f"Bearer {api_key}":
-            return _error(401, "missing or wrong bearer token")
-        return await call_next(request)
-
     return Starlette(
         routes=[
             Route("/health", health),
@@ -211,7 +228,7 @@ def create_app(
         ],
         middleware=[
             Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
-            Middleware(BaseHTTPMiddleware, dispatch=bearer_token),
+            Middleware(BearerKey, key=api_key),
         ],
     )
 
@@ -270,8 +287,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="also save the tokenizer here, loadable with AutoTokenizer.from_pretrained(DIR)",
     )
+    add_key_argument(parser)
+    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health"
+        "--weights-dir",
+        type=Path,
+        default=None,
+        help="the folder update_weights_from_disk may load checkpoints from (default: none, updates refused)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
@@ -289,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
         help="another name the server is reached by (repeatable); any other Host header is refused",
     )
     args = parser.parse_args(argv)
+    if args.api_key is not None:
+        raise KeyRequired("--api-key puts the key where every local process reads it (ps): use --api-key-env NAME")
+    api_key = key_from_env(args.api_key_env)
+    require_key(args.host, api_key, "the CPU policy server")  # before the model loads: a refusal is quick
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
         import torch
@@ -297,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler = load_sampler(args.gguf or smollm2.require_gguf(), args.tokenizer_out, args.weights, args.weight_version)
     sampler.max_new_tokens = args.max_new_tokens
     # The port opens only once the model is loaded: an open port means ready.
-    app = create_app(sampler, args.api_key, AllowedHosts.for_bind(args.host, args.allowed_hosts))
+    app = create_app(sampler, api_key, AllowedHosts.for_bind(args.host, args.allowed_hosts), args.weights_dir)
     StoppingServer(sampler, uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")).run()
 
 

@@ -57,8 +57,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from temporal_rollouts.core.inputs import field_default
+from temporal_rollouts.core.settings import DemoPolicySettings
 from temporal_rollouts.core.tasks import ScriptedCall
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import (
+    BearerKey,
+    add_key_argument,
+    is_loopback_bind,
+    key_from_env,
+    require_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -325,25 +334,18 @@ def _from_loopback(request: Request) -> bool:
         return False
 
 
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def build_app(
     faults: Faults | dict[str, Any] | None = None,
     *,
     enable_control: bool = False,
     allowed_hosts: AllowedHosts | None = None,
     env_modules: Sequence[str] = (),
+    api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
-    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`).
+    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`);
+    with `api_key`, every route but /health needs it (`sandbox_server.keys`).
     `env_modules`: modules or .py files whose envs it knows besides the bundled and installed ones."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
@@ -360,7 +362,9 @@ def build_app(
             Route("/stats/reset", policy.reset_stats, methods=["POST"]),
         ]
     allowed = allowed_hosts or AllowedHosts.for_bind("127.0.0.1")
-    app = Starlette(routes=routes, middleware=[Middleware(HostGuard, allowed=allowed)])
+    app = Starlette(
+        routes=routes, middleware=[Middleware(HostGuard, allowed=allowed), Middleware(BearerKey, key=api_key)]
+    )
     app.state.policy = policy
     return app
 
@@ -373,20 +377,24 @@ def _config(app: Starlette, log_level: str, **kwargs: Any) -> uvicorn.Config:
 
 async def serve(
     host: str = "127.0.0.1",
-    port: int = 8765,
+    port: int = field_default(DemoPolicySettings, "port"),
     *,
     faults: Faults | dict[str, Any] | None = None,
     log_level: str = "warning",
     enable_control: bool = False,
     allowed_hosts: Sequence[str] = (),
     env_modules: Sequence[str] = (),
+    api_key: str | None = None,
 ) -> None:
-    """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`."""
+    """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`,
+    and refuses to start beyond loopback without `api_key` (`sandbox_server.keys`)."""
+    require_key(host, api_key, "the demo policy")
     app = build_app(
         faults,
         enable_control=enable_control,
         allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts),
         env_modules=env_modules,
+        api_key=api_key,
     )
     await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
 
@@ -462,7 +470,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Serve the demo policy (a test fixture that replays reference solutions; not a model).",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=int, default=field_default(DemoPolicySettings, "port"))
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--allowed-host",
@@ -484,6 +492,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="MODULE",
         help="know the tasks of this module's envs too (a module name or a .py file; repeatable)",
     )
+    add_key_argument(parser)
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
         flag = f"--{name.replace('_', '-')}"
@@ -497,8 +506,10 @@ def main(argv: list[str] | None = None) -> None:
         faults = Faults.model_validate({name: getattr(args, name) for name in Faults.model_fields})
     except ValidationError as err:
         raise SystemExit(f"bad fault flags: {err}") from None
-    if args.enable_control and not is_loopback_host(args.host):
+    if args.enable_control and not is_loopback_bind(args.host):
         raise SystemExit(f"--enable-control needs a loopback --host (127.0.0.1, ::1, localhost), not {args.host!r}")
+    api_key = key_from_env(args.api_key_env)
+    require_key(args.host, api_key, "the demo policy")
     logging.basicConfig(level=args.log_level.upper())
     print(f"demo policy (not a model) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
@@ -511,6 +522,7 @@ def main(argv: list[str] | None = None) -> None:
                 enable_control=args.enable_control,
                 allowed_hosts=args.allowed_hosts,
                 env_modules=args.env_modules,
+                api_key=api_key,
             )
         )
     except KeyboardInterrupt:

@@ -34,10 +34,11 @@ def metrics_address_of(address: str, process: int) -> str:
 
 
 class WorkerProcesses:
-    def __init__(self, settings: Settings, count: int, script: str) -> None:
+    def __init__(self, settings: Settings, count: int, command: list[str]) -> None:
+        """`command`: the worker script and its flags, run with this interpreter."""
         self._settings = settings
         self._count = count
-        self._argv = [sys.executable, script]
+        self._argv = [sys.executable, *command]
         self._running: dict[int, asyncio.subprocess.Process] = {}
 
     def _env(self, index: int) -> dict[str, str]:

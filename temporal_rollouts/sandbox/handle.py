@@ -1,8 +1,9 @@
 """The slot as env hooks see it: the verifier handle, like the original's ToolContext.
 
-Setup and verify get one `LeasedSlot`: a one-shot `terminal`, the stateful terminal
-(`terminal_stateful`, `send_keys`, `screen`, `terminal_output`, `stop_terminal`),
-`read_file`, `write_file` and `search`, all in the rollout's own slot and keyed as
+Setup and verify get one `LeasedSlot`: a one-shot `terminal` (`read_only=True` for a check
+that must see the workspace as the agent left it), the stateful terminal (`terminal_stateful`,
+`send_keys`, `screen`, `terminal_output`, `stop_terminal`), `stop_processes` (every process of
+the slot, before a check), `read_file`, `write_file` and `search`, all in the rollout's own slot and keyed as
 below, plus `meta`, what setup returned (empty during setup). It is a `Lease`
 (`sandbox.lease`), so `upload`, `download`, `list_files` and `share` (the container's
 read-only cache, shared by its slots) are the worker's own, declared there once.
@@ -41,6 +42,7 @@ from temporal_rollouts.sandbox_server.schema import (
     SearchOp,
     SessionOp,
     SlotRef,
+    StopProcessesOp,
     ToolOutput,
     WriteFileOp,
 )
@@ -70,18 +72,33 @@ class LeasedSlot(Lease):
     # one-shot commands and files ------------------------------------------------------------
 
     async def terminal(
-        self, command: str, timeout: float = VERIFY_TIMEOUT_S, *, key: str | None = None, cache: Sequence[str] = ()
+        self,
+        command: str,
+        timeout: float = VERIFY_TIMEOUT_S,
+        *,
+        key: str | None = None,
+        cache: Sequence[str] = (),
+        read_only: bool = False,
     ) -> ToolOutput:
         """Run `command` with bash in a fresh sandboxed shell in /workspace; output and exit code.
         `cache`: entries of the container's shared cache (see `share`) this command alone sees,
-        read-only, at /cache/<name>."""
-        return await self._run(key, ExecOp(command=command, timeout_s=timeout, cache=list(cache)))
+        read-only, at /cache/<name>. `read_only`: the workspace is mounted read-only for it, so no
+        program it runs (the agent's, under test) can change what it checks."""
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout, cache=list(cache), read_only=read_only))
 
     async def exec(
-        self, key: str, command: str, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, *, cache: Sequence[str] = ()
+        self,
+        key: str,
+        command: str,
+        timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S,
+        *,
+        cache: Sequence[str] = (),
+        read_only: bool = False,
     ) -> ToolOutput:
         """`terminal` with its key first (the older form)."""
-        return await self._run(key, ExecOp(command=command, timeout_s=timeout_s, cache=list(cache)))
+        return await self._run(
+            key, ExecOp(command=command, timeout_s=timeout_s, cache=list(cache), read_only=read_only)
+        )
 
     async def read_file(self, *args: str, key: str | None = None) -> ToolOutput:
         """`read_file(path)`, or the older `read_file(key, path)`."""
@@ -123,6 +140,11 @@ class LeasedSlot(Lease):
     async def stop_terminal(self, *, key: str | None = None) -> ToolOutput:
         """End the stateful terminal and everything it started."""
         return await self._run(key, SessionOp(action="stop"))
+
+    async def stop_processes(self, *, key: str | None = None) -> ToolOutput:
+        """End every process of the slot: the stateful terminal, the agent's resident launcher, what is
+        left in the slot's cgroups and every process of its uid. A verifier calls it before it checks."""
+        return await self._run(key, StopProcessesOp())
 
     # keys -----------------------------------------------------------------------------------
 

@@ -53,7 +53,8 @@ from temporal_rollouts.sandbox_server.errors import (
     SnapshotTooLarge,
     TransferTooLarge,
 )
-from temporal_rollouts.sandbox_server.config import ServerConfig
+from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S, ServerConfig
+from temporal_rollouts.sandbox_server.mount_namespace import enter_own_mount_namespace
 from temporal_rollouts.sandbox_server.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_TRANSFER_BYTES,
@@ -98,6 +99,7 @@ def create_app(
     token: str,
     max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
     allowed_hosts: AllowedHosts | None = None,
+    max_pack_s: float = DEFAULT_MAX_PACK_S,
 ) -> Starlette:
     """The server's routes; requests for another host than `allowed_hosts` (by default a loopback
     server's names) are refused (`hosts`)."""
@@ -165,7 +167,7 @@ def create_app(
     async def download(request: Request) -> Response:
         query = _parse_query(request, TransferQuery)
         chunks, size, kind = await transfer.send(
-            manager.leased_slot(query.slot, query.lease_id), query, max_transfer_bytes
+            manager.leased_slot(query.slot, query.lease_id), query, max_transfer_bytes, max_pack_s
         )
         headers = {"content-length": str(size), "x-transfer-kind": kind}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
@@ -176,7 +178,7 @@ def create_app(
         target = manager.leased_slot(body.slot, body.lease_id)
         if source is target:
             raise BadToolRequest("a slot's workspace cannot be copied onto itself")
-        return await transfer.copy_workspace(source, target, body.max_bytes, manager.owner(body.slot))
+        return await transfer.copy_workspace(source, target, body.max_bytes, manager.owner(body.slot), max_pack_s)
 
     async def list_files(request: Request) -> BaseModel:
         query = _parse_query(request, ListQuery)
@@ -311,6 +313,7 @@ async def serve(config: ServerConfig) -> None:
         read_token(config.token_file, config.token_env),
         config.max_transfer_bytes,
         AllowedHosts.for_bind(config.host, config.allowed_hosts),
+        config.max_pack_s,
     )
     listener = _tcp_listener(config.host, config.port)
     uvicorn_config = uvicorn.Config(
@@ -369,4 +372,6 @@ async def _announce_when_started(server: uvicorn.Server, listener: socket.socket
 def main(argv: list[str] | None = None) -> None:
     config = ServerConfig.from_argv(argv, os.environ)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.slot_volume != "checked":
+        enter_own_mount_namespace()  # before any thread: the slots' volumes then go with this process
     asyncio.run(serve(config))

@@ -27,7 +27,7 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,16 +164,22 @@ def move_aside(dir_fd: int, name: str, trash_fd: int, trash_name: str) -> None:
     os.rename(name, trash_name, src_dir_fd=dir_fd, dst_dir_fd=trash_fd)
 
 
-def walk(dir_fd: int, *, max_depth: int = MAX_DEPTH) -> Iterator[tuple[str, int, str, os.stat_result]]:
+def walk(
+    dir_fd: int, *, max_depth: int = MAX_DEPTH, too_deep: Callable[[str], None] | None = None
+) -> Iterator[tuple[str, int, str, os.stat_result]]:
     """Every entry below the folder `dir_fd` as (relative path, descriptor of its folder, name, lstat),
     folders before what they hold, names sorted; never through a link. A folder that vanishes or
-    cannot be opened meanwhile is passed over. Deeper than `max_depth`: BadToolRequest."""
+    cannot be opened meanwhile is passed over. A folder deeper than `max_depth` is passed over too,
+    after `too_deep(its path)`; without `too_deep` it raises BadToolRequest."""
     stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
 
     def enter(fd: int, relative: str) -> None:
         if len(stack) >= max_depth:
             os.close(fd)
-            raise BadToolRequest(f"the folder tree is deeper than {max_depth} levels")
+            if too_deep is None:
+                raise BadToolRequest(f"the folder tree is deeper than {max_depth} levels")
+            too_deep(relative)
+            return
         with os.scandir(fd) as listing:
             entries = sorted(listing, key=lambda entry: entry.name)
         stack.append((fd, relative, iter(entries)))

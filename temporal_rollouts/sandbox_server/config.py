@@ -10,7 +10,7 @@ claim uids from, the per-slot limits, cgroups, network and the output and transf
 worker's sandbox settings are ServerOptions (they add the pool's own fields); a backend adds
 where this one container runs and how it finds its token (`ServerOptions.for_container`).
 
-`SlotLimits` is the only spelling of the seven per-slot limits: in settings, on the command
+`SlotLimits` is the only spelling of the eight per-slot limits: in settings, on the command
 line (flattened: `--memory-limit-mb`), in `/slots/limits` requests (`SlotLimitsRequest`, the
 same fields, each optional) and in an env's `sandbox_limits`.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -32,6 +32,8 @@ DEFAULT_MAX_OUTPUT_CHARS = 50_000
 """Tool output longer than this is cut, keeping head and tail (settings: sandbox.max_output_chars)."""
 DEFAULT_MAX_TRANSFER_BYTES = 1024 * 1024 * 1024
 """An upload or download larger than this is refused (settings: sandbox.max_transfer_bytes)."""
+DEFAULT_MAX_PACK_S = 300.0
+"""A folder that takes longer to pack for a download fails it (settings: sandbox.max_pack_s)."""
 
 
 class SlotLimits(BaseModel):
@@ -53,7 +55,11 @@ class SlotLimits(BaseModel):
     tmp_limit_mb: int = Field(default=256, ge=0)
     """Size of the private /tmp tmpfs of each command (counts as the slot's memory); 0 leaves it unsized."""
     disk_limit_mb: int = Field(default=4096, ge=0)
-    """Workspace size; checked after each command and before each file write, not a filesystem quota."""
+    """Workspace size: the size of the slot's own filesystem where the server can mount one, else checked
+    (`slot_volume`); the slot's processes are stopped at it."""
+    max_files: int = Field(default=262_144, ge=0)
+    """Files, folders and links the workspace may hold: its filesystem's inodes (a small disk limit caps
+    them at one per 4 KiB), else counted by the check; 0 turns it off."""
 
     @classmethod
     def off(cls) -> SlotLimits:
@@ -124,6 +130,13 @@ class ServerOptions(BaseModel):
     """Tool output longer than this is cut, keeping head and tail."""
     max_transfer_bytes: int = Field(default=DEFAULT_MAX_TRANSFER_BYTES, gt=0)
     """Largest file or packed folder moved into or out of a slot in one transfer (1 GiB)."""
+    max_pack_s: float = Field(default=DEFAULT_MAX_PACK_S, gt=0)
+    """Longest a folder may take to pack for a download (a snapshot, a fork's copy): past it the download fails
+    with that reason and the slot is free again, whatever the agent left in it."""
+    slot_volume: Literal["auto", "loop", "checked"] = "auto"
+    """Where each slot's files live: `loop`, a filesystem of its own sized to its limits (root and loop devices);
+    `checked`, a folder on the data folder's disk whose size is checked by walking it; `auto`, the first that
+    works here. /health says which."""
 
     @model_validator(mode="before")
     @classmethod

@@ -21,16 +21,26 @@ from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachabl
 from temporal_rollouts.sandbox_server.isolation import setuid_bits_refused
 from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
 from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
-from temporal_rollouts.sandbox_server.operations import SlotContext, run_operation, settle_after_command
+from temporal_rollouts.sandbox_server.operations import OverLimit, SlotContext, run_operation, settle_after_command
 from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
-from temporal_rollouts.sandbox_server.schema import ExecOp, ExecuteRequest, SearchOp, SessionOp, SlotLease, ToolOutput
+from temporal_rollouts.sandbox_server.schema import (
+    ExecOp,
+    ExecuteRequest,
+    SearchOp,
+    SessionOp,
+    SlotLease,
+    StopProcessesOp,
+    ToolOutput,
+)
 from temporal_rollouts.sandbox_server.sessions import SlotSessions
+from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
 
 
 @dataclass
 class Slot:
     index: int
-    workspace: Path
+    volume: SlotVolume
+    """Where the slot's files live, held to its disk and file limits (`slot_volume`)."""
     lease: SlotLease | None = None
     ttl_s: float = 0.0
     allow_network: bool = False
@@ -42,11 +52,29 @@ class Slot:
     running: set[asyncio.Task[ToolOutput]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     disk: DiskWatch = field(default_factory=DiskWatch)
-    """When the workspace is walked for its disk use; changed by uploads and copies, renewed by a reset."""
+    """What the workspace holds and when it is walked; changed by uploads and copies, renewed by a reset."""
+    notices: list[str] = field(default_factory=list)
+    """What the server did to the slot between calls (its processes stopped at a limit), for the next result."""
+    stopping: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the slot's processes are stopped for a limit: nothing of the slot starts meanwhile, so the
+    kill (which goes on until the slot's cgroups stay empty) never takes the next command's sandbox."""
 
     @property
     def free(self) -> bool:
         return self.lease is None and not self.resetting and self.quarantined is None
+
+    @property
+    def workspace(self) -> Path:
+        return self.volume.workspace
+
+    @property
+    def folder(self) -> Path:
+        """The server's folder of the slot (its uid claim, its terminal's record, spools): never in the volume."""
+        return self.volume.folder
+
+    def take_notices(self) -> str:
+        notes, self.notices = self.notices, []
+        return "".join(f"\n[sandbox: {note}]" for note in dict.fromkeys(notes))
 
 
 class CallRunner:
@@ -64,10 +92,12 @@ class CallRunner:
         self.require_isolation = require_isolation
         self.confinement = confinement
         self.closing = False
+        self.over_limit: OverLimit | None = None
+        """Called when an operation finds the slot past its disk or file limit (`SlotManager` stops its processes)."""
         self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
         self._executions = ExecutionLog(root / "executions.jsonl")
         self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
-        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement)
+        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement, root)
         self.launchers = SlotLaunchers(require_isolation)
 
     def close_files(self) -> None:
@@ -95,11 +125,13 @@ class CallRunner:
 
     async def _run(self, slot: Slot, request: ExecuteRequest, ran: Callable[[Slot, str], None]) -> ToolOutput:
         async with slot.lock:
+            async with slot.stopping:  # a stop for a limit in progress ends before anything of the slot starts
+                pass
             confinement = self.confinement.with_limits(slot.limits)
             operation, launcher = request.operation, None
-            resident = (isinstance(operation, ExecOp) and operation.resident and not operation.cache) or (
-                isinstance(operation, SearchOp) and operation.resident
-            )
+            resident = (
+                isinstance(operation, ExecOp) and operation.resident and not operation.cache and not operation.read_only
+            ) or (isinstance(operation, SearchOp) and operation.resident)
             if resident:  # the agent's own commands (its terminal calls, its searches); hooks' get their own sandboxes
                 launcher = await self.launchers.for_command(
                     slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
@@ -114,6 +146,8 @@ class CallRunner:
                 self.cache,
                 launcher,
                 slot.disk,
+                slot.volume,
+                self.over_limit,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
@@ -129,8 +163,12 @@ class CallRunner:
                 ran_s, refused = time.monotonic() - clock, setuid_bits_refused()
                 if over_disk := await settle_after_command(context, ran_s, refused):
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
+            elif isinstance(request.operation, StopProcessesOp):
+                output = await self._stop_processes(slot, request.call_id, confinement)
             else:
                 output = await run_operation(request.call_id, request.operation, context)
+            if notices := slot.take_notices():
+                output = output.model_copy(update={"output": output.output + notices})
             self._executions.record(
                 call_id=request.call_id,
                 slot=slot.index,
@@ -143,6 +181,16 @@ class CallRunner:
             self._journal.put(stored)
         ran(slot, request.lease_id)
         return output
+
+    async def _stop_processes(self, slot: Slot, call_id: str, confinement: Confinement) -> ToolOutput:
+        """End every process of the slot (`StopProcessesOp`); the slot's lock is held, so none of its
+        operations runs meanwhile, and the next command starts in a sandbox of its own."""
+        await self.sessions.stop(slot.index, slot.workspace)
+        await self.launchers.stop(slot.index)
+        left = await asyncio.to_thread(confinement.kill_slot, slot.index)
+        left += await asyncio.to_thread(confinement.kill_uid, slot.index)
+        said = f"{left} left running were killed" if left else "none was left running"
+        return ToolOutput(call_id=call_id, ok=True, output=f"stopped every process of the slot ({said})")
 
     async def _outcome(self, task: asyncio.Task[ToolOutput]) -> ToolOutput:
         try:

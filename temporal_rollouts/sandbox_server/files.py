@@ -25,6 +25,7 @@ from temporal_rollouts.sandbox_server.beneath import (
     open_root,
     walk,
 )
+from temporal_rollouts.sandbox_server.disk_usage import DiskUsage
 from temporal_rollouts.sandbox_server.output import BYTES_PER_CHAR, BoundedOutput
 
 TRASH_PREFIX = "trash-"
@@ -100,36 +101,25 @@ def prepare_workspace(workspace: Path, owner: tuple[int, int] | None) -> None:
     os.chmod(workspace, 0o700)
 
 
-def reset_workspace(workspace: Path, owner: tuple[int, int] | None) -> Path | None:
-    """Empty the workspace in constant time: move it aside to a trash folder beside it and make a
-    fresh one. Returns the trash folder, for `remove_tree` to delete later (None if nothing moved).
-
-    Never walks the agent's tree, so no depth or size of tree can make it fail or take long."""
-    trash = None
-    if os.path.lexists(workspace):
-        trash = workspace.with_name(f"{TRASH_PREFIX}{uuid.uuid4().hex}")
-        os.rename(workspace, trash)
-    prepare_workspace(workspace, owner)
-    with os.scandir(workspace) as entries:
-        if next(entries, None) is not None:
-            raise OSError(f"{workspace} is not empty after its reset")
-    return trash
-
-
-def settle(workspace: Path) -> int:
+def settle(workspace: Path, max_files: int = 0) -> DiskUsage:
     """After a command: take setuid and setgid bits off whatever the slot left (nothing it writes keeps
-    them on the host's disk), and return the bytes the workspace holds. Walked by descriptor."""
-    used = 0
+    them on the host's disk), and count the bytes and files the workspace holds. Walked by descriptor;
+    `max_files` (0: no cap) stops the walk past that many entries, so its cost is bounded by the slot's
+    file limit, not by what the agent made. Folders deeper than a walk goes are passed over, and said."""
+    used, files, deep = 0, 0, []
     root = open_root(workspace)
     try:
-        for _, parent, name, info in walk(root):
+        for _, parent, name, info in walk(root, too_deep=deep.append):
             used += info.st_blocks * 512
+            files += 1
             if info.st_mode & PRIVILEGE_BITS and not stat.S_ISLNK(info.st_mode):
                 with contextlib.suppress(OSError):  # gone or swapped meanwhile: the next settle sees it
                     chmod_at(parent, name, stat.S_IMODE(info.st_mode) & ~PRIVILEGE_BITS)
+            if max_files and files > max_files:
+                return DiskUsage(bytes=used, files=files, too_deep=bool(deep), cut=True)
     finally:
         os.close(root)
-    return used
+    return DiskUsage(bytes=used, files=files, too_deep=bool(deep))
 
 
 def give_tree(workspace: Path, old_uid: int, owner: tuple[int, int]) -> None:
@@ -161,10 +151,6 @@ class Trash:
         finally:
             os.close(trash_fd)
         remove_tree(self.folder / aside)
-
-
-def leftover_trash(parent: Path) -> list[Path]:
-    return [Path(entry.path) for entry in os.scandir(parent) if entry.name.startswith(TRASH_PREFIX)]
 
 
 def remove_tree(top: Path) -> None:

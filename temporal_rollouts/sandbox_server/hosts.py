@@ -36,7 +36,7 @@ class AllowedHosts:
     def for_bind(cls, bind_host: str, extra: Iterable[str] = ()) -> AllowedHosts:
         """The names a server listening on `bind_host` answers to, and `extra`."""
         names = {bind_host.strip("[]").lower()}
-        if bind_host in WILDCARD_BINDS or _is_loopback(bind_host):
+        if bind_host in WILDCARD_BINDS or is_loopback(bind_host):
             names |= LOOPBACK_NAMES
         if bind_host in WILDCARD_BINDS:
             names |= _own_names()
@@ -55,7 +55,7 @@ class AllowedHosts:
         host = _without_port(host_header.strip().lower())
         return (
             host in self.names
-            or _is_loopback(host)
+            or is_loopback(host)
             and bool(self.names & LOOPBACK_NAMES)
             or any(host.endswith(suffix) for suffix in self.suffixes)
         )
@@ -93,7 +93,8 @@ def _without_port(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is this machine's loopback."""
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:

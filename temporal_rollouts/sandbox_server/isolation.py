@@ -90,13 +90,15 @@ def bubblewrap_argv(
     cache: Sequence[Path] = (),
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
+    read_only: bool = False,
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
     bwrap maps the caller's own unprivileged uid into a user namespace. Every bind mount is nosuid,nodev.
     `seccomp_fd`: a descriptor of `syscall_filter`'s program, which bwrap loads before the command runs.
     `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
-    bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle."""
+    bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle.
+    `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift)."""
     as_root = running_as_root() if as_root is None else as_root
     argv = [bwrap, "--unshare-pid", *(["--as-pid-1"] if as_pid_1 else []), "--unshare-ipc", "--unshare-uts"]
     argv.append("--unshare-cgroup-try")
@@ -126,7 +128,7 @@ def bubblewrap_argv(
         argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
-    argv += ["--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
+    argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, *command]
@@ -272,6 +274,7 @@ def command_launch(
     part: str = "command",
     as_pid_1: bool = False,
     seccomp_fd: int | None = None,
+    read_only: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
@@ -282,8 +285,11 @@ def command_launch(
     `as_pid_1`: `script` is its sandbox's pid 1 (`bubblewrap_argv`), and must reap what its children
     orphan (the resident launcher does). A process that drops its uid inside bwrap loses the parent-death
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
-    socket closes)."""
+    socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
+    make it so."""
     mode = isolation_mode(require_isolation)
+    if read_only and mode != "bubblewrap":
+        raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
     if confinement is None:
         confinement = default_confinement()
     if running_as_root() and not confinement.dedicated_uids:
@@ -311,6 +317,7 @@ def command_launch(
                 cache=cache,
                 as_pid_1=as_pid_1,
                 seccomp_fd=seccomp_fd,
+                read_only=read_only,
             )
         )
         return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None)
@@ -369,16 +376,19 @@ async def run_command(
     slot: int = 0,
     cache: Sequence[Path] = (),
     launcher: Launcher | None = None,
+    read_only: bool = False,
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
     The command travels in a memory file that bash reads and evaluates, never on an argv, so a
     command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
     default one, with no limits, for callers that name none), in a sandbox of its own, or forked
-    from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails)."""
+    from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails).
+    `read_only`: in a sandbox of its own whose workspace is mounted read-only (never the launcher's)."""
     if confinement is None:
         confinement = default_confinement()
     part = f"command-{uuid.uuid4().hex[:12]}"
+    stops = confinement.stops(slot)
     output = BoundedOutput(max_output_chars)
     script_fd = _script_file(command)
     started_read, started_write = os.pipe()
@@ -386,7 +396,7 @@ async def run_command(
     started = time.monotonic()
     try:
         running: Running | None = None
-        if launcher is not None:
+        if launcher is not None and not read_only:
             try:  # fds as the launcher places them (`resident`); bash waits until the server lets it run
                 argv = bash_script(3, 4, report=(5, 6))
                 running = await launcher.spawn(argv, [write_fd, script_fd, started_write], confinement)
@@ -406,6 +416,7 @@ async def run_command(
                 slot=slot,
                 cache=cache,
                 part=part,
+                read_only=read_only,
             )
             running = OwnSandbox(process, confinement, slot, part)
     except BaseException:
@@ -435,7 +446,7 @@ async def run_command(
         reap_orphans()
     text, truncated = output.text()
     started_ok = _read_started(started_read)
-    if not started_ok and not timed_out and returncode != 0:
+    if not started_ok and not timed_out and returncode != 0 and confinement.stops(slot) == stops:
         raise SandboxLaunchFailed(
             f"the sandbox could not start the command (status {returncode}): "
             f"{text.strip()[-LAUNCH_ERROR_CHARS:] or 'no output'}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -38,6 +39,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +60,9 @@ LAUNCHER_PART = "launcher"
 COMMAND_PART = "resident"
 """The part of the slot's cgroups a resident command runs in: one at a time, each found empty (what the
 one before left was killed when it ended), and kept from one to the next (no folders made per command)."""
-SOURCE = (Path(__file__).with_name("resident.py")).read_text()
+PROGRAM = Path(__file__).with_name("resident.py")
+PROGRAM_NAME = "rollouts-slot-launcher"
+"""What `ps` shows of a launcher (with its slot), instead of the program's whole source as `python -c` did."""
 START_TIMEOUT_S = 10.0
 PLACE_TIMEOUT_S = 5.0
 """How long a launcher may take to fork a command and report it; longer, and it is replaced."""
@@ -77,6 +81,34 @@ class LauncherKey:
     lease_id: str
     allow_network: bool
     limits: SlotLimits
+
+
+@functools.cache
+def program_fd() -> int:
+    """A sealed memory file holding the launcher's program, which each launcher's Python reads as
+    `/dev/fd/N`: the sandbox sees none of the server's files, and the command line stays short. Sealed,
+    so nothing that holds it (a launcher, before it closes it) can change what the next one runs."""
+    source = PROGRAM.read_bytes()
+    try:
+        fd = os.memfd_create("rollouts-slot-launcher", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="rollouts-slot-launcher-")
+        os.unlink(path)
+        os.fchmod(fd, 0o444)
+    view = memoryview(source)
+    while view:
+        view = view[os.write(fd, view) :]
+    with contextlib.suppress(AttributeError, OSError):  # a temp file cannot be sealed: it is read-only to others
+        fcntl.fcntl(
+            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        )
+    return fd
+
+
+def launcher_argv(python: str, slot: int, channel_fd: int) -> list[str]:
+    """`python3 -I -S /dev/fd/N rollouts-slot-launcher slot=K CHANNEL`: the program from its memory file, a
+    name and the slot for whoever reads `ps`, and the socket's fd last (the only argument it reads)."""
+    return [python, "-I", "-S", f"/dev/fd/{program_fd()}", PROGRAM_NAME, f"slot={slot}", str(channel_fd)]
 
 
 @functools.cache
@@ -124,12 +156,12 @@ class Launcher:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             ours.setblocking(False)
             process = await start_sandboxed(
-                [python, "-I", "-S", "-c", SOURCE, str(theirs.fileno())],
+                launcher_argv(python, slot, theirs.fileno()),
                 workspace,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), program_fd()),
                 allow_network=key.allow_network,
                 require_isolation=require_isolation,
                 confinement=confinement,
@@ -370,9 +402,12 @@ class SlotLaunchers:
         await self.stop(slot)
         if self._failed.get(slot) == lease_id:
             return None
+        stops = confinement.stops(slot)
         try:
             launcher = await Launcher.start(slot, workspace, key, confinement, self.require_isolation)
         except LauncherBroken as err:
+            if confinement.stops(slot) != stops:  # killed by a stop for a limit: the next command starts another
+                return None
             self._failed[slot] = lease_id
             log.warning("slot %d runs this lease's commands in sandboxes of their own: %s", slot, err)
             return None

@@ -16,16 +16,15 @@ Limits use the best mechanism the host has, and `/health` says which one is in f
 | cpu time         | RLIMIT_CPU on every process of the command                         |
 | file size        | RLIMIT_FSIZE on every process of the command                       |
 | /tmp             | a tmpfs of that size, private to each command                      |
-| workspace disk   | checked after commands and before every file write (see below)     |
+| workspace disk,  | the slot's own filesystem (its size and inodes), else checked by   |
+| files            | walking it; past either, the slot's processes are stopped          |
+|                  | (`slot_volume`, `disk_guard`)                                      |
 | wall time        | the command timeout; the whole tree is killed (process group, pid  |
 |                  | namespace, and every process left in the command's part of the     |
 |                  | slot's cgroup: the slot's session and other commands run on)       |
 
-The workspace disk limit is not a filesystem quota: one command can write past it
-(each file is capped at the file size limit, and the command at its timeout); the
-command is then reported failed with a notice, and file writes are refused until the
-agent frees space. The check walks the workspace; `disk_watch` says when. A reset always
-empties the workspace.
+A slot past a limit it cannot be held below (its disk, its files) has every process stopped
+(`stop_slot`): its commands, its terminal and whatever they left running in the background.
 """
 
 from __future__ import annotations
@@ -38,7 +37,9 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,9 @@ class Confinement:
     """Holds the slot-wide memory and CPU limits that no cgroup holds (`unwatched_limits`)."""
     slot_uids: dict[int, int] = field(default_factory=dict)
     """The uid each slot claimed on this host (`uids.UidClaims`); unclaimed slots fall back to base + index."""
+    _stops: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    _sandboxes: dict[int, set[int]] = field(default_factory=dict, repr=False, compare=False)
+    """slot -> the pids of the sandboxes it runs now (`watched`); shared by every copy (`with_limits`)."""
     _part_folders: dict[tuple[int, str], tuple[Path, ...]] = field(default_factory=dict, repr=False, compare=False)
     """(slot, part) -> the part's distinct folders, sorted: a resident command asks three times per call,
     and building the paths cost more than the cgroup writes themselves."""
@@ -338,10 +342,45 @@ class Confinement:
                 directory.rmdir()
         return killed
 
-    def watched(self, slot: int, pid: int) -> contextlib.AbstractContextManager[None]:
-        """While the block runs, `pid` and what it starts count against the slot's limits in the watchdog
-        (where no cgroup holds the slot's memory or CPU)."""
-        return self.watchdog.watch(slot, pid) if self.watchdog is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def watched(self, slot: int, pid: int) -> Iterator[None]:
+        """While the block runs, `pid` (a sandbox: a command's, the terminal's, the launcher's) is one of the
+        slot's, which `stop_slot` kills, and it and what it starts count against the slot's limits in the
+        watchdog (where no cgroup holds the slot's memory or CPU)."""
+        sandboxes = self._sandboxes.setdefault(slot, set())
+        sandboxes.add(pid)
+        try:
+            with self.watchdog.watch(slot, pid) if self.watchdog is not None else contextlib.nullcontext():
+                yield
+        finally:
+            sandboxes.discard(pid)
+
+    def stops(self, slot: int) -> int:
+        """How many times the slot's processes were stopped for a limit: a command that died before it ran
+        while this changed was stopped, not a sandbox that failed to start."""
+        return self._stops.get(slot, 0)
+
+    def has_processes(self, slot: int) -> bool:
+        """Whether the slot has a sandbox running (a command, its terminal, its launcher)."""
+        return bool(self._sandboxes.get(slot))
+
+    def stop_slot(self, slot: int) -> int:
+        """SIGKILL every process of the slot (a limit it passed): every part of its cgroups, every sandbox it
+        runs (its pid namespace dies with it), and without cgroups every process of its own uid. The calls
+        waiting on them return; its terminal and launcher start afresh on the next call."""
+        self._stops[slot] = self._stops.get(slot, 0) + 1
+        killed = self.kill_slot(slot)
+        for pid in list(self._sandboxes.get(slot, ())):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                killed += _signal(pid, signal.SIGKILL)
+            except PermissionError:
+                pass
+        if self.dedicated_uids and not self.cgroups:
+            killed += sum(_signal(pid, signal.SIGKILL) for pid in pids_of_uid(self.uid(slot)))
+        return killed
 
     def notices(self, slot: int) -> str:
         """What the watchdog did to the slot since last asked ("" if nothing), for the next result."""
@@ -380,6 +419,31 @@ class Confinement:
             killed += _kill_cgroup(directory)
         return killed
 
+    def kill_uid(self, slot: int) -> int:
+        """SIGKILL every process of the slot's own uid on this host, wherever it runs (a slot of a root-run
+        server; with a shared uid nothing is signalled, and `kill_slot` is what reaches its processes).
+        A process of that uid calls kill(-1): the kernel signals every process it may signal while it
+        holds the task list, so no fork slips between a scan and a kill. Returns the tasks the uid had."""
+        if not self.dedicated_uids:
+            return 0
+        uid = self.uid(slot)
+        running = processes_of_uid(uid)
+        if running:
+            killer = ["/bin/sh", "-c", "kill -KILL -1 2>/dev/null; true"]
+            subprocess.run(
+                killer,
+                user=uid,
+                group=self.gid(slot),
+                extra_groups=[],
+                cwd="/",
+                env={},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                check=False,
+                timeout=30,
+            )
+        return running
+
     def unwatched_limits(self) -> set[str]:
         """The slot-wide limits no cgroup holds here, which the watchdog must: "memory", "cpus"."""
         cgroup = self._cgroup_controllers()
@@ -417,10 +481,11 @@ class Confinement:
             return fallback or "off"
 
         watchdog = self.watchdog is not None
+        total = "watchdog (slot total: private pages, shared memory, memfds, tmpfs)"
         memory = (
-            "watchdog (slot total) + rlimit-as (each process)"
+            f"{total} + rlimit-as (each process)"
             if watchdog and rlimit
-            else ("watchdog (slot total)" if watchdog else "rlimit-as (each process)" if rlimit else None)
+            else (total if watchdog else "rlimit-as (each process)" if rlimit else None)
         )
         return {
             "uid": self._uids_in_force(),
@@ -430,8 +495,18 @@ class Confinement:
             "cpu_time": "rlimit-cpu" if limits.cpu_time_limit_s and rlimit else "off",
             "file_size": "rlimit-fsize" if limits.file_size_bytes and rlimit else "off",
             "tmp": "tmpfs-size" if limits.tmp_bytes and tmp_sized else "off",
-            "disk": "checked-after-command" if limits.disk_bytes else "off",
             "wall_time": "timeout kills the tree" + (" and the slot cgroup" if cgroup else ""),
+        }
+
+    def not_held(self) -> dict[str, str]:
+        """For /health: what escapes a limit here, by limit (none where a cgroup holds it)."""
+        if not self.limits.memory_bytes or "memory" in self._cgroup_controllers():
+            return {}
+        if self.watchdog is None:
+            return {"memory": "no memory cgroup and no watchdog: only each process's address space is capped"}
+        return {
+            "memory": "no memory cgroup: the watchdog does not see SysV shared memory that no process has "
+            "attached, nor kernel memory (page tables, socket buffers)"
         }
 
 
@@ -471,6 +546,25 @@ def _write(path: Path, value: object, optional: bool = False) -> None:
         if not optional:
             raise
         log.debug("cannot set %s: %s", path, err)
+
+
+def _signal(pid: int, signum: int) -> int:
+    try:
+        os.kill(pid, signum)
+        return 1
+    except (ProcessLookupError, PermissionError):
+        return 0
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """The processes `uid` runs now."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    found.append(int(entry.name))
+    return found
 
 
 def processes_of_uid(uid: int) -> int:

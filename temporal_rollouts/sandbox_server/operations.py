@@ -9,22 +9,27 @@ raise BadToolRequest instead.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shlex
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
+from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
 from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.files import read_text, write_text
-from temporal_rollouts.sandbox_server.isolation import run_command
-from temporal_rollouts.sandbox_server.config import MIB
+from temporal_rollouts.sandbox_server.isolation import isolation_mode, run_command
 from temporal_rollouts.sandbox_server.launcher import Launcher
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
+from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
 
+OverLimit = Callable[[int, Passed], Awaitable[None]]
+"""(slot index, the limit it passed): what to do when a check finds a slot past a limit."""
 SEARCH_TIMEOUT_S = 30.0
 SEARCH_LINE_CHARS = 400
 
@@ -41,17 +46,17 @@ class SlotContext:
     launcher: Launcher | None = None
     """The slot's resident launcher (`launcher`), for an ExecOp or a SearchOp that asked for it."""
     disk: DiskWatch | None = None
-    """When the slot's workspace is walked for its disk use; None: after every operation."""
+    """What the slot's workspace holds and when it is walked; None: walked after every operation."""
+    volume: SlotVolume | None = None
+    """Where the slot's files live (`slot_volume`); None: no disk or file limit is checked."""
+    over_limit: OverLimit | None = None
+    """Called when an operation finds the slot past a disk or file limit: it stops the slot's processes."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
         """Who host-side writes must leave files to: the slot's uid when the server runs as root."""
         c = self.confinement
         return (c.uid(self.slot), c.gid(self.slot)) if c is not None and c.dedicated_uids else None
-
-    @property
-    def disk_bytes(self) -> int:
-        return self.confinement.limits.disk_bytes if self.confinement is not None else 0
 
 
 async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -> ToolOutput:
@@ -76,6 +81,8 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         raise BadToolRequest("timeout_s must be positive")
     if op.cache and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache")
+    if op.read_only and isolation_mode(slot.require_isolation) != "bubblewrap":
+        raise BadToolRequest("a read-only workspace needs bubblewrap, and this server runs commands unisolated")
     cache = [slot.cache.path(name) for name in dict.fromkeys(op.cache)] if slot.cache is not None else []
     result = await run_command(
         op.command,
@@ -88,8 +95,11 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         slot=slot.slot,
         cache=cache,
         launcher=slot.launcher,
+        read_only=op.read_only,
     )
-    output, over_disk = result.output, await settle_after_command(slot, result.duration_s, result.bits_refused)
+    output = result.output
+    # A read-only command changed nothing: no walk (its mount refuses setuid bits and new bytes alike).
+    over_disk = "" if op.read_only else await settle_after_command(slot, result.duration_s, result.bits_refused)
     if over_disk:
         output += over_disk
     return ToolOutput(
@@ -167,32 +177,45 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
 
 
 async def settle_after_command(slot: SlotContext, ran_s: float, bits_refused: bool) -> str:
-    """After a command ran for `ran_s`: a notice when the workspace is over the slot's disk limit, else "".
-    The walk that counts it also strips setuid and setgid bits (`files.settle`); it runs after every
-    command that could set them, and is paced after those that could not (`bits_refused`: `disk_watch`)."""
-    return _disk_notice(slot, await _usage(slot, ran_s, bits_refused))
+    """After a command ran for `ran_s`: a notice when the workspace is past one of the slot's limits (whose
+    processes are then stopped, `SlotManager.over_limit`), else "". A volume of its own is measured (one
+    statfs); a checked one is walked when a walk is due, and the walk strips setuid and setgid bits after
+    every command that could set them (`bits_refused` False): `disk_watch` says when."""
+    if slot.volume is None or slot.confinement is None:
+        return ""
+    watch = slot.disk if slot.disk is not None else DiskWatch()
+    limits = slot.confinement.limits
+    usage = await watch.after(slot.volume, ran_s, bits_refused=bits_refused, limits=limits)
+    passed, stop = watch.judge(usage, slot.volume, limits)
+    if passed is None:
+        return ""
+    if stop and slot.over_limit is not None:
+        await slot.over_limit(slot.slot, passed)
+    return _limit_notice(slot, passed)
 
 
 async def _over_disk(slot: SlotContext, adding: int) -> str:
-    """A notice when the workspace plus `adding` bytes would be over the slot's disk limit, else ""."""
-    if not slot.disk_bytes:
+    """A notice when the workspace, with `adding` more bytes and one more file, would be past a limit, else ""."""
+    if slot.volume is None or slot.confinement is None:
         return ""
-    return _disk_notice(slot, await _usage(slot, 0.0, True) + adding)  # the server writes no such bits
-
-
-async def _usage(slot: SlotContext, ran_s: float, bits_refused: bool) -> int:
+    limits = slot.confinement.limits
     watch = slot.disk if slot.disk is not None else DiskWatch()
-    return await watch.usage(slot.workspace, ran_s, bits_refused=bits_refused, limit=slot.disk_bytes)
-
-
-def _disk_notice(slot: SlotContext, used: int) -> str:
-    limit = slot.disk_bytes
-    if not limit or used <= limit:
-        return ""
-    return (
-        f"\n[sandbox: the workspace holds more than its disk limit of {limit // MIB} MiB; "
-        "delete files before writing more]"
+    usage = await watch.after(slot.volume, 0.0, bits_refused=True, limits=limits)  # the server writes no such bits
+    grown = dataclasses.replace(
+        usage,
+        bytes=usage.bytes + adding,
+        files=usage.files + 1,
+        free_bytes=None if usage.free_bytes is None else usage.free_bytes - adding,
     )
+    passed = grown.passed(limits, slot.volume.files_limit(limits))
+    return "" if passed is None else _limit_notice(slot, passed)
+
+
+def _limit_notice(slot: SlotContext, passed: Passed) -> str:
+    assert slot.volume is not None and slot.confinement is not None
+    limits = slot.confinement.limits
+    limit = describe_passed(passed, limits, slot.volume.files_limit(limits))
+    return f"\n[sandbox: the workspace is past {limit}; delete files before writing more]"
 
 
 def _shorten(line: str) -> str:

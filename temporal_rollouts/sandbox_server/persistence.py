@@ -8,6 +8,7 @@ that really ran, which is how tests prove nothing ran twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,19 +38,39 @@ def write_json_atomically(path: Path, data: Any) -> None:
 
 class AppendFile:
     """A journal file kept open for appending, unbuffered: a line costs one write(2), not an open, a write
-    and a close (every tool call appends two lines). A crash can lose or tear only the last line."""
+    and a close (every tool call appends two lines). A crash can lose or tear only the last line.
+
+    Opened when made, so a disk whose inodes ran out later cannot keep it from being created. A line the
+    disk has no room for is dropped with a warning (the caller keeps what it holds in memory): a full disk
+    must never turn a tool call that ran into a server error, which its retry would run again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self._failing = False
+        with contextlib.suppress(OSError):
+            self._open()
 
-    def append(self, line: str) -> None:
+    def append(self, line: str) -> bool:
+        """Append one line; False (and a warning, once while it lasts) when the disk refused it."""
+        try:
+            fd = self._open()
+            data = memoryview(line.encode("utf-8"))
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError as err:
+            if not self._failing:
+                log.warning("cannot append to %s (%s): lines are kept in memory only", self.path, err)
+            self._failing = True
+            return False
+        self._failing = False
+        return True
+
+    def _open(self) -> int:
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        data = memoryview(line.encode("utf-8"))
-        while data:
-            data = data[os.write(self._fd, data) :]
+        return self._fd
 
     def close(self) -> None:
         """Before the file is replaced (a compaction) and at shutdown; the next line opens it again."""
@@ -128,10 +149,15 @@ class ResultJournal:
     def _compact(self) -> None:
         self._file.close()
         temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", encoding="utf-8") as file:
-            for record in self._results.values():
-                file.write(record.model_dump_json() + "\n")
-        os.replace(temporary, self.path)
+        try:
+            with temporary.open("w", encoding="utf-8") as file:
+                for record in self._results.values():
+                    file.write(record.model_dump_json() + "\n")
+            os.replace(temporary, self.path)
+        except OSError as err:  # a full disk: the journal stays as it was, and grows again once there is room
+            log.warning("cannot compact %s: %s", self.path, err)
+            temporary.unlink(missing_ok=True)
+            return
         self._lines_in_file = len(self._results)
         self._chars_in_file = self._chars
 
@@ -208,13 +234,23 @@ class LeaseStore:
         self._append({"drop": lease_id})
 
     def compact(self, leases: list[StoredLease]) -> None:
-        write_lines_atomically(self.path, [json.dumps({"put": s.model_dump(mode="json")}) for s in leases])
+        try:
+            write_lines_atomically(self.path, [json.dumps({"put": s.model_dump(mode="json")}) for s in leases])
+        except OSError as err:  # a full disk: the journal stays as it was
+            log.warning("cannot compact %s: %s", self.path, err)
+            return
         self.lines = len(leases)
 
     def _append(self, entry: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(entry) + "\n")
+        """One line; on a full disk a warning instead: the lease holds in memory, and only a restart before
+        the disk has room again would forget it (its holder then gets LeaseLost, never another's slot)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as file:
+                file.write(json.dumps(entry) + "\n")
+        except OSError as err:
+            log.warning("cannot append to %s: %s", self.path, err)
+            return
         self.lines += 1
 
 

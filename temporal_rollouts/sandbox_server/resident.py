@@ -1,9 +1,10 @@
 """The program a slot's resident launcher runs, inside the slot's sandbox (see `launcher`).
 
 Standard library only: the server runs this file's text with the sandbox's own Python
-(`python3 -I -S -c`), so nothing from the workspace, the environment or site-packages
-is imported. It talks to the server over one SOCK_SEQPACKET socket whose fd number is
-its only argument, and runs one command at a time:
+(`python3 -I -S /dev/fd/N rollouts-slot-launcher slot=K FD`, the text from a sealed memory
+file the server passes it), so nothing from the workspace, the environment or site-packages
+is imported. It talks to the server over one SOCK_SEQPACKET socket whose fd number is its
+last argument (the ones before it name it for `ps`), and runs one command at a time:
 
     server -> launcher   b"run" + argv (NUL-separated), with fds: output, script, started, go
     command -> server    b"p" on fd 5 (the kernel attaches the command's pid as the server sees it)
@@ -175,7 +176,8 @@ def prctl(option, value):
 
 
 def main():
-    channel = socket.socket(fileno=high(int(sys.argv[1])))
+    channel = socket.socket(fileno=high(int(sys.argv[-1])))
+    os.closerange(3, HIGH_FD)  # the program's memory file, and anything else the server's side left open
     if prctl(PR_SET_DUMPABLE, 0) != 0:
         sys.exit("cannot make the launcher non-dumpable")
     for number in IGNORED:

@@ -137,7 +137,13 @@ class ExecOp(BaseModel):
         "starts in the slot's sandbox, instead of building a sandbox for it alone: the same uid, limits, "
         "mounts and network, about a tenth of the cost, but the lease's resident commands share /tmp and "
         "see each other's processes while they run. An agent's tool calls set it; setup and verify hooks do "
-        "not, so a verifier never sees what the agent left in /tmp. Ignored with `cache`.",
+        "not, so a verifier never sees what the agent left in /tmp. Ignored with `cache` or `read_only`.",
+    )
+    read_only: bool = Field(
+        default=False,
+        description="Mount the workspace read-only for this command: a check that observes the workspace, "
+        "run beside the agent's programs it starts, sees it as the agent left it (nothing it runs can write, "
+        "chmod or restore a file there). Refused where commands run unisolated.",
     )
 
 
@@ -164,6 +170,14 @@ class SearchOp(BaseModel):
     )
 
 
+class StopProcessesOp(BaseModel):
+    """End every process of the slot: its stateful terminal, its resident launcher, whatever is left in its
+    cgroups and, where the slot has a uid of its own, every process of that uid. A verifier asks for it
+    before it checks, so no program of the agent can change or watch the workspace while it does."""
+
+    op: Literal["stop_processes"] = "stop_processes"
+
+
 SessionAction = Literal["start", "run", "send_keys", "screen", "read", "stop"]
 
 
@@ -180,7 +194,9 @@ class SessionOp(BaseModel):
     timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
 
 
-Operation = Annotated[ExecOp | ReadFileOp | WriteFileOp | SearchOp | SessionOp, Field(discriminator="op")]
+Operation = Annotated[
+    ExecOp | ReadFileOp | WriteFileOp | SearchOp | SessionOp | StopProcessesOp, Field(discriminator="op")
+]
 
 
 class ExecuteRequest(LeaseRequest):
@@ -283,8 +299,13 @@ class HealthStatus(BaseModel):
     )
     limits: dict[str, str] = Field(
         default_factory=dict,
-        description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, "
+        description="Each per-slot limit (uid, memory, processes, cpus, cpu_time, file_size, tmp, disk, files, "
         "wall_time, setuid_bits) and the mechanism enforcing it here, or `off`.",
+    )
+    not_held: dict[str, str] = Field(
+        default_factory=dict,
+        description="Limits this server cannot hold whole, each with what escapes it (no cgroup, no filesystem "
+        "per slot); empty when every limit in force is held.",
     )
     network: str = Field(default="refused", description="What a network-on slot gets on this server.")
     slot_limits: SlotLimits | None = Field(default=None, description="The values of the server's per-slot limits.")

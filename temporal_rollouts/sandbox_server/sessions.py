@@ -42,6 +42,7 @@ from temporal_rollouts.sandbox_server.isolation import start_sandboxed
 from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.output import BoundedOutput
 from temporal_rollouts.sandbox_server.schema import SessionOp, ToolOutput
+from temporal_rollouts.sandbox_server.slot_volume import slot_folder
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,23 @@ class Session:
 class SlotSessions:
     """The sessions of one server's slots, by slot index. A session is only ever used under its slot's lock."""
 
-    def __init__(self, max_output_chars: int, require_isolation: bool, confinement: Confinement | None = None) -> None:
+    def __init__(
+        self,
+        max_output_chars: int,
+        require_isolation: bool,
+        confinement: Confinement | None = None,
+        root: Path | None = None,
+    ) -> None:
         self.max_output_chars = max_output_chars
         self.require_isolation = require_isolation
         self.confinement = confinement
+        self.root = root
+        """The server's root: each session's record is kept in its slot's folder, never in the slot's volume
+        (where a full disk would keep it from being written)."""
         self._sessions: dict[int, Session] = {}
+
+    def _record(self, index: int, workspace: Path) -> Path:
+        return (slot_folder(self.root, index) if self.root is not None else workspace.parent) / SESSION_FILE
 
     async def run(
         self,
@@ -162,7 +175,7 @@ class SlotSessions:
         """One action of the slot's session; `confinement`: this lease's (narrowed) limits, for a new session."""
         started = time.monotonic()
         session = self._sessions.get(index)
-        record = workspace.parent / SESSION_FILE
+        record = self._record(index, workspace)
         if session is not None and session.lease_id != lease_id:  # a release that never reached us
             await self.stop(index, workspace)
             session = None
@@ -223,7 +236,7 @@ class SlotSessions:
         that comes back (this one is shutting down) reports the session as lost instead of unknown."""
         session = self._sessions.pop(index, None)
         if forget:
-            (workspace.parent / SESSION_FILE).unlink(missing_ok=True)
+            self._record(index, workspace).unlink(missing_ok=True)
         if session is None:
             return
         _kill_group(session.process.pid)
@@ -269,7 +282,7 @@ class SlotSessions:
             raise SandboxLaunchFailed(f"the terminal session did not start: {text.decode(errors='replace')[-500:]}")
         session.read_mark = session.screen_from = session.end
         record = {"lease_id": lease_id, "server_pid": os.getpid(), "started_at": time.time()}
-        (workspace.parent / SESSION_FILE).write_text(json.dumps(record))
+        self._record(index, workspace).write_text(json.dumps(record))
         return session
 
     async def _run_command(self, session: Session, call_id: str, op: SessionOp) -> ToolOutput:

@@ -24,6 +24,7 @@ from temporal_rollouts.sandbox_server.execution import Slot
 from temporal_rollouts.sandbox_server.lease_log import LeaseLog
 from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore, StoredLease
 from temporal_rollouts.sandbox_server.schema import Holder, LeaseEvent, LeaseEventKind, SlotLease
+from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
 from temporal_rollouts.sandbox_server.waitline import WaitLine
 
 SAVE_AHEAD = 0.25
@@ -33,11 +34,11 @@ COMPACT_LINES = 1024
 
 
 class SlotBook:
-    def __init__(self, root: Path, slots: int, container_id: str, line: WaitLine) -> None:
+    def __init__(self, root: Path, volumes: list[SlotVolume], container_id: str, line: WaitLine) -> None:
         self.container_id = container_id
-        self.slots = [Slot(index, root / f"slot-{index}" / "workspace") for index in range(slots)]
+        self.slots = [Slot(index, volume) for index, volume in enumerate(volumes)]
         for slot in self.slots:
-            slot.workspace.mkdir(parents=True, exist_ok=True)
+            slot.folder.mkdir(parents=True, exist_ok=True)
         self.idle_since: float | None = None
         self._line = line
         self._store = LeaseStore(root / LEASE_FILE)

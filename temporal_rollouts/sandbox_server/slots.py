@@ -9,15 +9,19 @@ slot. Leases that are not renewed lapse (checked on every operation and by a
 background sweeper) and their slot is reset and handed on. Every change is written
 to the lease event log (see `temporal_rollouts.sandbox_server.lease_log`).
 
-A reset moves the workspace aside and makes a fresh one (constant time, whatever the agent
-built); the old tree is deleted in the background. A slot whose reset fails is quarantined:
-reported in /health and /slots, never leased, tried again now and then, and never a reason
-for the server not to start.
+Each slot's files live in its volume (`slot_volume`), held to its disk and file limits; a check
+that finds a slot past one (after a call, or the disk guard between calls) stops every process
+of the slot (`over_limit`). A reset makes the volume afresh in constant time, whatever the agent
+built: a new filesystem (made ahead while the lease runs), or the old workspace moved aside and
+deleted in the background. A slot whose reset fails is quarantined: reported in /health and
+/slots with why, never leased, tried again after 1 s and then less and less often, and never a
+reason for the server not to start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -30,16 +34,12 @@ from typing import Any, NamedTuple
 from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.reaper import reap_orphans
 from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.disk_guard import guard_disks
+from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
 from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
 from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import (
-    give_tree,
-    leftover_trash,
-    prepare_workspace,
-    remove_tree,
-    reset_workspace,
-)
+from temporal_rollouts.sandbox_server.files import give_tree, remove_tree
 from temporal_rollouts.sandbox_server.config import (
     DEFAULT_UID_BASE,
     DEFAULT_UID_CLAIMS,
@@ -61,6 +61,7 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotState,
     ToolOutput,
 )
+from temporal_rollouts.sandbox_server.slot_volume import Leftover, SlotVolume, SlotVolumes, VolumeChoice, slot_folder
 from temporal_rollouts.sandbox_server.slotbook import SlotBook
 from temporal_rollouts.sandbox_server.uids import UidClaims, save_uid, saved_uid
 from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
@@ -68,7 +69,9 @@ from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog
 
 log = logging.getLogger(__name__)
 
+QUARANTINE_FIRST_RETRY_S = 1.0
 QUARANTINE_RETRY_S = 60.0
+"""A quarantined slot's reset is tried again after 1 s, then after twice as long each time, at most this."""
 
 
 class Grant(NamedTuple):
@@ -97,6 +100,7 @@ class SlotManager:
         use_cgroups: bool = True,
         uid_count: int = DEFAULT_UID_COUNT,
         uid_claims_dir: Path = DEFAULT_UID_CLAIMS,
+        slot_volume: VolumeChoice = "auto",
     ) -> None:
         if slots < 1:
             raise ValueError("a sandbox container needs at least one slot")
@@ -114,15 +118,23 @@ class SlotManager:
         self.uid_claims_dir = uid_claims_dir
         self._claims: UidClaims | None = None
         self._line = WaitLine()
-        self._book = SlotBook(root, slots, container_id, self._line)
+        self.volume_choice: VolumeChoice = slot_volume
+        self.volumes = SlotVolumes("checked", "not chosen yet")  # `start` chooses the best this host allows
+        volumes = [SlotVolume(slot_folder(root, index), "checked", self.confinement.limits) for index in range(slots)]
+        self._book = SlotBook(root, volumes, container_id, self._line)
         self._slots = self._book.slots
         self.cache = SharedCache(root)
         self._runner = CallRunner(
             root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache
         )
-        self._quarantine_retry_at = 0.0
+        self._runner.over_limit = self.over_limit
+        self._quarantine_retry: dict[int, tuple[float, float]] = {}
+        """slot -> (when its reset is tried again, the wait before that)."""
         self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._guard: asyncio.Task[None] | None = None
+        self._making_spares: set[int] = set()
+        self._clearing: set[asyncio.Task[None]] = set()
         self._closing = False
         self._draining = False
 
@@ -141,6 +153,7 @@ class SlotManager:
             uid_claims_dir=config.uid_claims_dir,
             allow_network_unprotected=config.allow_network_unprotected,
             use_cgroups=config.use_cgroups,
+            slot_volume=config.slot_volume,
         )
 
     async def start(self) -> None:
@@ -165,18 +178,28 @@ class SlotManager:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         if self.isolation_mode == "bubblewrap":  # tried once now, so a refused filter is logged at start
             await asyncio.to_thread(isolation.setuid_bits_refused)
-        if self.confinement.dedicated_uids:
-            await asyncio.to_thread(self._claim_uids)
+        moved = await asyncio.to_thread(self._claim_uids) if self.confinement.dedicated_uids else {}
         await asyncio.to_thread(self._prepare_cgroups)
         if self.confinement.unwatched_limits():
             self.confinement.watchdog = Watchdog(self._watch_rule)
             self.confinement.watchdog.start()
-        await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
+        self.volumes = await asyncio.to_thread(
+            SlotVolumes.choose, self.root, self.confinement.limits, len(self._slots), self.volume_choice
+        )
+        for slot in self._slots:
+            slot.volume.kind = self.volumes.kind
         for slot in self._slots:
             if slot.lease is not None:
-                await asyncio.to_thread(self._own_workspace, slot)
+                await asyncio.to_thread(self._keep_volume, slot, moved.get(slot.index))
+        await asyncio.gather(*(self._reset(s) for s in self._slots if s.free))
+        for slot in self._slots:
             self._spawn(self._empty_trash(slot))
         self._sweeper = asyncio.create_task(self._sweep_forever())
+        self._guard = asyncio.create_task(
+            guard_disks(
+                self._slots, self._limits_of, lambda s: self.confinement.has_processes(s.index), self.over_limit
+            )
+        )
 
     def _prepare_cgroups(self) -> None:
         for slot in self._slots:
@@ -187,20 +210,22 @@ class SlotManager:
                 self.confinement.cgroups = None
                 return
 
-    def _claim_uids(self) -> None:
-        """One uid per slot that no other slot on this host holds, the one it had before where it can."""
+    def _claim_uids(self) -> dict[int, int]:
+        """One uid per slot that no other slot on this host holds, the one it had before where it can.
+        Returns the leased slots whose uid changed, with the uid their workspace still belongs to."""
         c = self.confinement
         self._claims = UidClaims(self.uid_claims_dir, c.uid_base, c.uid_count)
+        moved = {}
         for slot in self._slots:
-            folder = slot.workspace.parent
-            before = saved_uid(folder)
+            before = saved_uid(slot.folder)
             uid = c.slot_uids[slot.index] = self._claims.claim(before)
-            save_uid(folder, uid)
+            save_uid(slot.folder, uid)
             if before is not None and before != uid and slot.lease is not None:
                 log.warning(
                     "slot %d's uid %d is held elsewhere now; its workspace moves to uid %d", slot.index, before, uid
                 )
-                give_tree(slot.workspace, before, (uid, uid))
+                moved[slot.index] = before
+        return moved
 
     def _watch_rule(self, index: int) -> SlotRule:
         """What the watchdog holds a slot to: this lease's limits, those no cgroup holds."""
@@ -216,11 +241,32 @@ class SlotManager:
         c = self.confinement
         return (c.uid(slot.index), c.gid(slot.index)) if c.dedicated_uids else None
 
-    def _own_workspace(self, slot: Slot) -> None:
+    def _keep_volume(self, slot: Slot, old_uid: int | None) -> None:
+        """A slot leased before this process started: its volume as it was, given to the uid it has now."""
         try:
-            prepare_workspace(slot.workspace, self._owner(slot))
+            if (leftover := slot.volume.prepare(self._owner(slot), keep=True)) is not None:
+                leftover()
+            if old_uid is not None and (owner := self._owner(slot)) is not None:
+                give_tree(slot.workspace, old_uid, owner)
         except OSError as err:
-            log.warning("cannot give slot %d's workspace to its uid: %s", slot.index, err)
+            slot.quarantined = f"its volume cannot be mounted again: {err}"[:500]
+            log.error("slot %d is quarantined: %s", slot.index, slot.quarantined)
+
+    def _limits_of(self, slot: Slot) -> SlotLimits:
+        return slot.limits or self.confinement.limits
+
+    async def over_limit(self, index: int, passed: Passed) -> None:
+        """A check found the slot past a disk or file limit: stop every process it runs (its commands, its
+        terminal, what they left in the background), and say so in its next result."""
+        slot = self._slots[index]
+        async with slot.stopping:
+            killed = await asyncio.to_thread(self.confinement.stop_slot, index)
+        limit = describe_passed(passed, self._limits_of(slot), slot.volume.files_limit(self._limits_of(slot)))
+        log.warning("slot %d passed %s: stopped its processes (%d signalled)", index, limit, killed)
+        slot.notices.append(
+            f"the slot passed {limit}: every process it ran was stopped (its commands, its terminal and what ran "
+            "in the background); delete files to go on"
+        )
 
     async def _reset(self, slot: Slot) -> bool:
         """Kill what the slot left running and empty its workspace; quarantine the slot if that fails."""
@@ -231,47 +277,70 @@ class SlotManager:
             if slot.limits is not None:  # the next lease starts from the server's limits
                 slot.limits = None
                 await asyncio.to_thread(self.confinement.prepare_slot, slot.index)
-            trash = await asyncio.to_thread(reset_workspace, slot.workspace, self._owner(slot))
+            slot.notices.clear()
+            leftover = await asyncio.to_thread(slot.volume.reset, self._owner(slot), self.confinement.limits)
             slot.disk = DiskWatch()
         except Exception as err:  # noqa: BLE001  (whatever stops a reset, the slot must not be handed on)
             slot.quarantined = f"reset failed: {type(err).__name__}: {err}"[:500]
             log.error("slot %d cannot be reset and is quarantined: %s", slot.index, slot.quarantined)
+            self._spawn(self._empty_trash(slot))  # what it moved aside before failing: the next try needs the room
             return False
         if slot.quarantined:
             log.info("slot %d was reset and leaves quarantine", slot.index)
         slot.quarantined = None
-        if trash is not None:
-            self._spawn(self._remove_trash(trash))
+        if leftover is not None:
+            clearing = asyncio.create_task(self._clear(leftover))  # not cancelled at close: it releases a device
+            self._clearing.add(clearing)
+            clearing.add_done_callback(self._clearing.discard)
+        if slot.index not in self._making_spares and not self._closing:
+            self._making_spares.add(slot.index)
+            self._spawn(self._make_spare(slot))
         return True
 
-    async def _remove_trash(self, trash: Path) -> None:
+    async def _make_spare(self, slot: Slot) -> None:
+        """The filesystem of the slot's next reset, made while this lease runs (`SlotVolume.make_spare`)."""
         try:
-            await asyncio.to_thread(remove_tree, trash)
+            await asyncio.to_thread(slot.volume.make_spare, self.confinement.limits)
+        except OSError as err:  # the next reset makes its own, and says so if it cannot
+            log.warning("cannot make slot %d's next volume ahead: %s", slot.index, err)
+        finally:
+            self._making_spares.discard(slot.index)
+
+    async def _clear(self, leftover: Leftover) -> None:
+        """What a reset left to do, off the hand-over: tear the old filesystem down, or delete the old tree."""
+        try:
+            await asyncio.to_thread(leftover)
         except Exception:
-            log.exception("cannot delete the old workspace %s", trash)
+            log.exception("cannot clear what a slot's reset left")
 
     async def _empty_trash(self, slot: Slot) -> None:
-        for trash in await asyncio.to_thread(leftover_trash, slot.workspace.parent):
-            await self._remove_trash(trash)
+        for trash in await asyncio.to_thread(slot.volume.leftover_trash):
+            await self._clear(functools.partial(remove_tree, trash))
 
     async def close(self) -> None:
         """Stop the sweeper, kill running operations and turn waiters away; leases stay persisted."""
         if self._closing:
             return
         self._closing = self._runner.closing = True
-        if self._sweeper:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._guard):
+            if task:
+                task.cancel()
         self._line.turn_away(SlotUnavailable("the sandbox server is shutting down"))
         running = [task for slot in self._slots for task in slot.running] + list(self._background)
         for task in running:
             task.cancel()
-        await asyncio.gather(*running, *(t for t in [self._sweeper] if t), return_exceptions=True)
+        await asyncio.gather(*running, *(t for t in [self._sweeper, self._guard] if t), return_exceptions=True)
+        await asyncio.gather(*self._clearing, return_exceptions=True)
         await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
         await self._runner.launchers.close()
         if self.confinement.watchdog is not None:
             await self.confinement.watchdog.stop()
         for slot in self._slots:
             await asyncio.to_thread(self.confinement.remove_slot, slot.index)
+            try:
+                await asyncio.to_thread(slot.volume.release)
+            except OSError as err:
+                log.warning("cannot unmount slot %d's volume: %s", slot.index, err)
         if self._claims is not None:
             self._claims.close()
         self._runner.close_files()
@@ -301,10 +370,12 @@ class SlotManager:
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
             limits={
                 **self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+                **self.volumes.describe(self.confinement.limits),
                 "setuid_bits": "refused-in-agent-sandboxes"
                 if isolation.setuid_bits_refused()
                 else "stripped-after-command",
             },
+            not_held={**self.confinement.not_held(), **self.volumes.not_held(self.confinement.limits)},
             network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
             slot_limits=self.confinement.limits,
             slot_uids=dict(self.confinement.slot_uids),
@@ -400,6 +471,12 @@ class SlotManager:
         async with target.lock:
             await asyncio.to_thread(self.confinement.with_limits(narrowed).prepare_slot, target.index)
             target.limits = narrowed
+            resized = (narrowed.disk_bytes, narrowed.max_files) != (current.disk_bytes, current.max_files)
+            # An empty volume of its own, whose filesystem no sandbox has bound yet, is made again at the narrower
+            # size; otherwise its usage is checked against it.
+            if resized and not self.confinement.has_processes(target.index):
+                if await asyncio.to_thread(target.volume.remake, self._owner(target), narrowed):
+                    target.disk = DiskWatch()
         return SlotLimitsRequest(**narrowed.model_dump())
 
     async def execute(self, request: ExecuteRequest) -> ToolOutput:
@@ -533,16 +610,23 @@ class SlotManager:
                 log.exception("lease sweep failed")
 
     async def _retry_quarantined(self) -> None:
-        """Try again, now and then, to reset quarantined slots (whatever blocked it may have gone)."""
-        if time.monotonic() < self._quarantine_retry_at:
-            return
-        self._quarantine_retry_at = time.monotonic() + QUARANTINE_RETRY_S
+        """Try again to reset quarantined slots (whatever blocked it may have gone: a full disk whose trash is
+        now deleted, a fault), soon at first, then less and less often."""
+        now = time.monotonic()
         for slot in self._slots:
-            if slot.quarantined and slot.lease is None and not slot.resetting:
-                async with slot.lock:
-                    if await self._reset(slot):
-                        self._book.update_idle()
-                        self._hand_over(slot)
+            if not slot.quarantined or slot.lease is not None or slot.resetting:
+                self._quarantine_retry.pop(slot.index, None)
+                continue
+            due, wait = self._quarantine_retry.get(slot.index, (0.0, QUARANTINE_FIRST_RETRY_S / 2))
+            if now < due:
+                continue
+            wait = min(wait * 2, QUARANTINE_RETRY_S)
+            self._quarantine_retry[slot.index] = (now + wait, wait)
+            await self._empty_trash(slot)
+            async with slot.lock:
+                if await self._reset(slot):
+                    self._book.update_idle()
+                    self._hand_over(slot)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)

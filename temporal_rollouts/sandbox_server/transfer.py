@@ -36,6 +36,7 @@ from temporal_rollouts.sandbox_server.beneath import (
     open_root,
     walk,
 )
+from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 from temporal_rollouts.sandbox_server.execution import Slot
 from temporal_rollouts.sandbox_server.files import Trash
@@ -54,9 +55,11 @@ _swept: set[Path] = set()
 """Spool folders this process has emptied of what an earlier (crashed) process left behind."""
 
 
-def spool_dir(slot: Slot) -> Path:
-    """Beside the workspace, never inside it: the slot's commands cannot see or race a spool."""
-    directory = slot.workspace.parent / SPOOL_DIR
+def spool_dir(slot: Slot, in_volume: bool = False) -> Path:
+    """Beside the workspace, never inside it: the slot's commands cannot see or race a spool. In the slot's
+    folder (the server's disk), so a full volume can still be packed; `in_volume` for a file upload, which is
+    moved into the workspace with one rename and so counts against the slot's disk from its first byte."""
+    directory = (slot.volume.path if in_volume else slot.folder) / SPOOL_DIR
     directory.mkdir(parents=True, exist_ok=True)
     if directory not in _swept:  # before this process's first spool there, so only leftovers go
         _swept.add(directory)
@@ -71,8 +74,11 @@ async def receive(
     """Write an upload into the slot: a file at `query.path`, or a tar stream unpacked under it."""
     limit = min(query.max_bytes, max_bytes)
     target = ToolPath.parse(query.path)
-    spools = spool_dir(slot)
-    fd, spool = tempfile.mkstemp(dir=spools, prefix="up-")
+    try:
+        spools = spool_dir(slot, in_volume=query.format == "file")
+        fd, spool = tempfile.mkstemp(dir=spools, prefix="up-")
+    except OSError as err:  # a full volume
+        raise BadToolRequest(f"cannot write {target.shown}: {describe(err)}") from err
     try:
         received = await spool_body(body, fd, limit, f"the upload to {target.shown!r}")
         async with slot.lock:
@@ -92,10 +98,12 @@ async def receive(
     return TransferResult(path=target.shown, bytes=received, entries=entries)
 
 
-async def send(slot: Slot, query: TransferQuery, max_bytes: int) -> tuple[AsyncIterator[bytes], int, str]:
+async def send(
+    slot: Slot, query: TransferQuery, max_bytes: int, max_pack_s: float = DEFAULT_MAX_PACK_S
+) -> tuple[AsyncIterator[bytes], int, str]:
     """What a download streams: (chunks, size, kind). A file comes as its bytes, read through a descriptor
     opened now, so a later change to the workspace cannot redirect it; a folder as a tar (gzipped when
-    the format says tar.gz), packed into a spool first from the folder's descriptor."""
+    the format says tar.gz), packed into a spool first from the folder's descriptor, within `max_pack_s`."""
     limit = min(query.max_bytes, max_bytes)
     target = ToolPath.parse(query.path)
     source = _open_in(slot.workspace, target, os.O_RDONLY | os.O_NONBLOCK)
@@ -106,7 +114,7 @@ async def send(slot: Slot, query: TransferQuery, max_bytes: int) -> tuple[AsyncI
             os.close(fd)
             try:
                 async with slot.lock:
-                    await asyncio.to_thread(_pack, source, Path(spool), query.format, limit)
+                    await asyncio.to_thread(_pack, source, Path(spool), query.format, limit, max_pack_s)
                 packed = os.open(spool, os.O_RDONLY | os.O_CLOEXEC)
             finally:
                 os.unlink(spool)  # the open descriptor keeps the data until the stream ends
@@ -123,7 +131,11 @@ async def send(slot: Slot, query: TransferQuery, max_bytes: int) -> tuple[AsyncI
 
 
 async def copy_workspace(
-    source: Slot, target: Slot, max_bytes: int, owner: tuple[int, int] | None = None
+    source: Slot,
+    target: Slot,
+    max_bytes: int,
+    owner: tuple[int, int] | None = None,
+    max_pack_s: float = DEFAULT_MAX_PACK_S,
 ) -> TransferResult:
     """Replace `target`'s workspace with `source`'s: packed by descriptor into a spool under the source's
     lock, then unpacked with `replace` under the target's, exactly as a snapshot and its restore would be,
@@ -134,7 +146,7 @@ async def copy_workspace(
         root = open_root(source.workspace)
         try:
             async with source.lock:
-                await asyncio.to_thread(_pack, root, Path(spool), "tar", max_bytes)
+                await asyncio.to_thread(_pack, root, Path(spool), "tar", max_bytes, max_pack_s)
         finally:
             os.close(root)
         size = os.path.getsize(spool)
@@ -224,9 +236,9 @@ def _place_file(
         os.close(spool_fd)
 
 
-def _pack(folder_fd: int, spool: Path, format: TransferFormat, limit: int) -> None:
+def _pack(folder_fd: int, spool: Path, format: TransferFormat, limit: int, max_pack_s: float) -> None:
     with open(spool, "wb") as out:
-        pack_folder(folder_fd, out, "w:gz" if format == "tar.gz" else "w:", limit, TransferTooLarge)
+        pack_folder(folder_fd, out, "w:gz" if format == "tar.gz" else "w:", limit, TransferTooLarge, max_pack_s)
 
 
 def _unpack(

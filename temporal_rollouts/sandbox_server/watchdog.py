@@ -7,9 +7,12 @@ between slots. This watchdog makes both limits hold for the slot as a whole, a f
 - a slot's processes are those of its uid where slots have their own uids (a root-run server),
   else the descendants of the commands and the session it started (every command runs in its own
   pid namespace, so nothing it starts can leave that tree);
-- memory: when their resident memory added up passes the slot's limit, the largest process is
-  killed, as the kernel's OOM killer would in a cgroup, until the rest fits; the next result of
-  the slot says so. Resident sizes of shared pages count once per process, so the sum errs high;
+- memory: their private pages (RssAnon + RssFile, so page cache of a file mapped by several counts
+  once per process: the sum errs high) and the shared memory they hold, each object once: memfds,
+  SysV segments, shared mappings, and the tmpfs mounts of their sandboxes (`shared_memory` says how,
+  and what it cannot see). When that passes the slot's limit, the process holding the most is
+  killed, as the kernel's OOM killer would in a cgroup, until the rest fits (memory of a sandbox's
+  tmpfs goes when its last process does); the next result of the slot says so;
 - CPU: CPU time used beyond `cpus` cores over an interval is paid back by stopping the slot's
   processes (SIGSTOP, then SIGCONT) for that long, a coarse version of the cgroup CPU quota.
 
@@ -26,11 +29,13 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from temporal_rollouts.sandbox_server.shared_memory import FDS_PER_PASS, Held, Key, MountCache, held_by
+
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.2
+MAX_NAMESPACES_REMEMBERED = 4096
 MAX_PAUSE_S = 1.0
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 
@@ -40,7 +45,6 @@ class Process:
     pid: int
     parent: int
     uid: int
-    rss_bytes: int
     cpu_ticks: int
 
 
@@ -70,6 +74,8 @@ class Watchdog:
         self._slots: dict[int, _Watched] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._mounts = MountCache()
+        self._passes = 0
 
     @contextlib.contextmanager
     def watch(self, slot: int, pid: int) -> Iterator[None]:
@@ -105,7 +111,7 @@ class Watchdog:
                 processes = await asyncio.to_thread(read_processes)
                 for slot, watched in list(self._slots.items()):
                     if watched.roots:
-                        self._enforce(slot, watched, processes, loop)
+                        await self._enforce(slot, watched, processes, loop)
             except Exception:
                 log.exception("the slot watchdog's pass failed")
 
@@ -119,27 +125,53 @@ class Watchdog:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    def _enforce(
+    async def _enforce(
         self, slot: int, watched: _Watched, processes: dict[int, Process], loop: asyncio.AbstractEventLoop
     ) -> None:
         rule = self.rule_of(slot)
         mine = slot_processes(processes, watched.roots, rule.uid)
-        if rule.memory_bytes:
-            self._hold_memory(watched, mine, rule.memory_bytes)
-        if rule.cpus:
+        if rule.cpus:  # first: its pause is due now, and the memory count reads more of /proc (off the loop)
             self._hold_cpu(watched, mine, rule.cpus, loop)
+        if rule.memory_bytes:
+            held = await asyncio.to_thread(self._held, mine)
+            self._hold_memory(watched, held, rule.memory_bytes)
 
-    def _hold_memory(self, watched: _Watched, mine: list[Process], limit: int) -> None:
-        total = sum(p.rss_bytes for p in mine)
-        for process in sorted(mine, key=lambda p: p.rss_bytes, reverse=True):
-            if total <= limit:
-                return
-            if _signal(process.pid, signal.SIGKILL):
+    def _held(self, mine: list[Process]) -> dict[int, Held]:
+        if len(self._mounts.tmpfs) > MAX_NAMESPACES_REMEMBERED:
+            self._mounts.tmpfs.clear()
+        if len(self._mounts.fds) > MAX_NAMESPACES_REMEMBERED:
+            self._mounts.forget_others({p.pid for p in mine})
+        self._mounts.budget = FDS_PER_PASS
+        self._passes += 1
+        start = self._passes % len(mine) if mine else 0  # each pass's budget goes first to another process
+        ordered = mine[start:] + mine[:start]
+        return {p.pid: held for p in ordered if (held := held_by(p.pid, self._mounts)) is not None}
+
+    def _hold_memory(self, watched: _Watched, held: dict[int, Held], limit: int) -> None:
+        """Kill the process holding the most until the slot's memory fits; a shared object leaves the total
+        with the last process that held it."""
+        sizes: dict[Key, int] = {}
+        holders: dict[Key, int] = {}
+        for process in held.values():
+            for key, size in process.shared.items():
+                sizes[key] = size
+                holders[key] = holders.get(key, 0) + 1
+        total = sum(p.private for p in held.values()) + sum(sizes.values())
+        left = dict(held)
+        while total > limit and left:
+            pid, process = max(left.items(), key=lambda item: item[1].private + sum(item[1].shared.values()))
+            del left[pid]
+            if _signal(pid, signal.SIGKILL):
+                using = process.private + sum(process.shared.values())
                 watched.notices.append(
-                    f"killed a process using {process.rss_bytes // MIB} MiB: the slot's "
-                    f"processes went over its memory limit of {limit // MIB} MiB"
+                    f"killed a process holding {using // MIB} MiB (its own memory and the shared memory, memfds "
+                    f"and tmpfs files it held): the slot's processes went over its memory limit of {limit // MIB} MiB"
                 )
-            total -= process.rss_bytes
+            total -= process.private
+            for key in process.shared:
+                holders[key] -= 1
+                if not holders[key]:
+                    total -= sizes[key]
 
     def _hold_cpu(self, watched: _Watched, mine: list[Process], cpus: float, loop: asyncio.AbstractEventLoop) -> None:
         used = sum(max(p.cpu_ticks - watched.ticks.get(p.pid, 0), 0) for p in mine)
@@ -189,7 +221,6 @@ def read_processes() -> dict[int, Process]:
             pid=pid,
             parent=int(fields[1]),
             uid=uid,
-            rss_bytes=int(fields[21]) * PAGE_BYTES,
             cpu_ticks=int(fields[11]) + int(fields[12]),
         )
     return found

@@ -1,6 +1,6 @@
 """The web page `rollouts view` serves: batches and training runs, their rollouts and figures, one trajectory at a time.
 
-A small JSON API over temporal_rollouts/cli (the same reads as `rollouts list`, `show` and
+A small JSON API over the control layer, temporal_rollouts/client (the same reads as `rollouts list`, `show` and
 `train status`) plus one static page that renders it and refreshes while something runs.
 Rollout lists come from the visibility store (search attributes: status, stop reason, score),
 so filtering a batch of thousands costs one query, not a result fetch per rollout; the
@@ -21,26 +21,32 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.records import (
+from temporal_rollouts.client.records import (
     batch_counts,
     describe_or_none,
     list_batches,
     load_rollout,
+    retry_summary,
     rollout_branches,
     status_name,
+    waiting_on_retries,
 )
-from temporal_rollouts.cli.rollout_rows import RolloutFilter, list_rollouts
-from temporal_rollouts.cli.train import FEED, feed_status, list_training_runs
+from temporal_rollouts.client.rollout_rows import RolloutFilter, list_rollouts
+from temporal_rollouts.client.training import FEED, feed_status, list_training_runs
 from temporal_rollouts.core.errors import ConfigError
+from temporal_rollouts.core.feed import FeedStatus
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.codec import codec_routes
 from temporal_rollouts.view.figures import Counts, batch_figures, counts_of_rows
 from temporal_rollouts.view.outcome_cache import OutcomeCache
 
+KEY_COOKIE = "rollouts_view_key"
+"""The cookie that carries the view's key once the page was opened as `/?key=KEY`."""
 PAGE = Path(__file__).with_name("page.html")
 MAX_ROLLOUTS = 2000
 """Rollouts listed for one batch at most (filters narrow a larger one); the figures count them all."""
@@ -74,12 +80,16 @@ def create_app(
     transcripts: TranscriptStore,
     ui_origins: list[str] | None = None,
     allowed_hosts: AllowedHosts | None = None,
+    key: str | None = None,
 ) -> Starlette:
     """`ui_origins`: the Temporal UI's origin(s), allowed to call the codec endpoint from the browser.
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
-    header is refused, so a web page cannot read the conversations through DNS rebinding."""
+    header is refused, so a web page cannot read the conversations through DNS rebinding. `key`:
+    every route then needs it, as a bearer token or the cookie the page sets when opened once as
+    `/?key=KEY` (`sandbox_server.keys`)."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}
+    finals: dict[str, FeedStatus | None] = {}
     outcomes = OutcomeCache(client)
 
     async def page(request: Request) -> FileResponse:
@@ -91,7 +101,7 @@ def create_app(
         return JSONResponse([batch.model_dump(mode="json") for batch in found])
 
     async def runs(request: Request) -> JSONResponse:
-        found = await list_training_runs(client, int(request.query_params.get("limit", "50")))
+        found = await list_training_runs(client, int(request.query_params.get("limit", "50")), finals)
         return JSONResponse([run.model_dump(mode="json") for run in found])
 
     async def rollouts(request: Request) -> JSONResponse:
@@ -103,7 +113,7 @@ def create_app(
         described = await describe_or_none(client, batch_id)
         if described is None or described.workflow_type not in KINDS:
             raise ConfigError(f"no batch or training run with id {batch_id!r}")
-        rows = await list_rollouts(client, batch_id)
+        rows = [row for row in await list_rollouts(client, batch_id) if not row.outside(batch_id)]  # not its forks
         known, pending = await outcomes.outcomes(rows, FIGURES_WAIT_S)
         kind = KINDS[described.workflow_type]
         counts = counts_of_rows(rows)
@@ -116,15 +126,18 @@ def create_app(
         shown = batch_figures(batch_id, kind, status_name(described.status), counts, rows, known, pending)
         if kind == "training_run":
             try:
-                shown.feed = (await feed_status(client, batch_id)).model_dump(mode="json")
+                report = await feed_status(client, batch_id)
+                shown.feed, shown.retrying = report.model_dump(mode="json"), report.retrying
             except RPCError as err:
                 shown.feed_error = f"the run's figures need a worker to answer its status query ({err.message})"
+        elif described.status == WorkflowExecutionStatus.RUNNING:
+            shown.retrying = retry_summary(await waiting_on_retries(client, batch_id))
         return JSONResponse(shown.model_dump(mode="json"))
 
     async def rollout(request: Request) -> JSONResponse:
         record = await load_rollout(client, transcripts, request.path_params["rollout_id"])
         record.branches = await rollout_branches(client, record.rollout_id)  # its children, as `rollouts show` lists
-        return JSONResponse(record.model_dump(mode="json", exclude_none=True))
+        return JSONResponse(record.shown())
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         message = exc.message if isinstance(exc, ConfigError) else str(exc)
@@ -158,5 +171,6 @@ def create_app(
                 if ui_origins
                 else []
             ),
+            Middleware(BearerKey, key=key, open_paths=(), cookie=KEY_COOKIE),
         ],
     )

@@ -12,7 +12,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.client.rollout_rows import RolloutOutcome, RolloutRow
 from temporal_rollouts.core.records import StopReason
 
 MAX_BARS = 12
@@ -65,6 +65,8 @@ class Figures(BaseModel):
     outcomes_pending: int
     feed: dict | None = None
     feed_error: str | None = None
+    retrying: list[str] = []
+    """While it runs: what its steps retry and why, one line per cause."""
 
 
 def _label(value: float) -> str:

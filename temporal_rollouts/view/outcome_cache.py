@@ -13,7 +13,7 @@ import logging
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.rollout_rows import (
+from temporal_rollouts.client.rollout_rows import (
     READ_CONCURRENCY,
     RolloutOutcome,
     RolloutRow,

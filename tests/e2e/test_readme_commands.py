@@ -232,12 +232,12 @@ def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine:
     again = machine.run(str(ROLLOUTS), "train", "stop", "readme-run")
     assert (
         again.returncode == 1
-        and again.stderr.strip() == "error: training run readme-run is not running (it is completed)"
+        and again.stderr.strip() == "error: training run readme-run is not running (it is stopped)"
     )
     listed = machine.run(str(ROLLOUTS), "train", "list")
-    assert "readme-run" in listed.stdout
-    text = machine.run(str(ROLLOUTS), "status", "readme-run")
-    assert text.returncode == 0 and text.stdout.startswith("training run readme-run (echo_chain): done")
+    assert next(line for line in listed.stdout.splitlines() if line.startswith("readme-run")).split()[1] == "stopped"
+    text = machine.run(str(ROLLOUTS), "status", "readme-run")  # ended by `train stop`: stopped, not completed
+    assert text.returncode == 0 and text.stdout.startswith("training run readme-run (echo_chain): stopped")
 
 
 def test_a_fork_as_the_readme_shows_it(machine: Machine) -> None:

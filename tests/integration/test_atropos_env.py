@@ -29,7 +29,7 @@ from tests.support import REPO, TEMPLATES
 from tests.support.processes import settings_environment
 from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
 from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
-from worker import Parts
+from temporal_rollouts.runtime.worker import Parts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

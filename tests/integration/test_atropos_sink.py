@@ -18,7 +18,7 @@ from temporal_rollouts.sinks.groups import GroupBuilder
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support.servers.run_api import RunApiProcess, pull_batch, register_trainer
 from tests.support.waiting import batch_id
-from worker import Parts
+from temporal_rollouts.runtime.worker import Parts
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow

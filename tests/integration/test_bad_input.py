@@ -36,7 +36,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import temporal_binary
 from temporal_rollouts.sandbox.pool import SandboxPool
 from tests.support.waiting import batch_id, leased_slots, reap_closed_holders, wait_until
-from worker import WORKFLOWS, Parts, build_activities
+from temporal_rollouts.runtime.worker import WORKFLOWS, Parts, build_activities
 from workflows import params
 
 pytestmark = pytest.mark.slow

@@ -56,7 +56,7 @@ async def test_export_writes_every_rollout_failed_ones_included(
     by_status = {r["status"]: r for r in records}
     assert set(by_status) == {"completed", "failed"}
     failed = by_status["failed"]
-    assert failed["result"]["stop_reason"] == "model_rejected"
+    assert failed["result"]["stop_reason"] == "model_rejected" and failed["result"]["score"] is None
     assert [m["role"] for m in failed["messages"]] == ["system", "user"]  # the conversation it had, from the store
     scored = by_status["completed"]
     assert scored["result"]["score"] == 1.0
@@ -133,7 +133,7 @@ async def test_list_of_a_batch_lists_its_rollouts_filtered(
     text = capsys.readouterr().out
     assert text.splitlines()[0].split() == ["rollout", "status", "stop", "reason", "score", "turns"]
     assert f"{batch}/item-0/g0" in text and "2 rollouts of " in text
-    with pytest.raises(ConfigError, match="no batch with id 'no-such-batch'"):
+    with pytest.raises(ConfigError, match="no batch, training run or fork with id 'no-such-batch'"):
         await cli_inspect.cmd_list(_list_args("no-such-batch"), settings)
     with pytest.raises(ConfigError, match="unknown status 'broken'"):
         await cli_inspect.cmd_list(_list_args(batch, "--status", "broken"), settings)

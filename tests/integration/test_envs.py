@@ -59,11 +59,11 @@ class BwrapSlot:
         assert resolved.is_relative_to(self.root.resolve()), f"path escapes the workspace: {path}"
         return resolved
 
-    async def exec(self, key: str, command: str, timeout_s: float = 60.0) -> ToolOutput:
+    async def exec(self, key: str, command: str, timeout_s: float = 60.0, *, read_only: bool = False) -> ToolOutput:
         self._key(key)
-        return await self._run(key, command, timeout_s)
+        return await self._run(key, command, timeout_s, read_only)
 
-    async def _run(self, key: str, command: str, timeout_s: float) -> ToolOutput:
+    async def _run(self, key: str, command: str, timeout_s: float, read_only: bool = False) -> ToolOutput:
         argv = [
             "bwrap",
             "--ro-bind",
@@ -87,7 +87,7 @@ class BwrapSlot:
             "/dev",
             "--tmpfs",
             "/tmp",
-            "--bind",
+            "--ro-bind" if read_only else "--bind",
             str(self.root),
             WORKSPACE,
             "--chdir",
@@ -131,6 +131,10 @@ class BwrapSlot:
     async def stop_terminal(self, *, key: str) -> ToolOutput:
         self._key(key)
         return ToolOutput(call_id=key, ok=True, output="no terminal session was running")
+
+    async def stop_processes(self, *, key: str) -> ToolOutput:
+        self._key(key)
+        return ToolOutput(call_id=key, ok=True, output="stopped every process of the slot (none was left running)")
 
 
 async def play(slot: BwrapSlot, turns: list[list[ScriptedCall]]) -> list[ToolOutput]:
@@ -248,24 +252,14 @@ def test_task_json_accepts_lines_and_rejects_bad_paths(tmp_path):
         load_tasks_from(tmp_path)
 
 
+@needs_bwrap
 async def test_verify_reads_the_task_definition_at_verify_time(tmp_path, monkeypatch):
     env = get_env("terminal_tasks")
     item = env.load_items(1)[0]
     fixed = bundled_tasks()[item.id].model_copy(update={"check": "echo patched; exit 0\n"})
     monkeypatch.setattr(env, "tasks", lambda: {item.id: fixed})
-    verdict = await env.verify(item, FakeSlot(), [])
+    verdict = await env.verify(item, BwrapSlot(tmp_path), [])
     assert verdict.score == 1.0 and verdict.details["output"] == "patched\n"
-
-
-class FakeSlot:
-    """Runs commands on the host without a sandbox; only for checks that touch nothing."""
-
-    async def exec(self, key: str, command: str, timeout_s: float = 60.0) -> ToolOutput:
-        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s)
-        return ToolOutput(call_id=key, ok=proc.returncode == 0, output=proc.stdout, exit_code=proc.returncode)
-
-    async def stop_terminal(self, *, key: str) -> ToolOutput:
-        return ToolOutput(call_id=key, ok=True, output="no terminal session was running")
 
 
 # terminal_tasks: every task, for real ------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from temporal_rollouts.cli.fork import find_fork_point, start_fork
+from temporal_rollouts.client.forks import find_fork_point, start_fork
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.forks import BranchPlan, BranchSpec, ForkSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult

@@ -34,6 +34,11 @@ async def rollouts(settings: Settings, *args: str) -> subprocess.CompletedProces
     )
 
 
+def ending(printed: str) -> list[str]:
+    """Workspace, stop reason and score of the one continuation `rollouts fork --wait` printed."""
+    return printed.strip().splitlines()[-1].split()[1:4]
+
+
 async def rollout(client: Client, settings: Settings, input: TrajectoryInput) -> TrajectoryResult:
     return TrajectoryResult.model_validate(
         await client.execute_workflow(
@@ -55,6 +60,7 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
     assert forked["reused"]["turns"] == 2 and forked["rebuild"] == "replay" and forked["not_carried"] == []
     assert [r["score"] for r in forked["results"]] == [1.0, 1.0]
     root = forked["first"]
+    assert forked["rollouts"] == [root, f"{root}/t2b1"]  # every continuation's id, not only the first
 
     shown = json.loads((await rollouts(settings, "show", source.rollout_id, "--json")).stdout)
     assert [(b["rollout_id"], b["at_turn"]) for b in shown["branches"]] == [(root, 2)]
@@ -64,6 +70,21 @@ async def test_rollouts_fork_starts_continuations_and_show_draws_the_tree(client
 
     refused = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "9")
     assert refused.returncode == 1 and "fork at a turn from 0 to 5" in refused.stderr
+
+    listed = await rollouts(settings, "list", forked["fork_id"], "--json")  # a fork's id lists its rollouts
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["rollout_id"], r["forked_from"]) for r in json.loads(listed.stdout)] == [
+        (root, source.rollout_id),
+        (f"{root}/t2b1", root),
+    ]
+    started = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "1", "-n", "3", "--wait")
+    assert started.returncode == 0, started.stderr
+    lines = started.stdout.splitlines()
+    tree = next(line.split()[1].rstrip(":") for line in lines if line.startswith("started "))
+    named = [line.strip() for line in lines if line.startswith(f"  {tree}/")]
+    assert named == [f"{tree}/n0", f"{tree}/n0/t1b1", f"{tree}/n0/t1b2"], started.stdout
+    again = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "1", "--id", forked["fork_id"])
+    assert again.returncode == 1 and "is taken by a RolloutTreeWorkflow" in again.stderr, again.stderr
 
 
 @pytest.mark.slow
@@ -80,10 +101,11 @@ async def test_a_fork_says_it_cannot_carry_the_stateful_terminal_and_a_replay_st
     assert source.score == 1.0
 
     restored = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "2", "--wait")
-    assert "not carried the stateful terminal's session" in restored.stdout, restored.stdout
+    carried = next(line for line in restored.stdout.splitlines() if line.startswith("  not carried "))
+    assert carried.split(None, 2)[2].startswith("the stateful terminal's session"), restored.stdout
     assert "restored from the snapshot taken after turn 2" in restored.stdout
-    assert restored.returncode == 0 and " snapshot  completed           0 " in restored.stdout, restored.stdout
+    assert restored.returncode == 0 and ending(restored.stdout) == ["snapshot", "completed", "0"], restored.stdout
 
     replayed = await rollouts(settings, "fork", source.rollout_id, "--at-turn", "2", "--rebuild", "replay", "--wait")
     assert "replayed in a new session" in replayed.stdout
-    assert " replay    completed           1 " in replayed.stdout, replayed.stdout
+    assert ending(replayed.stdout) == ["replay", "completed", "1"], replayed.stdout

@@ -16,7 +16,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.client.forks import start_fork
 from temporal_rollouts.core.records import BatchInput, BatchResult, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
@@ -109,7 +109,7 @@ async def test_a_worker_killed_during_a_replay_finishes_the_fork_and_runs_each_c
             task_queue=crash_settings.temporal.task_queue,
         )
     )
-    handle, _, (root,) = await start_fork(client, crash_settings, source.rollout_id, 3, 2)
+    handle, _, (root, _branch) = await start_fork(client, crash_settings, source.rollout_id, 3, 2)
 
     async def replaying() -> bool:
         try:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from temporal_rollouts.cli.fork import start_fork
+from temporal_rollouts.client.forks import start_fork
 from temporal_rollouts.core.records import BatchInput, RolloutLimits, Sampling, TrajectoryResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
@@ -23,7 +23,7 @@ from temporal_rollouts.core.trees import RolloutTreeResult
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support.servers.fixtures import GenerateServerProcess, generate_policy
 from tests.support.waiting import batch_id
-from worker import Parts
+from temporal_rollouts.runtime.worker import Parts
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow

@@ -21,6 +21,7 @@ from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, SearchOp, SessionOp, SlotLease, ToolOutput
+from tests.support.processes import command_lines
 from tests.support.sandbox import (
     execute_in,
     fork_bomb,
@@ -109,6 +110,15 @@ async def test_a_resident_command_answers_as_one_in_a_sandbox_of_its_own(client,
     assert (await run(client, lease, PID_1, resident=False)).output == "bwrap\n"
 
 
+async def test_ps_names_the_launcher_and_its_slot_instead_of_printing_its_source(client, lease):
+    """`python -c SOURCE` put the launcher's 250 lines on every `ps` line of every slot's launcher."""
+    assert (await run(client, lease, "true")).ok  # the lease's launcher runs from here on
+    inside = (await run(client, lease, "tr '\\0' ' ' < /proc/1/cmdline")).output
+    assert f"rollouts-slot-launcher slot={lease.slot} " in inside and len(inside) < 120, inside
+    on_host = [line for line in command_lines().values() if "rollouts-slot-launcher" in line]
+    assert on_host and not [line for line in on_host if "import " in line or "def " in line], on_host
+
+
 async def test_the_command_runs_in_its_own_part_of_the_slots_cgroups(client, lease):
     if not client.cgroups:
         pytest.skip("no cgroups")
@@ -183,7 +193,9 @@ async def test_a_resident_fork_bomb_is_capped_and_the_next_command_runs(client, 
 
 async def test_a_launcher_killed_from_outside_runs_no_command_twice(client, lease):
     assert (await run(client, lease, "echo one >> count")).ok
-    launchers = [pid for pid in slot_processes() if b"-I\0-S\0-c" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    launchers = [
+        pid for pid in slot_processes() if b"rollouts-slot-launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert len(launchers) == 1
     os.kill(launchers[0], signal.SIGKILL)
     after = await run(client, lease, "echo two >> count; cat count")

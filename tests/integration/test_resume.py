@@ -17,8 +17,8 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from envs.terminal_tasks.env import TerminalTasksEnv
-from temporal_rollouts.cli.main import start_batch
-from temporal_rollouts.cli.records import list_batches
+from temporal_rollouts.client.batches import start_batch
+from temporal_rollouts.client.records import list_batches
 from temporal_rollouts.cli.resume import cmd_resume
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError

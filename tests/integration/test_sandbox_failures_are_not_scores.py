@@ -38,7 +38,7 @@ MAX_PROCESSES = 12
 async def test_a_slot_that_cannot_fork_fails_the_rollout_and_no_zero_is_written(
     settings: Settings, parts, demo_policy, tmp_path: Path
 ) -> None:
-    from worker import Parts, polling_worker
+    from temporal_rollouts.runtime.worker import Parts, polling_worker
 
     own = settings.model_copy(
         update={

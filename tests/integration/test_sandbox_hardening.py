@@ -283,7 +283,9 @@ async def test_without_cgroups_rlimits_cap_memory_and_processes(rlimit_server):
     backend, info, client = rlimit_server
     slots = Slots(backend, info, client)
     health = await client.send(HealthQuery())
-    assert health.limits["memory"] == "watchdog (slot total) + rlimit-as (each process)"
+    assert health.limits["memory"].startswith("watchdog (slot total: ")
+    assert health.limits["memory"].endswith(" + rlimit-as (each process)")
+    assert "SysV shared memory" in health.not_held["memory"]
     assert health.limits["processes"].startswith("rlimit-nproc")
     hog, bomb = await slots.take(), await slots.take()
     memory = await slots.run(hog, "python3 -c 'x = bytearray(1 << 30); print(\"GOT\", 6 * 7)'")
@@ -524,10 +526,14 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
     backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
     async with running_container(backend) as (info, client):
         lease = await client.send(AcquireRequest(holder=holder("stuck"), ttl_s=60, wait_s=5))
-        workspace = workspace_of(backend, info.container_id, lease.slot)
         await client.send(execute_in(lease, "f", ExecOp(command="echo secret > left.txt")))
-        # An immutable workspace folder: the reset's rename fails, as a real fault would make it.
-        frozen = await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(workspace)], check=False)
+        # An immutable slot folder: the reset can replace neither the slot's filesystem image nor (a checked
+        # volume) its workspace, as a real fault would make it.
+        frozen_folder = backend.container_dir(info.container_id) / "root" / f"slot-{lease.slot}"
+        health = await client.send(HealthQuery())
+        if health.limits["disk"].startswith("checked"):
+            frozen_folder = workspace_of(backend, info.container_id, lease.slot)
+        frozen = await asyncio.to_thread(subprocess.run, ["chattr", "+i", str(frozen_folder)], check=False)
         if frozen.returncode != 0:
             pytest.skip("this filesystem has no immutable attribute")
         try:
@@ -548,13 +554,13 @@ async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_pa
             with pytest.raises(SlotUnavailable):
                 await client.send(AcquireRequest(holder=holder("no-more"), ttl_s=60, wait_s=0))
         finally:
-            await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(workspace)], check=True)
+            await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(frozen_folder)], check=True)
         # A restart neither fails on the slot nor keeps it dirty.
         await backend.stop_container(info.container_id)
         restarted = await backend.start_container(info.container_id)
         async with SandboxClient(restarted.url, restarted.read_token()) as again:
             assert (await again.send(HealthQuery())).quarantined == {}
-            assert not (workspace / "left.txt").exists()
+            assert not (workspace_of(backend, info.container_id, lease.slot) / "left.txt").exists()
 
 
 # --- 5. network on never reaches the control plane unacknowledged ------------------------
@@ -620,7 +626,7 @@ async def test_without_bubblewrap_commands_are_refused_unless_explicitly_allowed
             await strict.execute(
                 ExecuteRequest(slot=0, lease_id=lease.lease_id, call_id="c1", operation=ExecOp(command="touch ran"))
             )
-    assert not (tmp_path / "root" / "slot-0" / "workspace" / "ran").exists()
+        assert not (strict.leased_slot(0, lease.lease_id).workspace / "ran").exists()
     for _ in range(2):  # warns on every start
         caplog.clear()
         async with SlotManager(tmp_path / "loose", 1, "c", require_isolation=False):

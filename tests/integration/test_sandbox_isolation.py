@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import tracemalloc
 
@@ -153,4 +154,35 @@ async def test_require_isolation_refuses_without_bubblewrap(tmp_path, monkeypatc
     monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
     with pytest.raises(SandboxRequired):
         await run("touch ran", tmp_path, require_isolation=True)
+    assert not (tmp_path / "ran").exists()
+
+
+@needs_bubblewrap
+async def test_a_read_only_command_cannot_change_the_workspace(tmp_path):
+    """What a verifier's check runs with: no program it starts can write, rename, chmod or delete there."""
+    (tmp_path / "kept.txt").write_text("as the agent left it\n")
+    owner = isolation.default_confinement()
+    for path in (tmp_path, tmp_path / "kept.txt"):  # the command's own files, as a slot's are
+        os.chown(path, owner.uid(0), owner.gid(0))
+    attempts = "; ".join(
+        [
+            "echo changed > kept.txt",
+            "touch new.txt",
+            "mv kept.txt moved.txt",
+            "chmod 000 kept.txt",
+            "rm kept.txt",
+            "cat kept.txt",
+        ]
+    )
+    done = await run(attempts, tmp_path, read_only=True)
+    assert done.output.count("Read-only file system") == 5, done.output
+    assert done.output.rstrip().endswith("as the agent left it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"] and (tmp_path / "kept.txt").stat().st_mode & 0o444
+
+
+async def test_a_read_only_workspace_is_refused_unisolated(tmp_path, monkeypatch):
+    """Nothing can make it read-only without bubblewrap: refused, never run as if it were."""
+    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+    with pytest.raises(SandboxRequired, match="read-only"):
+        await run("touch ran", tmp_path, require_isolation=False, read_only=True)
     assert not (tmp_path / "ran").exists()

@@ -16,6 +16,7 @@ from temporal_rollouts.sandbox.backends.local import HEALTH_TIMEOUT_S, LocalBack
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry, RegistryBusy
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import ExecOp, ReadFileOp, WriteFileOp
+from tests.support.processes import command_lines
 from tests.support.sandbox import REPO, holder, root_of, runs_of, wait_until, workspace_of
 
 
@@ -157,3 +158,21 @@ async def test_a_server_whose_starter_died_before_registering_it_is_stopped(back
     assert [info.container_id for info in await backend.list_containers()] == [registered.container_id]
     assert await wait_until(lambda: gone(orphan.pid))
     assert not gone(registered.pid)
+
+
+async def test_a_start_given_up_before_the_server_is_ready_stops_the_server(backend):
+    """Ctrl-C in `rollouts demo` while its sandbox was starting left a server nobody had registered."""
+    starting = asyncio.create_task(backend.start_container("local-given-up"))
+    assert await wait_until(lambda: server_pids(backend, "local-given-up"), timeout_s=30, interval_s=0.01)
+    spawned = server_pids(backend, "local-given-up")  # started, not ready yet: nothing registered it
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert await wait_until(lambda: all(gone(pid) for pid in spawned))
+    assert await backend.list_containers() == []
+
+
+def server_pids(backend: LocalBackend, container_id: str) -> list[int]:
+    """The sandbox servers running from the container's folder, found by their command line."""
+    folder = str(backend.container_dir(container_id))
+    return [pid for pid, line in command_lines().items() if folder in line]

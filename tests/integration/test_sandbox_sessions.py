@@ -103,7 +103,7 @@ async def test_the_sessions_processes_are_gone_after_release(backend):
         await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="released"), ttl_s=120, wait_s=5)
         await pool.lease(lease).execute("bg", run(f"sleep {marker} &"))
-        assert processes_running(marker)
+        assert await wait_until(lambda: processes_running(marker))  # the job's fork may not have run `sleep` yet
         await pool.release(lease)
         assert await wait_until(lambda: not processes_running(marker), timeout_s=10)
         again = await pool.acquire(Holder(workflow_id="next-holder"), ttl_s=120, wait_s=5)

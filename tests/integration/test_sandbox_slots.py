@@ -94,7 +94,7 @@ async def test_symlinks_planted_in_the_workspace_cannot_reach_out(manager, lease
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("host secret")
-    workspace = manager.root / f"slot-{lease.slot}" / "workspace"
+    workspace = manager.leased_slot(lease.slot, lease.lease_id).workspace
     (workspace / "dir_link").symlink_to(outside)
     (workspace / "file_link").symlink_to(outside / "secret.txt")
     for path in ["dir_link/secret.txt", "file_link", "/workspace/file_link"]:
@@ -158,7 +158,7 @@ async def test_release_kills_running_commands_and_empties_the_workspace(manager,
     with pytest.raises(LeaseLost):
         await running
     assert time.monotonic() - started < 2
-    assert list((manager.root / f"slot-{lease.slot}" / "workspace").iterdir()) == []
+    assert list((manager.root / f"slot-{lease.slot}" / "volume" / "workspace").iterdir()) == []
     assert processes_running(marker) == []
 
 
@@ -195,8 +195,8 @@ async def test_without_bubblewrap_the_manager_reports_it_and_can_refuse(tmp_path
             await strict.execute(call(lease, "e", ExecOp(command="touch ran")))
         wrote = await strict.execute(call(lease, "w", WriteFileOp(path="f", content="x")))
         assert strict.health().isolation == "none"
+        assert not (strict.leased_slot(0, lease.lease_id).workspace / "ran").exists()
     assert wrote.ok
-    assert not (tmp_path / "strict" / "slot-0" / "workspace" / "ran").exists()
     assert runs_of(tmp_path / "strict", "e") == 0
 
 

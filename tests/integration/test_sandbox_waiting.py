@@ -114,6 +114,9 @@ async def test_a_slot_granted_as_the_client_leaves_is_given_back(tmp_path):
     assert states[0].lease is not None and states[0].lease.lease_id == kept.lease_id
 
 
+HOLD_S = 0.3
+
+
 async def test_three_waiters_are_served_in_arrival_order_with_logged_hand_overs(one_slot):
     backend, info, client = one_slot
     started = time.time()
@@ -125,14 +128,16 @@ async def test_three_waiters_are_served_in_arrival_order_with_logged_hand_overs(
         assert await eventually(lambda count=count: _equals(waiters(client), count))
     order, lease, remaining = [], first, list(tasks)
     for _ in names:
-        await asyncio.sleep(0.1)
+        # Each lease held 0.3 s: a reset (a new filesystem for the slot, tens of ms on a loaded VM) is then a
+        # small share of the slot's time, as it is for real rollouts.
+        await asyncio.sleep(HOLD_S)
         await client.send(release_of(lease))
         done, _ = await asyncio.wait(remaining, timeout=2, return_when=asyncio.FIRST_COMPLETED)
         assert len(done) == 1
         remaining.remove(next(iter(done)))
         lease = next(iter(done)).result()
         order.append(lease.holder.workflow_id.split("-")[0])
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(HOLD_S)
     await client.send(release_of(lease))
     ended = time.time()
     events = read_lease_events(root_of(backend, info.container_id))

@@ -7,7 +7,7 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from temporal_rollouts.cli.main import start_batch
+from temporal_rollouts.client.batches import start_batch
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchInput
 from temporal_rollouts.core.settings import Settings

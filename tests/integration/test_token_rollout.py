@@ -25,7 +25,7 @@ from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.sinks.jsonl import read_groups
 from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess, generate_policy
 from tests.support.waiting import batch_id
-from worker import Parts
+from temporal_rollouts.runtime.worker import Parts
 from workflows.batch import BatchWorkflow
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.sandbox import executions_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, no_leases, wait_until
-from worker import WORKFLOWS, Parts, build_activities
+from temporal_rollouts.runtime.worker import WORKFLOWS, Parts, build_activities
 from workflows import params
 from workflows.trajectory import TrajectoryWorkflow
 

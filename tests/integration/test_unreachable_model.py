@@ -15,11 +15,13 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.cli.main import batch_status, format_status, status_exit_code
-from temporal_rollouts.cli.progress import print_summary, watch
+from temporal_rollouts.runtime.exit_codes import status_exit_code
+from temporal_rollouts.cli.progress import format_status, print_summary, watch
+from temporal_rollouts.client.batches import batch_status
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.cli.records import waiting_on_retries
+from temporal_rollouts.client.records import waiting_on_retries
+from temporal_rollouts.runtime.logs import OneLineFormatter
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import batch_id, wait_until
 from workflows.batch import BatchWorkflow
@@ -75,11 +77,17 @@ async def test_a_refusing_endpoint_fails_its_rollouts_fast_and_status_says_why(
     assert status_exit_code(status) == 4
     assert "2 rollouts: 0 scored, 2 failed" in format_status(status)
 
-    failures = [r for r in caplog.records if r.name == "temporalio.activity" and "llm_turn failed" in r.getMessage()]
-    assert len(failures) == 8, [r.getMessage() for r in failures]  # 2 rollouts x 4 attempts, one line each
-    assert all(r.exc_info is None for r in failures)
-    assert sum("giving up" in r.getMessage() for r in failures) == 2
-    assert "ModelUnreachable: model unreachable: connection refused" in failures[0].getMessage()
+    console = OneLineFormatter()  # what the worker's console shows of each record
+    failures = [
+        console.format(r)
+        for r in caplog.records
+        if r.name == "temporalio.activity" and "llm_turn failed" in console.format(r)
+    ]
+    assert len(failures) == 8, failures  # 2 rollouts x 4 attempts, one line each
+    assert all("\n" not in line for line in failures)
+    assert sum("giving up" in line for line in failures) == 2
+    assert "ModelUnreachable: model unreachable: connection refused" in failures[0]
+    assert status["status"] == "failed"  # every rollout failed: the batch is failed, as `rollouts list` says
 
 
 async def test_a_stalled_endpoint_is_given_up_after_two_request_timeouts(

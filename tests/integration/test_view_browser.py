@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,10 +20,12 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
-from temporal_rollouts.cli.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.client.forks import start_fork
+from temporal_rollouts.client.rollout_rows import RolloutOutcome, RolloutRow
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
+from temporal_rollouts.core.trees import RolloutTreeResult
 from temporal_rollouts.policy_servers import smollm2
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.app import create_app
@@ -115,6 +118,19 @@ async def branched_batch(
     )
     assert (result.completed, result.failed) == (2, 0), result
     return result
+
+
+@pytest.fixture(scope="module")
+async def forked_batch(
+    project_client: Client, settings: Settings, branched_batch: BatchResult
+) -> tuple[BatchResult, str]:
+    """The branched batch, and a fork of its root made afterwards (`rollouts fork`): a rollout of no batch,
+    listed among the batch's rollouts right after its source."""
+    root = f"{branched_batch.batch_id}/item-0/g0"
+    handle, _, (fork,) = await start_fork(project_client, settings, root, 1, 1)
+    (result,) = RolloutTreeResult.model_validate(await handle.result()).results
+    assert result.score == 1.0, result.stop_detail
+    return branched_batch, fork
 
 
 @pytest.fixture(scope="module")
@@ -556,3 +572,103 @@ async def test_a_rollout_shows_where_it_branched_and_each_link_opens_the_other(
             "root => document.querySelector('#summary tr:first-child td:last-child')?.textContent === root", arg=root
         )
         await browser.close()
+
+
+LAYOUT_CHECK = """
+() => {
+  const box = (node) => node.getBoundingClientRect();
+  const problems = [];
+  if (document.documentElement.scrollWidth > window.innerWidth) problems.push(`the page scrolls sideways: ${document.documentElement.scrollWidth} > ${window.innerWidth}`);
+  for (const table of document.querySelectorAll("#batches table, #runs table, #rollouts table")) {
+    const heads = [...table.querySelectorAll("thead th")];
+    heads.forEach((th, i) => {
+      if (th.scrollWidth > th.clientWidth + 1) problems.push(`header "${th.textContent}" does not fit its column`);
+      const next = heads[i + 1];
+      if (next && box(th).right > box(next).left + 0.5) problems.push(`headers "${th.textContent}" and "${next.textContent}" overlap`);
+    });
+    const section = table.closest("section");
+    if (box(table).right > box(section).right + 0.5) problems.push(`the table of #${section.id} is cut off on the right`);
+    if (section.scrollWidth > section.clientWidth + 1) problems.push(`#${section.id} scrolls sideways`);
+    if (box(section).right > window.innerWidth) problems.push(`#${section.id} leaves the screen`);
+  }
+  for (const cell of document.querySelectorAll("td.id")) {
+    if (cell.scrollWidth > cell.clientWidth + 1) problems.push(`id ${cell.title} is cut`);
+    const shown = [...cell.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE).map((n) => n.textContent).join("");
+    if (shown.length < 3 || !cell.title.endsWith(shown)) problems.push(`id ${cell.title} is shown as "${shown}"`);
+  }
+  return problems;
+}
+"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+async def test_the_page_reads_at_1400_and_800_pixels_and_lists_forks_in_their_batch(
+    view_batch: BatchResult, forked_batch: tuple[BatchResult, str], served: str, tmp_path: Path, width: int
+) -> None:
+    """Headers apart, ids whole (wrapped at their separators, never cut to a character; the full id on
+    hover), no table cut off on the right, the page never wider than the screen; a fork made after the
+    batch is listed right after its source, marked as a fork. Screenshots of both widths are kept."""
+    branched, fork = forked_batch
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served, width=width, height=900)
+        batch_row = page.locator(f"tr[data-batch='{branched.batch_id}']")
+        await batch_row.wait_for()
+        id_cell = batch_row.locator("td.id")
+        assert await id_cell.get_attribute("title") == branched.batch_id
+        assert (await id_cell.inner_text()).replace("\n", "") == branched.batch_id  # whole, if wrapped
+        assert (await id_cell.bounding_box())["width"] >= 120, "an id column of a few characters"
+        await batch_row.click()
+        await row_count(page, 3)
+        ids = await page.locator("#rollout-rows tr.row").evaluate_all("rows => rows.map(r => r.dataset.rollout)")
+        root = f"{branched.batch_id}/item-0/g0"
+        assert ids == [root, fork, f"{root}/t1b1"], ids  # natural order: the fork right after its source
+        fork_row = page.locator(f"#rollout-rows tr[data-rollout='{fork}']")
+        assert "fork" in (await fork_row.get_attribute("class")).split()
+        assert await fork_row.locator(".fork-note").inner_text() == "fork of item-0/g0 after turn 1"
+        counts = await page.locator("#counts").inner_text()
+        assert "completed 2" in counts, counts  # the fork is listed, never counted in the batch
+        await fork_row.click()
+        await page.wait_for_function("document.querySelector('#forked-from') !== null")
+
+        problems = await page.evaluate(LAYOUT_CHECK)
+        shot = tmp_path / f"view-{width}.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        assert problems == [], problems
+        assert png_size(shot)[0] == width
+        rollouts_box = await page.locator("#rollouts").bounding_box()
+        assert rollouts_box["x"] >= 0 and rollouts_box["x"] + rollouts_box["width"] <= width
+        if width == 800:  # one column: the lists above the detail, every panel the screen's width less its margins
+            assert rollouts_box["width"] >= width - 60, rollouts_box
+        await browser.close()
+
+
+async def test_a_batch_whose_every_turn_fails_shows_why_within_a_refresh(
+    project_client: Client, worker: None, settings: Settings, served: str
+) -> None:
+    """Not just "running": the batch's row is marked, and its figures name the retried step, its error and
+    its attempt, from Temporal's pending-activity information, at the next refresh."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    handle = await project_client.start_workflow(
+        BatchWorkflow.run,
+        BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"http://127.0.0.1:{closed}/v1"),
+        id=batch_id("view-retrying"),
+        task_queue=settings.temporal.task_queue,
+    )
+    try:
+        async with playwright_api.async_playwright() as playwright:
+            browser, page = await open_page(playwright, served + "?refresh_ms=700")
+            row = page.locator(f"tr[data-batch='{handle.id}']")
+            await row.locator(".warn").wait_for(timeout=20_000)
+            assert "waiting on llm_turn: model unreachable" in await row.locator(".warn").get_attribute("title")
+            await row.click()
+            notes = page.locator("#retrying")
+            await notes.wait_for(timeout=20_000)
+            assert (
+                "1 rollout waiting on llm_turn: model unreachable: connection refused, retry"
+                in await notes.inner_text()
+            )
+            await browser.close()
+    finally:
+        await handle.result()

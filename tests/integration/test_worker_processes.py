@@ -34,11 +34,12 @@ def children_of(pid: int) -> set[int]:
 
 
 def worker_children(pid: int) -> set[int]:
-    """Live worker.py children of `pid`; one that exits between the listing and the read is not one."""
+    """Live worker processes started by `pid` (`python -m temporal_rollouts.runtime.worker`); one that exits
+    between the listing and the read is not one."""
     found = set()
     for child in children_of(pid):
         try:
-            if b"worker.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"temporal_rollouts.runtime.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
                 found.add(child)
         except OSError:
             continue

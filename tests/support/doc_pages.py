@@ -28,9 +28,10 @@ def blocks_in(page: Path, language: str) -> list[str]:
 
 
 def commands(block: str) -> list[str]:
-    """The shell commands of a bash block, one per line, without their trailing comments."""
+    """The shell commands of a bash block, one per line (a line ending in a backslash goes on in the
+    next), without their trailing comments."""
     lines = []
-    for line in block.splitlines():
+    for line in block.replace("\\\n", " ").splitlines():
         command = re.sub(r"\s+#\s.*$", "", line).strip()
         if command and not command.startswith("#"):
             lines.append(command)

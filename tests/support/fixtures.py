@@ -30,7 +30,7 @@ from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.servers.run_api import RunApiProcess
-from worker import Parts, polling_worker
+from temporal_rollouts.runtime.worker import Parts, polling_worker
 
 
 @pytest.fixture(scope="session")

@@ -72,22 +72,35 @@ def stop_process(proc: subprocess.Popen, wait_s: float = 40.0) -> None:
         proc.wait(10)
 
 
-def kill_servers_under(data_dir: Path) -> list[int]:
-    """SIGKILL every sandbox server whose root lies under `data_dir`: what a test leaves behind
-    when it kills processes on purpose (a container restarted twice, a worker killed mid-scale-up)."""
-    killed = []
-    marker = str(Path(data_dir).resolve())
+def command_lines() -> dict[int, str]:
+    """Every process's command line by pid, its arguments joined by spaces (what `ps` shows)."""
+    found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "temporal_rollouts.sandbox_server" in cmdline and marker in cmdline:
-            try:
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed.append(int(proc.name))
-            except ProcessLookupError:
-                pass
+    return found
+
+
+def servers_under(data_dir: Path) -> list[int]:
+    """The sandbox servers whose root lies under `data_dir`."""
+    marker = str(Path(data_dir).resolve())
+    return [
+        pid for pid, line in command_lines().items() if "temporal_rollouts.sandbox_server" in line and marker in line
+    ]
+
+
+def kill_servers_under(data_dir: Path) -> list[int]:
+    """SIGKILL every sandbox server whose root lies under `data_dir`: what a test leaves behind
+    when it kills processes on purpose (a container restarted twice, a worker killed mid-scale-up)."""
+    killed = []
+    for pid in servers_under(data_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
     return killed

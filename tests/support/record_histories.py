@@ -27,7 +27,7 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 from tests.support import REPO
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
-from worker import Parts, polling_worker
+from temporal_rollouts.runtime.worker import Parts, polling_worker
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 

@@ -89,7 +89,13 @@ async def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05
 
 
 def workspace_of(backend: LocalBackend, container_id: str, slot: int) -> Path:
-    return backend.container_dir(container_id) / "root" / f"slot-{slot}" / "workspace"
+    """A slot's workspace as its server sees it: a server that mounts each slot's volume does so in a mount
+    namespace of its own, so the host reaches it through the server's root (/proc/PID/root)."""
+    path = backend.container_dir(container_id) / "root" / f"slot-{slot}" / "volume" / "workspace"
+    info = backend.registry.find(container_id)
+    if info is not None and info.pid is not None and os.path.exists(f"/proc/{info.pid}/root"):
+        return Path(f"/proc/{info.pid}/root{path}")
+    return path
 
 
 def root_of(backend: LocalBackend, container_id: str) -> Path:

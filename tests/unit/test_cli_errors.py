@@ -93,7 +93,19 @@ def test_data_dir_is_taken_from_the_config_files_folder(clean_shell: Path, monke
     monkeypatch.setenv("ROLLOUTS_CONFIG", str(project / "rollouts.toml"))
     assert Settings().data_dir == project / "state"
     monkeypatch.delenv("ROLLOUTS_CONFIG")
-    assert Settings().data_dir == elsewhere / ".rollouts"  # no config: the working directory, made absolute
+    monkeypatch.setenv("ROLLOUTS_DATA_DIR", "mine")
+    assert Settings().data_dir == elsewhere / "mine"  # a relative folder named in the shell: the shell's
+
+
+def test_the_default_data_dir_does_not_move_with_the_working_directory(clean_shell: Path, monkeypatch) -> None:
+    """Unset, with no config file: the checkout's own `.rollouts`, from wherever a command runs."""
+    checkout = Path(__file__).resolve().parents[2]
+    seen = set()
+    for folder in (clean_shell, clean_shell / "a" / "b", checkout / "docs"):
+        folder.mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(folder)
+        seen.add(Settings().data_dir)
+    assert seen == {checkout / ".rollouts"}
 
 
 def test_the_cli_decides_the_policy_when_the_batch_starts(clean_shell: Path) -> None:
@@ -167,3 +179,21 @@ def test_items_past_the_task_set_are_refused_unless_asked_to_cycle(capsys) -> No
     assert cli._batch_input(args, Settings()).cycle_items is True
     code, err = run(capsys, "demo", "--items", "500")
     assert code == cli.EXIT_ERROR and "num_items: 500 items from offset 0 run past the end" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`rollouts list | head`: once `head` has its lines, the command ends without a traceback."""
+    probe = (
+        "from temporal_rollouts.cli import main as cli\n"
+        "def many_lines(argv=None):\n"
+        "    for i in range(200_000):\n"
+        "        print(f'batch-{i}')\n"
+        "    return 0\n"
+        "cli.main = many_lines\n"
+        "cli.run()\n"
+    )
+    reader = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline() == "batch-0\n"
+    reader.stdout.close()  # as `head -1` does
+    assert reader.wait(timeout=60) == cli.EXIT_PIPE_CLOSED
+    assert reader.stderr.read() == ""

@@ -4,13 +4,13 @@ endpoint refuses to listen beyond loopback without a key."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import httpx
 import pytest
 
 from temporal_rollouts.door import server
+from temporal_rollouts.sandbox_server.keys import KeyRequired
 from temporal_rollouts.door.client import DoorClient, DoorClientError, door_metrics
 
 GROUP = {
@@ -100,28 +100,15 @@ def test_the_door_figures_read_as_flat_metrics() -> None:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::", "gpu-node"])
 def test_the_endpoint_refuses_to_listen_beyond_loopback_without_a_key(host: str) -> None:
-    args = argparse.Namespace(host=host, api_key_env=None)
-    with pytest.raises(server.KeyRequired, match="--api-key-env"):
-        server.key_from(args)
-
-
-def test_the_endpoint_takes_its_key_from_the_environment_and_removes_it(monkeypatch) -> None:
-    monkeypatch.setenv("DOOR_KEY_FOR_TEST", "k3y")
-    args = argparse.Namespace(host="0.0.0.0", api_key_env="DOOR_KEY_FOR_TEST")
-    assert server.key_from(args) == "k3y"
-    import os
-
-    assert "DOOR_KEY_FOR_TEST" not in os.environ
-    assert server.key_from(argparse.Namespace(host="127.0.0.1", api_key_env=None)) is None
-    monkeypatch.setenv("DOOR_KEY_FOR_TEST", " ")
-    with pytest.raises(server.KeyRequired, match="not set or empty"):
-        server.key_from(argparse.Namespace(host="127.0.0.1", api_key_env="DOOR_KEY_FOR_TEST"))
+    with pytest.raises(KeyRequired, match="--api-key-env"):
+        server.main(["--host", host])
 
 
 def test_rollouts_train_status_shows_what_the_trainer_took_acknowledged_and_was_handed_again() -> None:
     from temporal_rollouts.cli.train import format_feed
     from temporal_rollouts.core.door import DoorFigures
-    from temporal_rollouts.core.feed import DoorStatus, FeedFigures, FeedStatus, TrainerView
+    from temporal_rollouts.client.training import RunReport
+    from temporal_rollouts.core.feed import DoorStatus, FeedFigures, TrainerView
 
     door = DoorStatus(
         batch_size=16,
@@ -135,7 +122,8 @@ def test_rollouts_train_status_shows_what_the_trainer_took_acknowledged_and_was_
             batches_formed=3, batches_taken=4, batches_acknowledged=2, batches_redelivered=1, staleness={"0": 3}
         ),
     )
-    status = FeedStatus(
+    status = RunReport(
+        outcome="running",
         run="r",
         env="write_word",
         phase="waiting for rollouts",
@@ -148,7 +136,7 @@ def test_rollouts_train_status_shows_what_the_trainer_took_acknowledged_and_was_
         stopping=False,
         door=door,
     )
-    text = format_feed(status)
+    text = " ".join(format_feed(status, width=400).split())
     assert "4 stored for the door" in text and "run-api" not in text
     assert "batches 3 formed, 4 taken, 2 acknowledged, 1 re-delivered" in text
-    assert "staleness at consumption 0: 3" in text and "waiting for the trainer to acknowledge" in text
+    assert "at consumption (versions: groups) 0: 3" in text and "waiting for the trainer to acknowledge" in text

@@ -167,12 +167,12 @@ def test_the_demo_policy_knows_the_tasks_of_the_modules_it_is_given(tmp_path: Pa
 
 
 def test_a_worker_logs_one_line_for_a_source_that_fails_and_runs_on(tmp_path, caplog) -> None:
-    import worker
+    from temporal_rollouts.runtime.worker import load_envs
 
     write_env(tmp_path, "plugin_ok", "ok_env")
     settings = Settings(env_modules=["plugin_missing_xyz", "plugin_ok"])
     with caplog.at_level("WARNING", logger="temporal_rollouts.worker"):
-        worker.load_envs(settings)
+        load_envs(settings)
     assert [record.getMessage() for record in caplog.records] == [
         "env module plugin_missing_xyz failed to load: ModuleNotFoundError: No module named 'plugin_missing_xyz'; "
         "the worker runs without it"

@@ -34,7 +34,7 @@ PROJECT = "temporal-rollouts"
 PROJECT_ROOTS = {"temporal_rollouts", "workflows", "activities", "envs", "worker", "bench", "examples"}
 
 COMMANDS = {
-    "": ["temporal_rollouts.cli.main", "worker"],
+    "": ["temporal_rollouts.cli.main", "worker", "temporal_rollouts.view.__main__", "temporal_rollouts.view.app"],
     "rl": [
         "temporal_rollouts.policy_servers.cpu_generate",
         "temporal_rollouts.integrations.atropos.env",

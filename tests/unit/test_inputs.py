@@ -120,7 +120,7 @@ def test_the_cli_refuses_a_bad_batch_with_the_workflows_words_before_connecting(
     async def no_server(*args, **kwargs):
         raise AssertionError("a bad batch must be refused before connecting")
 
-    monkeypatch.setattr(cli, "connect", no_server)
+    monkeypatch.setattr("temporal_rollouts.runtime.temporal.connect", no_server)
     monkeypatch.delenv("ROLLOUTS_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["batch", "--env", "terminal_tasks", "--offset", "10000000000000"]) == 1

@@ -2,18 +2,24 @@
 
 A module imports only from layers below its own, or from its own package:
 
-    6  worker, temporal_rollouts.{cli, runtime, integrations, demo_policy}   (may import each other)
+    8  worker | temporal_rollouts.{cli | view | integrations | door | policy_servers.demo}   (the top floor)
+    7  temporal_rollouts.client        (the control layer: start, query and list runs)
+    6  temporal_rollouts.runtime       (the worker's assembly, the Temporal connection, exit codes)
     5  workflows
     4  activities
     3  envs | temporal_rollouts.sinks
     2  temporal_rollouts.{llm | sandbox | storage | tools}
     1  temporal_rollouts.core
-    0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers
+    0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers | temporal_rollouts.door.client
        (separate programs: each imports nothing else of the project, but for the
         policy servers' use of the sandbox server's Host guard, `SHARED_IMPORTS`)
 
-Parts on one layer do not import each other. Imports under `if TYPE_CHECKING:` count too,
-except where they only name a type for a module of the same package.
+Parts on one layer do not import each other, the top floor's included: the CLI, the web page,
+the integrations, the demo policy and the worker each stand on the control layer and below,
+and reach a peer only by running it (`rollouts view` runs `python -m temporal_rollouts.view`).
+The benchmarks and the examples import nothing of the top floor either, and the control layer
+neither parses flags nor prints. Imports under `if TYPE_CHECKING:` count too, except where they
+only name a type for a module of the same package.
 
 Inside a layer, code reaches another object only through what that object's class
 offers. No module touches `other._name` where `other` is not `self`, `cls` or `super()`.
@@ -57,15 +63,18 @@ UNITS: dict[str, int] = {
     "temporal_rollouts.sinks": 3,
     "activities": 4,
     "workflows": 5,
-    "worker": 6,
-    "temporal_rollouts.cli": 6,
     "temporal_rollouts.runtime": 6,
-    "temporal_rollouts.integrations": 6,
-    "temporal_rollouts.door": 6,
-    "temporal_rollouts.policy_servers.demo": 6,
-    "temporal_rollouts": 6,
+    "temporal_rollouts.client": 7,
+    "temporal_rollouts.door": 8,
+    "temporal_rollouts.door.client": 0,
+    "worker": 8,
+    "temporal_rollouts.cli": 8,
+    "temporal_rollouts.view": 8,
+    "temporal_rollouts.integrations": 8,
+    "temporal_rollouts.policy_servers.demo": 8,
+    "temporal_rollouts": 8,  # the package itself and its loose modules (settings_reference: a docs generator)
 }
-TOP = 6
+TOP = 8
 
 
 def unit_of(module: str) -> str:
@@ -116,6 +125,8 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
 SHARED_IMPORTS = {
     ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.hosts"): "the Host-header guard every "
     "server of the project shares lives in the sandbox server, the one program that may import nothing else",
+    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.keys"): "so does the key every server "
+    "of the project asks for beyond loopback, for the same reason",
 }
 
 
@@ -129,7 +140,7 @@ def upward_imports() -> list[str]:
             if target is None:
                 continue
             there = unit_of(target)
-            if there == here or (UNITS[here] == TOP and UNITS[there] == TOP):
+            if there == here:
                 continue
             if UNITS[there] < UNITS[here] and not (here == "temporal_rollouts.sandbox_server"):
                 continue
@@ -186,11 +197,9 @@ def cycles() -> list[list[str]]:
 
 PRIVATE_REACH_ALLOWED = {
     (
-        "temporal_rollouts.cli.main",
+        "temporal_rollouts.runtime.exit_codes",
         "os._exit",
     ): "a public function of `os` (exit without clean-up), not a private member",
-    ("temporal_rollouts.cli.inspect", "argparse._SubParsersAction"): "the type `add_subparsers` returns; "
-    "argparse gives it no public name",
     ("temporal_rollouts.view.codec", "storage._retrieve_payload_sequence"): "the Temporal SDK's ExternalStorage "
     "resolves references only through underscored methods, and the UI's codec endpoint needs exactly that",
 }
@@ -333,6 +342,43 @@ def typed_attributes(tree: ast.Module, space: dict[str, str]) -> Iterator[tuple[
                     yield from ((node, name) for name in owners)
 
 
+SCRIPT_FOLDERS = ("bench", "examples")
+
+
+def script_imports_of_the_top_floor() -> list[str]:
+    modules = project_modules()
+    problems = []
+    for path in sorted(p for folder in SCRIPT_FOLDERS for p in (REPO / folder).rglob("*.py")):
+        for name, _ in imports_of(str(path.relative_to(REPO)), path):
+            target = resolve(name, modules)
+            if target is not None and UNITS[unit_of(target)] == TOP:
+                problems.append(f"{path.relative_to(REPO)} imports {target} (the top floor)")
+    return sorted(set(problems))
+
+
+def control_layer_words() -> list[str]:
+    """Imports of argparse or rich, and print() or sys.stdout / sys.stderr, in temporal_rollouts/client."""
+    problems = []
+    for module, path in project_modules().items():
+        if unit_of(module) != "temporal_rollouts.client":
+            continue
+        for node in ast.walk(tree_of(path)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "print":
+                problems.append(f"{module}:{node.lineno} prints")
+                continue
+            elif isinstance(node, ast.Attribute) and ast.unparse(node) in ("sys.stdout", "sys.stderr"):
+                problems.append(f"{module}:{node.lineno} writes to {ast.unparse(node)}")
+                continue
+            else:
+                continue
+            problems += [f"{module} imports {n}" for n in names if n.split(".")[0] in ("argparse", "rich")]
+    return sorted(problems)
+
+
 def test_no_import_runs_upward() -> None:
     assert upward_imports() == []
 
@@ -343,6 +389,16 @@ def test_the_sandbox_server_imports_nothing_else_of_the_project() -> None:
         if unit_of(module) == "temporal_rollouts.sandbox_server":
             outside = [n for n, _ in imports_of(module, path) if not n.startswith("temporal_rollouts.sandbox_server")]
             assert outside == [], f"{module} imports {outside}"
+
+
+def test_the_benchmarks_and_the_examples_import_nothing_of_the_top_floor() -> None:
+    """They start and read runs through the control layer and the runtime, as a user's own script would."""
+    assert script_imports_of_the_top_floor() == []
+
+
+def test_the_control_layer_neither_parses_flags_nor_prints() -> None:
+    """It hands values and errors to whoever called it; the words and the flags are the caller's."""
+    assert control_layer_words() == []
 
 
 def test_no_import_cycles() -> None:
@@ -361,6 +417,9 @@ def main() -> None:
     modules = project_modules()
     print("upward imports:", len(upward_imports()))
     for line in upward_imports():
+        print("  ", line)
+    print("bench/ and examples/ importing the top floor:", len(script_imports_of_the_top_floor()))
+    for line in script_imports_of_the_top_floor():
         print("  ", line)
     print("cycles:", len(cycles()))
     for group in cycles():

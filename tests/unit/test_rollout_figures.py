@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from temporal_rollouts.cli.records import natural_key
-from temporal_rollouts.cli.rollout_rows import (
+from temporal_rollouts.client.records import natural_key
+from temporal_rollouts.client.rollout_rows import (
     RolloutFilter,
     RolloutOutcome,
     RolloutRow,
@@ -18,7 +18,8 @@ from temporal_rollouts.view.figures import histogram, stop_reason_bars, time_sha
 def test_a_score_range_asks_for_scored_rollouts_only() -> None:
     query = rollouts_query("b-1", RolloutFilter(min_score=0, max_score=0.25))
     assert query == (
-        "RolloutBatchId = 'b-1' AND WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Completed' "
+        "(RolloutBatchId = 'b-1' OR RolloutForkedFrom STARTS_WITH 'b-1/') AND WorkflowType = 'TrajectoryWorkflow' "
+        "AND ExecutionStatus = 'Completed' "
         "AND RolloutScore >= 0 AND RolloutScore <= 0.25"
     )
     assert "RolloutScore >= 0.00001" in rollouts_query("b", RolloutFilter(min_score=1e-5))

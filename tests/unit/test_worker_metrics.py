@@ -36,10 +36,10 @@ def test_an_address_without_host_and_port_is_refused(address):
 def test_each_extra_worker_process_serves_on_the_next_port(monkeypatch):
     monkeypatch.delenv("ROLLOUTS_WORKER__METRICS_ADDRESS", raising=False)
     settings = Settings(worker={"metrics_address": "0.0.0.0:9464", "processes": 3})
-    processes = WorkerProcesses(settings, 2, "worker.py")
+    processes = WorkerProcesses(settings, 2, ["worker.py"])
     # process 1 is `python worker.py` itself on 9464; the two it starts take the next ports
     assert [processes._env(i)["ROLLOUTS_WORKER__METRICS_ADDRESS"] for i in range(2)] == [
         "0.0.0.0:9465",
         "0.0.0.0:9466",
     ]
-    assert "ROLLOUTS_WORKER__METRICS_ADDRESS" not in WorkerProcesses(Settings(), 1, "worker.py")._env(0)
+    assert "ROLLOUTS_WORKER__METRICS_ADDRESS" not in WorkerProcesses(Settings(), 1, ["worker.py"])._env(0)

@@ -79,6 +79,8 @@ class Changes:
     deleted: list[str] = field(default_factory=list)
     ignored: dict[str, str] = field(default_factory=dict)
     """Path -> why the grader left it as base_commit has it (or left it out)."""
+    sources: dict[str, bytes | None] = field(default_factory=dict)
+    """Each Python file taken -> its base_commit text (None: the agent added it), for `machinery`."""
 
 
 def why_not_source(path: str, test_files: frozenset[str] = frozenset()) -> str | None:
@@ -142,6 +144,8 @@ def _take_base_file(agent_fd: int, fresh_fd: int, path: str, test_files: frozens
     else:
         _write(fresh_fd, path, agent, create=base is None)
         changes.taken.append(path)
+        if path.endswith(".py"):
+            changes.sources[path] = base
 
 
 def _take_added_file(agent_fd: int, fresh_fd: int, path: str, test_files: frozenset[str], changes: Changes) -> None:
@@ -162,6 +166,8 @@ def _take_added_file(agent_fd: int, fresh_fd: int, path: str, test_files: frozen
         changes.ignored[path] = f"cannot be placed in the checkout: {refused}"
         return
     changes.taken.append(path)
+    if path.endswith(".py"):
+        changes.sources[path] = None
 
 
 def _added_files(agent_root: str, base: BaseTree) -> list[str]:

@@ -3,8 +3,10 @@
 A grading command runs every test of an instance, so its pytest summaries could outgrow the
 sandbox's output cap; the slot parses them and prints one short JSON line instead: an outcome
 letter per graded test (in the order the env sent them), the first failure messages, what
-the grader took from the agent's repository and what it ignored, and the canary's outcome letter
-in each pytest run (`grader.canary`).
+the grader took from the agent's repository and what it ignored, the canary's outcome letter in
+each pytest run and its template's (`grader.canary`), the references to the test machinery the
+agent's changes added (`grader.machinery`), and why the tests ran in sight of the grader's files
+and the workspace, where they did (`grader.pytest_run.hidden_from_tests`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .canary import forged
+from .canary import NO_TEMPLATE, forged
 
 REPORT_MARKER = "swe-grader-report "
 OUTCOME_CODES = {
@@ -31,6 +33,7 @@ OUTCOME_NAMES = {code: name for name, code in OUTCOME_CODES.items()}
 LISTED_MESSAGES = 10
 MESSAGE_CHARS = 300
 LISTED_PATHS = 20
+LISTED_NAMES = 10
 
 
 @dataclass
@@ -41,6 +44,12 @@ class Report:
     changes: dict[str, object] = field(default_factory=dict)
     canary: str = ""
     """The canary's outcome letter in each pytest run; empty where no canary was planted."""
+    canary_templates: str = ""
+    """Each run's canary's template's outcome letter (`canary.NO_TEMPLATE`: a canary that always fails)."""
+    machinery: dict[str, list[str]] = field(default_factory=dict)
+    """Python file the agent changed -> the test-machinery references it added (`machinery`)."""
+    tests_in_sight: str | None = None
+    """Why the tests ran where they could see the grader's files and the workspace; None: they could not."""
     stopped: str | None = None
     """How the grading command ended, where it did not end with the grader's one report after the
     install (`read_grading`); None otherwise."""
@@ -49,8 +58,14 @@ class Report:
     def tampered(self) -> str | None:
         """Why the code under test is taken to have tampered with this grade, or None: some run
         reported the canary (a test that fails) as passed, or the grader stopped before reporting."""
-        if forged(self.canary):
-            return f"the canary test, which fails, was reported passed (outcomes per run: {self.canary})"
+        if forged(self.canary, self.canary_templates):
+            return (
+                "the canary test, which fails where its template passes, was reported passed with it "
+                f"(canary per run: {self.canary}, its template: {self.canary_templates or 'none'})"
+            )
+        if self.machinery:
+            shown = "; ".join(f"{path}: {', '.join(names)}" for path, names in sorted(self.machinery.items())[:5])
+            return f"the agent's changes reach into the test machinery ({shown})"
         if self.stopped is not None:
             return f"the grader did not end with its one report after the install ({self.stopped})"
         return None
@@ -62,6 +77,9 @@ def report_line(
     messages: dict[str, str],
     changes: dict[str, object],
     canary: Sequence[str] = (),
+    canary_templates: Sequence[str] = (),
+    machinery: dict[str, list[str]] | None = None,
+    tests_in_sight: str | None = None,
 ) -> str:
     failing = [nodeid for nodeid in targets if outcomes.get(nodeid) != "PASSED" and nodeid in messages]
     body = {
@@ -70,6 +88,11 @@ def report_line(
         "messages": {str(targets.index(n)): messages[n][:MESSAGE_CHARS] for n in failing[:LISTED_MESSAGES]},
         "changes": changes,
         "canary": "".join(OUTCOME_CODES.get(outcome, "?") for outcome in canary),
+        "canary_templates": "".join(
+            NO_TEMPLATE if outcome == NO_TEMPLATE else OUTCOME_CODES.get(outcome, "?") for outcome in canary_templates
+        ),
+        "machinery": {path: names[:LISTED_NAMES] for path, names in sorted((machinery or {}).items())[:LISTED_PATHS]},
+        "tests_in_sight": tests_in_sight,
     }
     return REPORT_MARKER + json.dumps(body, sort_keys=True)
 
@@ -128,6 +151,9 @@ def read_report(output: str, targets: list[str]) -> Report | None:
             messages=messages,
             changes=dict(body.get("changes", {})),
             canary=str(body.get("canary", "")),
+            canary_templates=str(body.get("canary_templates", "")),
+            machinery={str(path): [str(n) for n in names] for path, names in dict(body.get("machinery") or {}).items()},
+            tests_in_sight=None if body.get("tests_in_sight") is None else str(body["tests_in_sight"]),
         )
     except (AttributeError, TypeError, ValueError):
         return None

@@ -42,6 +42,7 @@ from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
 from temporal_rollouts.door.client import door_metrics
+from temporal_rollouts.core.inputs import field_default
 from temporal_rollouts.core.records import (
     RolloutLimits,
     Sampling,
@@ -72,9 +73,15 @@ class TemporalRolloutsEnvConfig(BaseEnvConfig):
     policy: str | None = Field(
         default=None, description="Policy name in the workers' settings; their default when unset."
     )
-    max_agent_turns: int = Field(default=30, description="Model turns before a rollout stops.")
-    max_tool_calls: int = Field(default=100, description="Tool calls before a rollout stops.")
-    agent_temperature: float = Field(default=1.0, description="Sampling temperature of every turn.")
+    max_agent_turns: int = Field(
+        default=field_default(RolloutLimits, "max_turns"), description="Model turns before a rollout stops."
+    )
+    max_tool_calls: int = Field(
+        default=field_default(RolloutLimits, "max_tool_calls"), description="Tool calls before a rollout stops."
+    )
+    agent_temperature: float = Field(
+        default=field_default(Sampling, "temperature"), description="Sampling temperature of every turn."
+    )
     agent_max_tokens: int | None = Field(
         default=None, description="Per-turn generation cap; None leaves it to the context budget."
     )
@@ -93,12 +100,20 @@ class TemporalRolloutsEnvConfig(BaseEnvConfig):
         default=None, description="Temporal frontend; the rollouts settings' when unset."
     )
     run_name: str | None = Field(default=None, description="The training run (its workflow id); wandb_name when unset.")
-    max_staleness: int = Field(default=1, description="Trainer steps a posted token may lag (the feed's admission).")
-    stale_groups: StaleGroups = Field(default=StaleGroups.POST, description="post, scores_only or drop a staler group.")
-    max_retries: int = Field(
-        default=3, description="Runs a rollout gets after a machinery failure before its group is given up."
+    max_staleness: int = Field(
+        default=field_default(FeedInput, "max_staleness"),
+        description="Trainer steps a posted token may lag (the feed's admission).",
     )
-    groups_in_flight: int = Field(default=16, description="Groups whose rollouts run at once.")
+    stale_groups: StaleGroups = Field(
+        default=field_default(FeedInput, "stale_groups"), description="post, scores_only or drop a staler group."
+    )
+    max_retries: int = Field(
+        default=field_default(FeedInput, "max_retries"),
+        description="Runs a rollout gets after a machinery failure before its group is given up.",
+    )
+    groups_in_flight: int = Field(
+        default=field_default(FeedInput, "max_groups_in_flight"), description="Groups whose rollouts run at once."
+    )
 
 
 class TemporalRolloutsEnv(BaseEnv):
@@ -248,7 +263,7 @@ class TemporalRolloutsEnv(BaseEnv):
 
     async def _feed(self, feed: FeedInput) -> WorkflowHandle:
         """The run `run_name`: attached to when it runs (this process restarted), started otherwise."""
-        from temporal_rollouts.cli.train import start_feed
+        from temporal_rollouts.client.training import start_feed
 
         run = self._run_name()
         handle = self.client.get_workflow_handle(run)

@@ -97,7 +97,11 @@ class LocalBackend(SandboxBackend):
                 if verdict == "unresponsive":
                     raise SandboxUnreachable(f"sandbox {container_id} is running but does not answer /health")
             info = await self._launch(container_id)
-            await self.registry.upsert(info)
+            try:
+                await self.registry.upsert(info)
+            except BaseException:  # unregistered, nobody else could find it to stop it
+                terminate(info.pid, signal.SIGKILL)
+                raise
             return info
 
     async def restart_container(self, container_id: str) -> ContainerInfo:
@@ -174,18 +178,21 @@ class LocalBackend(SandboxBackend):
         ready_file = directory / "ready.json"
         ready_file.unlink(missing_ok=True)
         process = self._spawn_server(container_id, directory, token_file, ready_file)
-        ready = await self._wait_until_ready(process, ready_file, directory / "server.log")
-        info = ContainerInfo(
-            container_id=container_id,
-            url=ready["url"],
-            pid=process.pid,
-            backend=self.name,
-            token_file=token_file,
-            started_at=time.time(),
-        )
-        if await self._verdict(info) != "healthy":
+        try:  # until it is registered nobody else can find it to stop it, so a start given up stops it here
+            ready = await self._wait_until_ready(process, ready_file, directory / "server.log")
+            info = ContainerInfo(
+                container_id=container_id,
+                url=ready["url"],
+                pid=process.pid,
+                backend=self.name,
+                token_file=token_file,
+                started_at=time.time(),
+            )
+            if await self._verdict(info) != "healthy":
+                raise SandboxUnreachable(f"sandbox {container_id} wrote its ready file but /health does not answer")
+        except BaseException:  # failed, or cancelled (Ctrl-C in `rollouts demo` while its sandbox starts)
             terminate(process.pid, signal.SIGKILL)
-            raise SandboxUnreachable(f"sandbox {container_id} wrote its ready file but /health does not answer")
+            raise
         return info
 
     async def _verdict(self, info: ContainerInfo) -> Verdict:

@@ -23,7 +23,8 @@ LOAD_WAIT_S = 600.0  # de-quantizing the GGUF takes ~30s on a busy two-core mach
 
 class GenerateServerProcess(LoopbackServer):
     """`python -m temporal_rollouts.policy_servers.cpu_generate` on a free port; the port opens once the
-    model is loaded."""
+    model is loaded. It loads new weights only from under the folder above `workdir` (the test
+    session's temporary root, where every test's checkpoints are written)."""
 
     what = "the generate server"
 
@@ -46,6 +47,8 @@ class GenerateServerProcess(LoopbackServer):
                 str(self.port),
                 "--tokenizer-out",
                 str(self.tokenizer_dir),
+                "--weights-dir",
+                str(self.tokenizer_dir.parent.parent),
                 *self.args,
             ],
             env=env,

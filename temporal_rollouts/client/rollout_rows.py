@@ -24,8 +24,9 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from temporal_rollouts.cli.records import natural_key, quoted, status_name
+from temporal_rollouts.client.records import describe_or_none, natural_key, quoted, status_name
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.defaults import ROLLOUTS_LISTED
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.records import (
     StopReason,
@@ -33,10 +34,11 @@ from temporal_rollouts.core.records import (
     failed_rollout_result,
 )
 
-MAX_ROLLOUTS = 10_000
-"""Rows listed for one batch at most; a filter narrows a larger batch."""
 READ_CONCURRENCY = 32
 """Rollout results read at once."""
+TREE = "RolloutTreeWorkflow"
+LISTED_TYPES = ("BatchWorkflow", "TrainingFeedWorkflow", TREE)
+"""What has rollouts to list: a batch, a training run, a fork (or a branching item's tree)."""
 
 STATUS_FILTERS = {
     "running": "Running",
@@ -71,6 +73,14 @@ class RolloutRow(BaseModel):
     turns: int | None = Field(default=None, description="Model turns, where the run's result was read.")
     started_at: datetime | None = None
     closed_at: datetime | None = None
+    batch_id: str | None = Field(default=None, description="The batch or training run it belongs to, if any.")
+    forked_from: str | None = Field(default=None, description="For a fork or a branch: the rollout it began from.")
+    fork_turn: int | None = Field(default=None, description="...and the turn of that rollout after which it began.")
+
+    def outside(self, batch_id: str) -> bool:
+        """A fork of one of the batch's rollouts started afterwards (`rollouts fork`): listed with the batch,
+        never counted in it."""
+        return self.batch_id != batch_id
 
 
 class RolloutOutcome(BaseModel):
@@ -81,9 +91,23 @@ class RolloutOutcome(BaseModel):
     timings: dict[str, float]
 
 
-def rollouts_query(batch_id: str, wanted: RolloutFilter) -> str:
-    """The visibility query for a batch's rollouts, filtered; unknown filter values are refused."""
-    clauses = [f"RolloutBatchId = {quoted(batch_id)}", "WorkflowType = 'TrajectoryWorkflow'"]
+def scope_clause(batch_id: str, roots: list[str] | None = None) -> str:
+    """Whose rollouts: a batch's or training run's, with the forks of its rollouts (whose ids begin with
+    the batch's: `rollouts fork` names a fork after its source); or, given `roots`, a rollout tree's: its
+    roots and every branch under them (a branch's id begins with its parent's)."""
+    if roots is not None:
+        return (
+            "("
+            + " OR ".join(f"WorkflowId = {quoted(r)} OR WorkflowId STARTS_WITH {quoted(r + '/')}" for r in roots)
+            + ")"
+        )
+    return f"(RolloutBatchId = {quoted(batch_id)} OR RolloutForkedFrom STARTS_WITH {quoted(batch_id + '/')})"
+
+
+def rollouts_query(batch_id: str, wanted: RolloutFilter, roots: list[str] | None = None) -> str:
+    """The visibility query for the rollouts of a batch (or tree: `scope_clause`), filtered; unknown
+    filter values are refused."""
+    clauses = [scope_clause(batch_id, roots), "WorkflowType = 'TrajectoryWorkflow'"]
     if wanted.status:
         if wanted.status not in STATUS_FILTERS:
             raise ConfigError(f"unknown status {wanted.status!r}: one of {', '.join(STATUS_FILTERS)}")
@@ -120,6 +144,9 @@ def _row(execution: WorkflowExecution) -> RolloutRow:
         score=attributes.get(sa.SCORE) if scored else None,
         started_at=execution.start_time,
         closed_at=execution.close_time,
+        batch_id=attributes.get(sa.BATCH_ID),
+        forked_from=attributes.get(sa.FORKED_FROM),
+        fork_turn=attributes.get(sa.FORK_TURN),
     )
 
 
@@ -134,15 +161,20 @@ async def _latest_runs(client: Client, query: str, limit: int) -> dict[str, Roll
 
 
 async def list_rollouts(
-    client: Client, batch_id: str, wanted: RolloutFilter | None = None, limit: int = MAX_ROLLOUTS
+    client: Client,
+    batch_id: str,
+    wanted: RolloutFilter | None = None,
+    limit: int = ROLLOUTS_LISTED,
+    roots: list[str] | None = None,
 ) -> list[RolloutRow]:
-    """The latest run of each rollout of a batch (or training run) that matches `wanted`, in natural
-    order (item-2 before item-10)."""
+    """The latest run of each rollout of a batch (or training run, with the forks of its rollouts; or,
+    given `roots`, of the tree `batch_id`) that matches `wanted`, in natural order (item-2 before
+    item-10, a fork right after the rollout it was forked from)."""
     wanted = wanted or RolloutFilter()
-    rows = await _latest_runs(client, rollouts_query(batch_id, wanted), limit)
+    rows = await _latest_runs(client, rollouts_query(batch_id, wanted, roots), limit)
     if wanted.narrows and rows:
         # An earlier run can match where the latest does not: drop the rows a later, resumed run replaced.
-        resumed_query = rollouts_query(batch_id, RolloutFilter()) + " AND RolloutResumedFrom IS NOT NULL"
+        resumed_query = rollouts_query(batch_id, RolloutFilter(), roots) + " AND RolloutResumedFrom IS NOT NULL"
         resumed = await _latest_runs(client, resumed_query, limit)
         rows = {rid: row for rid, row in rows.items() if not _replaced(row, resumed.get(rid))}
     return sorted(rows.values(), key=lambda row: natural_key(row.rollout_id))
@@ -179,3 +211,33 @@ async def read_outcomes(client: Client, rows: Iterable[RolloutRow]) -> dict[str,
 
     found = await asyncio.gather(*(read(row) for row in closed))
     return {row.rollout_id: outcome for row, outcome in zip(closed, found, strict=True) if outcome is not None}
+
+
+async def tree_roots(client: Client, tree_id: str, run_id: str) -> list[str]:
+    """The root rollouts of a rollout tree (a fork's, or a branching batch item's), from its input."""
+    from activities.resume import run_input
+    from temporal_rollouts.core.trees import RolloutTreeInput
+
+    return (await run_input(client, tree_id, run_id, RolloutTreeInput)).root_ids
+
+
+async def rollouts_of(
+    client: Client, listed_id: str, wanted: RolloutFilter | None = None, limit: int = ROLLOUTS_LISTED
+) -> list[RolloutRow]:
+    """`rollouts list ID`: the rows of a batch's, a training run's or a fork's rollouts that match `wanted`,
+    each closed one with its turns; a ConfigError naming what `listed_id` is when it has no rollouts to list."""
+    described = await describe_or_none(client, listed_id)
+    if described is None:
+        raise ConfigError(f"no batch, training run or fork with id {listed_id!r} (see `rollouts list`)")
+    if described.workflow_type not in LISTED_TYPES:
+        raise ConfigError(
+            f"{listed_id!r} is a {described.workflow_type}, not a batch, a training run or a fork "
+            + ("(`rollouts show` shows a rollout)" if described.workflow_type == "TrajectoryWorkflow" else "")
+        )
+    roots = await tree_roots(client, listed_id, described.run_id) if described.workflow_type == TREE else None
+    rows = await list_rollouts(client, listed_id, wanted, limit=limit, roots=roots)
+    outcomes = await read_outcomes(client, rows)
+    for row in rows:
+        if (outcome := outcomes.get(row.rollout_id)) is not None:
+            row.turns = outcome.turns
+    return rows

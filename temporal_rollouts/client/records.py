@@ -11,6 +11,7 @@ attributes, the same filters a person types in the Temporal UI.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,9 +28,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.resume import run_result
 from temporal_rollouts.core import search_attributes as sa
+from temporal_rollouts.core.defaults import BATCHES_LISTED
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.messages import Message
-from temporal_rollouts.core.records import BatchProgress, BatchResult, TrajectoryResult
+from temporal_rollouts.core.records import BatchProgress, BatchResult, StopReason, TrajectoryResult
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 _SAFE_ID = re.compile(r"^[\w./:@-]+$")
@@ -45,20 +47,65 @@ class BranchLink(BaseModel):
     status: str
 
 
+CLOSED_FROM_OUTSIDE = {
+    WorkflowExecutionStatus.TERMINATED: StopReason.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT: StopReason.TIMED_OUT,
+    WorkflowExecutionStatus.CANCELED: StopReason.CANCELLED,
+}
+"""How a run ended that never recorded why itself (its state was read back by replay)."""
+
+
+class RolloutResult(TrajectoryResult):
+    """A rollout's result as a person reads it: what the run recorded, except that its stop reason
+    appears only once it has stopped, and its score only once it was scored. A running rollout's
+    state holds a placeholder reason and a score of 0, and a failed one's score is no score (the
+    docs and the trainer never read a failure as 0): both are None here, never shown as values."""
+
+    stop_reason: StopReason | None = None  # type: ignore[assignment]
+    score: float | None = None  # type: ignore[assignment]
+
+    @property
+    def failed(self) -> bool:
+        return self.stop_reason is not None and not self.stop_reason.scored
+
+    @classmethod
+    def of(cls, result: TrajectoryResult, status: WorkflowExecutionStatus | None) -> RolloutResult:
+        shown = cls.model_validate(result.model_dump())
+        if status == WorkflowExecutionStatus.RUNNING:
+            shown.stop_reason, shown.stop_detail = None, ""
+        elif status in CLOSED_FROM_OUTSIDE and (shown.stop_reason is None or shown.stop_reason.scored):
+            shown.stop_reason = CLOSED_FROM_OUTSIDE[status]
+            shown.stop_detail = shown.stop_detail or f"the run was {status.name.lower()} from outside"
+        if status != WorkflowExecutionStatus.COMPLETED or shown.failed:
+            shown.score = None
+        return shown
+
+
 class RolloutRecord(BaseModel):
     """One rollout as a person reads it: how its latest run stands, its result and its conversation."""
 
     rollout_id: str
     run_id: str | None = None
     status: str = Field(description="running, completed, failed, canceled, terminated, timed_out, ...")
+    phase: str | None = Field(
+        default=None, description="While it runs: the step it is at (acquire, setup, turn 3, tool 3.1, verify, ...)."
+    )
     batch_id: str | None = None
     policy: str | None = None
     started_at: datetime | None = None
     closed_at: datetime | None = None
-    result: TrajectoryResult | None = None
+    result: RolloutResult | None = None
     messages: list[Message] = Field(default_factory=list)
     transcript_error: str | None = Field(default=None, description="Why the conversation could not be read, if so.")
     branches: list[BranchLink] = Field(default_factory=list, description="Rollouts forked or branched from this one.")
+
+    def shown(self) -> dict[str, Any]:
+        """The record as `show --json`, `export` and the web page give it: unset fields left out, except a
+        result's stop reason and score, which say null while the rollout has none (never a 0 that is no score)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if "result" in data:
+            data["result"] = {"stop_reason": None, "score": None, **data["result"]}
+        return data
 
 
 class BatchSummary(BaseModel):
@@ -74,6 +121,11 @@ class BatchSummary(BaseModel):
     failed: int | None = None
     running: int | None = None
     mean_score: float | None = None
+    retrying: list[str] = Field(
+        default_factory=list,
+        description="While it runs: its rollouts whose step failed and waits for a retry, one line per cause "
+        "(`2 rollouts waiting on llm_turn: model unreachable: connection refused, retry 3`).",
+    )
 
     @computed_field
     @property
@@ -84,6 +136,9 @@ class BatchSummary(BaseModel):
 
 
 def batch_outcome(status: str, completed: int | None, failed: int | None) -> str:
+    """The one definition of a batch's state that `rollouts status`, `rollouts list` and the web page
+    show: its workflow status, except that a completed batch with failed rollouts is `partial`, or
+    `failed` when none was scored."""
     if status != "completed" or not failed:
         return status
     return "partial" if completed else "failed"
@@ -112,6 +167,18 @@ async def first_started_at(client: Client, execution: WorkflowExecution) -> date
     return execution.start_time
 
 
+def root_cause(err: BaseException) -> str:
+    """The innermost message of a Temporal failure chain (`unknown env 'x': ...`, not `Activity task failed`)."""
+    message = str(err)
+    cause: BaseException | None = err
+    while cause is not None:
+        text = getattr(cause, "message", None) or str(cause)
+        if text:
+            message = text
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return message
+
+
 def status_name(status: WorkflowExecutionStatus | None) -> str:
     return status.name.lower() if status else "unknown"
 
@@ -132,6 +199,25 @@ async def describe_or_none(client: Client, workflow_id: str):
         raise
 
 
+async def id_taken(client: Client, workflow_id: str) -> ConfigError:
+    """The error for an id a person chose (`--id`) that an earlier workflow holds: a batch or fork is never
+    started anew under it without a word (Temporal would start a second run, and the first would vanish
+    behind it from `rollouts list` and `status`)."""
+    described = await describe_or_none(client, workflow_id)
+    state = status_name(described.status) if described else "gone"
+    if described is not None and described.workflow_type == "BatchWorkflow":
+        if described.status == WorkflowExecutionStatus.RUNNING:
+            return ConfigError(f"batch {workflow_id} is running: watch it with `rollouts status {workflow_id}`")
+        counts = await batch_counts(client, workflow_id, described.status)
+        state = batch_outcome(state, counts.get("completed"), counts.get("failed"))
+        return ConfigError(
+            f"batch {workflow_id} already ran (it is {state}): choose another --id for a new batch; "
+            f"`rollouts resume {workflow_id}` resumes its failed rollouts"
+        )
+    kind = described.workflow_type if described else "workflow"
+    return ConfigError(f"--id {workflow_id!r} is taken by a {kind} (it is {state}): choose another")
+
+
 async def require_workflow(client: Client, workflow_id: str, kind: str):
     """The description of a workflow of type `kind`, or a ConfigError naming what was found instead."""
     described = await describe_or_none(client, workflow_id)
@@ -147,10 +233,13 @@ async def load_rollout(client: Client, transcripts: TranscriptStore, rollout_id:
     """The latest run of a rollout, with its result and conversation; failed runs included."""
     described = await require_workflow(client, rollout_id, "TrajectoryWorkflow")
     status = status_name(described.status)
+    phase = None
     if described.status == WorkflowExecutionStatus.RUNNING:
+        handle = client.get_workflow_handle(rollout_id, run_id=described.run_id)
         try:
-            raw = await client.get_workflow_handle(rollout_id, run_id=described.run_id).query("resume_state")
+            raw = await handle.query("resume_state", rpc_timeout=QUERY_TIMEOUT)
             result = TrajectoryResult.model_validate(raw) if raw else None
+            phase = (await handle.query("progress", rpc_timeout=QUERY_TIMEOUT) or {}).get("phase")
         except RPCError:
             result = None
     else:
@@ -160,7 +249,8 @@ async def load_rollout(client: Client, transcripts: TranscriptStore, rollout_id:
         rollout_id=rollout_id,
         run_id=described.run_id,
         status=status,
-        result=result,
+        phase=phase,
+        result=RolloutResult.of(result, described.status) if result is not None else None,
         batch_id=attributes.get(sa.BATCH_ID),
         policy=attributes.get(sa.POLICY),
         started_at=described.start_time,
@@ -231,7 +321,7 @@ async def batch_counts(
 
 async def list_batches(
     client: Client,
-    limit: int = 20,
+    limit: int = BATCHES_LISTED,
     closed_counts: dict[str, dict[str, Any]] | None = None,
     first_starts: dict[str, datetime | None] | None = None,
 ) -> list[BatchSummary]:
@@ -262,6 +352,10 @@ async def list_batches(
         )
         if len(summaries) >= limit:
             break
+    running = [summary for summary in summaries if summary.status == "running"]
+    found = await asyncio.gather(*(waiting_on_retries(client, s.batch_id, RETRIES_SAMPLED) for s in running))
+    for summary, notes in zip(running, found, strict=True):
+        summary.retrying = retry_summary(notes)
     return summaries
 
 
@@ -296,6 +390,44 @@ class RetryNote(BaseModel):
 
 SLOW_STEP_S = 60.0
 """A step attempt running this long without an answer is listed too (a stalled model shows before its timeout)."""
+RETRIES_SAMPLED = 10
+"""Running rollouts of each running batch `rollouts list` and the web page's list look at for retries."""
+
+
+def pending_notes(workflow_id: str, description: Any, slow_after_s: float = SLOW_STEP_S) -> list[RetryNote]:
+    """The steps of one workflow that failed and wait for their next attempt, with the last failure and
+    the attempt count (what `temporal workflow describe` shows), and those running `slow_after_s` without
+    an answer; `description` is the raw DescribeWorkflowExecution answer."""
+    now = datetime.now(UTC)
+    notes = []
+    for pending in description.pending_activities:
+        if not pending.HasField("last_failure"):
+            if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField(
+                "last_started_time"
+            ):
+                running = (now - pending.last_started_time.ToDatetime(tzinfo=UTC)).total_seconds()
+                if running >= slow_after_s:
+                    notes.append(
+                        RetryNote(
+                            rollout_id=workflow_id,
+                            activity=pending.activity_type.name,
+                            attempt=pending.attempt,
+                            reason=f"no answer yet (running {running:.0f} s)",
+                        )
+                    )
+            continue
+        failure = pending.last_failure
+        error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
+        notes.append(
+            RetryNote(
+                rollout_id=workflow_id,
+                activity=pending.activity_type.name,
+                attempt=pending.attempt,
+                error_type=error_type or None,
+                reason=failure.message,
+            )
+        )
+    return notes
 
 
 async def waiting_on_retries(
@@ -317,34 +449,7 @@ async def waiting_on_retries(
             described = await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
         except RPCError:
             continue
-        now = datetime.now(UTC)
-        for pending in described.raw_description.pending_activities:
-            if not pending.HasField("last_failure"):
-                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.HasField(
-                    "last_started_time"
-                ):
-                    running = (now - pending.last_started_time.ToDatetime(tzinfo=UTC)).total_seconds()
-                    if running >= slow_after_s:
-                        notes.append(
-                            RetryNote(
-                                rollout_id=execution.id,
-                                activity=pending.activity_type.name,
-                                attempt=pending.attempt,
-                                reason=f"no answer yet (running {running:.0f} s)",
-                            )
-                        )
-                continue
-            failure = pending.last_failure
-            error_type = failure.application_failure_info.type if failure.HasField("application_failure_info") else None
-            notes.append(
-                RetryNote(
-                    rollout_id=execution.id,
-                    activity=pending.activity_type.name,
-                    attempt=pending.attempt,
-                    error_type=error_type or None,
-                    reason=failure.message,
-                )
-            )
+        notes += pending_notes(execution.id, described.raw_description, slow_after_s)
     return sorted(notes, key=lambda note: natural_key(note.rollout_id))
 
 

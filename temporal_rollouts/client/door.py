@@ -1,5 +1,6 @@
-"""What the door's endpoint does, apart from HTTP: a training run's Updates and query, and its groups
-read back from the object store.
+"""The trainer door in the control layer: a training run's Updates (take, acknowledge, release,
+register) and status query, and its batches' groups read back from the object store. The door's
+endpoint (`temporal_rollouts/door/`) serves this over HTTP.
 
 Nothing here keeps state between requests. Every take, acknowledgement and registration is an
 Update of the run's workflow (durable, ordered, whichever endpoint process sent it); a batch's
@@ -29,9 +30,12 @@ from temporal_rollouts.core.door import (
     TakeAnswer,
     TakeRequest,
 )
+from temporal_rollouts.client.connection import command_client
 from temporal_rollouts.core.feed import DoorStatus, FeedStatus
+from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX
 from temporal_rollouts.storage.feed_groups import FeedGroupStore
+from temporal_rollouts.storage.objects import object_client
 
 ANSWER_WAIT_S = 30.0
 """How long an Update or query may wait for a worker before the endpoint answers 503 (the client retries)."""
@@ -151,6 +155,14 @@ class RunDoors:
             raise _refusal(run, err) from None
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             raise DoorRefused(503, f"no worker answered for training run {run}; try again") from None
+
+
+async def run_doors(settings: Settings) -> RunDoors:
+    """The doors of the training runs the settings' Temporal and object store hold (refused, in one line, where
+    the task queue's workers keep their data elsewhere: their groups would not be found)."""
+    objects = object_client(settings)
+    client = await command_client(settings, objects=objects, start_embedded=False)
+    return RunDoors(client, FeedGroupStore(objects, settings.storage.bucket))
 
 
 def _refusal(run: str, err: RPCError) -> DoorRefused:

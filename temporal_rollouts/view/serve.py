@@ -1,0 +1,85 @@
+"""`rollouts view`: serve the web page of this package until Ctrl-C (`python -m temporal_rollouts.view`).
+
+`rollouts view` runs this program in its own place with the flags as given, so the page owns its
+flags and its help. Until it serves, it imports only argparse and the key checks: a page that would
+listen beyond loopback without a key is refused before anything is loaded or bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from temporal_rollouts.sandbox_server.keys import add_key_argument, key_from_env, require_key
+
+if TYPE_CHECKING:
+    from temporal_rollouts.core.settings import Settings
+
+PORT = 8300
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollouts view",
+        description="A local web page of batches, training runs, their rollouts and figures, one trajectory at "
+        "a time; it also serves a codec endpoint for the Temporal UI.",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; beyond loopback the page needs a key (--api-key-env) (default: %(default)s)",
+    )
+    parser.add_argument("--port", type=int, default=PORT, help="(default: %(default)s)")
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        help="another name the page is reached by (repeatable); it refuses every other Host header",
+    )
+    add_key_argument(
+        parser,
+        "the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
+        "or send 'Authorization: Bearer KEY'; required with a --host beyond loopback",
+    )
+    return parser
+
+
+async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -> None:
+    import uvicorn
+
+    from temporal_rollouts.client.connection import inspection_client
+    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
+    from temporal_rollouts.view.app import create_app
+
+    client, transcripts = await inspection_client(settings)
+    origins = [settings.ui_url.rstrip("/")] if settings.ui_url else []
+    app = create_app(client, transcripts, origins, AllowedHosts.for_bind(args.host, args.allowed_hosts), key)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    opened = f"?key=<the key in ${args.api_key_env}>" if key else ""
+    print(
+        f"rollouts view: http://{args.host}:{args.port}/{opened}  (Temporal {settings.temporal_address}; Ctrl-C stops it)\n"
+        f"codec endpoint for the Temporal UI: http://{args.host}:{args.port}/codec",
+        flush=True,
+    )
+    await uvicorn.Server(config).serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    key = key_from_env(args.api_key_env)
+    require_key(args.host, key, "rollouts view")  # it shows every conversation
+    import asyncio
+
+    from temporal_rollouts.runtime.command_errors import report_error
+    from temporal_rollouts.runtime.config import load_settings
+
+    settings: Settings | None = None
+    try:
+        settings = load_settings()
+        asyncio.run(serve(args, settings, key))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        return report_error(err, settings)
+    return 0
