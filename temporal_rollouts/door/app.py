@@ -15,12 +15,11 @@ trainer took before, as an Atropos trainer asks only once it has trained it), `G
 `GET /info`, `GET /wandb_info`.
 
 Every route but `/health` needs `Authorization: Bearer KEY` when the endpoint has a key
-(compared in constant time), and a key is required to listen beyond loopback.
+(`sandbox_server.keys`: compared in constant time), and a key is required to listen beyond loopback.
 """
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from typing import Any
 
@@ -35,6 +34,7 @@ from starlette.routing import Route
 from temporal_rollouts.core.door import AckRequest, RegisterRequest, ReleaseRequest, TakeRequest
 from temporal_rollouts.client.door import DoorRefused, RunDoors
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.keys import BearerKey
 
 ATROPOS_CONSUMER = "atropos"
 
@@ -133,11 +133,6 @@ def create_app(
                 return JSONResponse({"batch": None})
             return _error(refused.status, refused.message)
 
-    async def bearer_key(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health" and not _key_matches(request, api_key):
-            return _error(401, "missing or wrong key (Authorization: Bearer KEY)")
-        return await call_next(request)
-
     return Starlette(
         routes=[
             Route("/health", health),
@@ -153,7 +148,7 @@ def create_app(
         ],
         middleware=[
             Middleware(HostGuard, allowed=allowed_hosts or AllowedHosts.for_bind("127.0.0.1")),
-            Middleware(BaseHTTPMiddleware, dispatch=bearer_key),
+            Middleware(BearerKey, key=api_key),
             Middleware(BaseHTTPMiddleware, dispatch=refusals),
         ],
     )
@@ -161,8 +156,3 @@ def create_app(
 
 def _number(request: Request) -> int:
     return int(request.path_params["number"])
-
-
-def _key_matches(request: Request, key: str) -> bool:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from temporal_rollouts.sandbox_server.keys import add_key_argument, key_from_env, require_key
+from temporal_rollouts.runtime.serving import add_listening_arguments, serve_until_stopped
+from temporal_rollouts.sandbox_server.keys import add_key_argument
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings
@@ -31,19 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The trainer door: trainers take training runs' numbered batches and acknowledge them, over "
         "HTTP (/runs/RUN/take, /runs/RUN/batches/N/ack) or Atropos' /register and /batch.",
     )
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on; beyond loopback it needs a key (default: %(default)s)",
-    )
-    parser.add_argument("--port", type=int, default=PORT, help="(default: %(default)s)")
-    parser.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the endpoint is reached by (repeatable); it refuses every other Host header",
-    )
+    add_listening_arguments(parser, PORT, "the endpoint")
     parser.add_argument(
         "--atropos-lease-s",
         type=float,
@@ -73,20 +62,5 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    key = key_from_env(args.api_key_env)
-    require_key(args.host, key, "the trainer door")  # any caller could take and acknowledge a run's batches
-    import asyncio
-
-    from temporal_rollouts.runtime.command_errors import report_error
-    from temporal_rollouts.runtime.config import load_settings
-
-    settings: Settings | None = None
-    try:
-        settings = load_settings()
-        asyncio.run(serve(args, settings, key))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as err:
-        return report_error(err, settings)
-    return 0
+    # any caller could take and acknowledge a run's batches: beyond loopback, a key
+    return serve_until_stopped(build_parser().parse_args(argv), "the trainer door", serve)
