@@ -25,6 +25,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import random
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -159,40 +160,60 @@ async def set_current(client: Client, settings: Settings, build_id: str, conflic
     )
 
 
-async def become_current_if_newest(client: Client, settings: Settings, attempts: int = 40) -> str | None:
+# The server answers RESOURCE_EXHAUSTED ("too many requests issued to Worker Deployment") when
+# several workers of a fleet start together; RACED are the answers of a lost race or a first poll
+# not yet registered. Both mean: look again a little later.
+_LOOK_AGAIN = (
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.NOT_FOUND,
+)
+
+
+async def become_current_if_newest(client: Client, settings: Settings, patience_s: float = 120.0) -> str | None:
     """Make this worker's build current unless a newer build has polled; the build current afterwards.
 
     Called once the worker polls (a build exists in the deployment only after its first poll). Two
     workers of one build starting together race on the conflict token; the loser sees its build
-    current on its next look."""
+    current on its next look. Looks back off (with jitter, so a fleet does not retry in step) and
+    give up after `patience_s`."""
     if not settings.worker.versioning or settings.worker.become_current == "never":
         return None
     mine = worker_version(settings).build_id
-    for _ in range(attempts):
-        deployment = await describe(client, settings)
-        build = next((b for b in deployment.builds if b.build_id == mine), None) if deployment else None
-        if deployment is None or build is None:
-            await asyncio.sleep(0.25)  # not registered yet: the first poll is on its way
-            continue
-        if deployment.current == mine:
-            return mine
-        newer = [b for b in deployment.builds if b.created and build.created and b.created > build.created]
-        if newer:
-            log.info(
-                "build %s is not the newest of deployment %r (%s is newer): it serves only the batches "
-                "and rollouts pinned to it; new work goes to %s",
-                mine,
-                deployment.name,
-                newer[-1].build_id,
-                deployment.current or "no build",
-            )
-            return deployment.current
+    deadline = asyncio.get_running_loop().time() + patience_s
+    pause = 0.25
+    while True:
         try:
-            await set_current(client, settings, mine, deployment.conflict_token)
-            log.info("build %s is now the current build of deployment %r", mine, deployment.name)
-            return mine
+            deployment = await describe(client, settings)
+            build = next((b for b in deployment.builds if b.build_id == mine), None) if deployment else None
+            if deployment is not None and build is not None:
+                if deployment.current == mine:
+                    return mine
+                newer = [b for b in deployment.builds if b.created and build.created and b.created > build.created]
+                if newer:
+                    log.info(
+                        "build %s is not the newest of deployment %r (%s is newer): it serves only the "
+                        "batches and rollouts pinned to it; new work goes to %s",
+                        mine,
+                        deployment.name,
+                        newer[-1].build_id,
+                        deployment.current or "no build",
+                    )
+                    return deployment.current
+                await set_current(client, settings, mine, deployment.conflict_token)
+                log.info("build %s is now the current build of deployment %r", mine, deployment.name)
+                return mine
         except RPCError as err:
-            if err.status not in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.ABORTED, RPCStatusCode.NOT_FOUND):
+            if err.status not in _LOOK_AGAIN:
                 raise
-            await asyncio.sleep(0.25)  # another worker moved it first, or the poll is not registered yet
-    raise TimeoutError(f"build {mine} never appeared in deployment {deployment_name(settings)!r}")
+            last = err.message
+        else:
+            last = "the build is not registered yet"
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(
+                f"build {mine} could not become current in deployment {deployment_name(settings)!r} "
+                f"within {patience_s:.0f} s (last answer: {last})"
+            )
+        await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(pause * 2, 5.0)

@@ -21,12 +21,17 @@ pytest.importorskip("transformers")
 
 from temporal_rollouts.policy_servers.smollm2 import forward_logprobs  # noqa: E402
 from temporal_rollouts.policy_servers.weights import save_weights  # noqa: E402
-from tests.support.servers.fixtures import LOGPROB_TOLERANCE, GenerateServerProcess  # noqa: E402
+from tests.support.servers.fixtures import (  # noqa: E402
+    LOGPROB_TOLERANCE,
+    OWN_SERVER_MAX_NEW_TOKENS,
+    GenerateServerProcess,
+)
 
 pytestmark = pytest.mark.slow
 
 LONG_REPLY_TOKENS = 160
 """Long enough (seconds on two cores) for an update to arrive while the request is in flight."""
+assert LONG_REPLY_TOKENS <= OWN_SERVER_MAX_NEW_TOKENS, "the server would cut the long reply short"
 
 
 @pytest.fixture(scope="module")

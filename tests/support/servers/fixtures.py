@@ -82,10 +82,18 @@ def smollm2_server(smollm2_process: GenerateServerProcess) -> GenerateServerProc
     return smollm2_process
 
 
+OWN_SERVER_MAX_NEW_TOKENS = 256
+"""The module's own server samples up to this many tokens (the server's default cap is 128)."""
+
+
 @pytest.fixture(scope="module")
 def own_smollm2_server(smollm2_gguf: Path, tmp_path_factory) -> Iterator[GenerateServerProcess]:
     """A generate server of the module's own, ready, for tests that change the weights it serves."""
-    server = GenerateServerProcess(smollm2_gguf, tmp_path_factory.mktemp("own_generate_server"))
+    server = GenerateServerProcess(
+        smollm2_gguf,
+        tmp_path_factory.mktemp("own_generate_server"),
+        args=("--max-new-tokens", str(OWN_SERVER_MAX_NEW_TOKENS)),
+    )
     server.start()
     server.wait_ready()
     yield server
