@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateR
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_rollouts.client.connection import command_client
 from temporal_rollouts.core.door import (
     AckAnswer,
     AckRequest,
@@ -30,7 +31,6 @@ from temporal_rollouts.core.door import (
     TakeAnswer,
     TakeRequest,
 )
-from temporal_rollouts.client.connection import command_client
 from temporal_rollouts.core.feed import DoorStatus, FeedStatus
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.token_trace import IGNORE_INDEX

@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from temporal_rollouts.core.door import AckRequest, RegisterRequest, ReleaseRequest, TakeRequest
 from temporal_rollouts.client.door import DoorRefused, RunDoors
+from temporal_rollouts.core.door import AckRequest, RegisterRequest, ReleaseRequest, TakeRequest
 from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.keys import BearerKey
 

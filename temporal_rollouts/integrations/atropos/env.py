@@ -41,7 +41,6 @@ from envs.sources import load_env_sources
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
 from temporal_rollouts.core.feed import FeedInput, FeedStatus, StaleGroups
-from temporal_rollouts.door.client import door_metrics
 from temporal_rollouts.core.inputs import field_default
 from temporal_rollouts.core.records import (
     RolloutLimits,
@@ -52,6 +51,7 @@ from temporal_rollouts.core.records import (
 )
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.door.client import door_metrics
 from temporal_rollouts.integrations.atropos.wandb_rollouts import rollouts_for_table
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
