@@ -232,14 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # raised at once, even mid-step, so `close` runs
-        signal.signal(signum, _interrupt)
+    interrupt_on_signals()
     stack = Stack(out, args.threads, args.items * args.group_size)
     try:
         stack.start()
         asyncio.run(run(args, out, stack))
     finally:
         stack.close()
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt at once, even mid-step, so the stack's `close` runs."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, frame: object) -> None:

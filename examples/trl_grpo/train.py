@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import time
 import uuid
@@ -46,7 +45,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from examples.grpo.sync_loop import Stack, _interrupt  # noqa: E402
+from examples.grpo.sync_loop import Stack, interrupt_on_signals  # noqa: E402
 from examples.grpo.trainer import load_policy, save_and_publish  # noqa: E402
 from temporal_rollouts.door.client import Batch, DoorClient  # noqa: E402
 
@@ -257,8 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _interrupt)
+    interrupt_on_signals()
     stack = Stack(out, args.threads, args.group_size * args.groups_per_step)
     try:
         stack.start()
