@@ -79,12 +79,20 @@ class BatchGroup(BaseModel):
     staleness: int = Field(description="Trainer version at forming minus the group's oldest version.")
     stale: bool = False
     masked: list[int] = Field(default_factory=list, description="Sequences whose tokens are masked (scores_only).")
+    held_back: bool = Field(
+        default=False,
+        description="Staler than the bound when its batch went out again: every token masked and counted as "
+        "held back, not acknowledged (drop, requeue).",
+    )
 
 
 class DoorBatch(BaseModel):
     number: int
     groups: list[BatchGroup]
-    trainer_version: int = Field(description="The weights the trainer trained from when it took the batch first.")
+    trainer_version: int = Field(
+        description="The weights the trainer trains from, as of the batch's last delivery: staleness is decided "
+        "against it when the batch is formed, and again when it goes out again to a trainer that moved on."
+    )
     deliveries: int = 0
     lease: str | None = Field(default=None, description="The current lease; None: waiting to be handed out again.")
     deadline: float | None = Field(default=None, description="When the lease ends (workflow time, seconds).")
@@ -254,9 +262,11 @@ class DoorLedger(BaseModel):
                 self._acknowledge(previous)
         self._expire(now)
         answer = TakeAnswer(acknowledged_below=self.acknowledged_below, next_number=self.next_number)
+        version = request.trainer_version if request.trainer_version is not None else self.trainer_version()
         batch = next((b for b in self.batches if b.lease is None), None)
-        if batch is None:
-            version = request.trainer_version if request.trainer_version is not None else self.trainer_version()
+        if batch is not None:
+            self._decide_again(batch, version, rules, answer.requeue)
+        else:
             batch = self._form(version, rules, answer.requeue)
         if batch is not None:
             batch.deliveries += 1
@@ -358,8 +368,7 @@ class DoorLedger(BaseModel):
         for entry in chosen:
             self.pending.remove(entry.group)
             self.figures.groups_marked_stale += entry.stale
-            key = str(entry.staleness)
-            self.figures.staleness[key] = self.figures.staleness.get(key, 0) + 1
+            self._count_staleness(entry.staleness, +1)
         batch = DoorBatch(
             number=self.next_number, groups=chosen, trainer_version=version, short=len(chosen) < rules.per_batch
         )
@@ -368,15 +377,52 @@ class DoorLedger(BaseModel):
         self.figures.batches_formed += 1
         return batch
 
+    def _decide_again(self, batch: DoorBatch, version: int, rules: TakeRules, requeue: list[DoorGroup]) -> None:
+        """A batch going out again may meet a trainer that moved on (it acknowledged later batches while this
+        one's lease ran): each group's staleness is decided again against the version trained now, so none is
+        trained past the bound. The batch stays whole under its number; a group now too stale is marked, or
+        masked (scores_only), or masked and held back whole (drop; requeue also starts its item again)."""
+        if version <= batch.trainer_version:
+            return
+        batch.trainer_version = version
+        figures = self.figures
+        for entry in batch.groups:
+            if entry.held_back:
+                continue
+            self._count_staleness(entry.staleness, -1)
+            entry.staleness = version - entry.group.oldest()
+            self._count_staleness(entry.staleness, +1)
+            if entry.staleness <= rules.max_staleness:
+                continue
+            figures.groups_marked_stale += not entry.stale
+            entry.stale = True
+            if rules.stale_groups == StaleGroups.SCORES_ONLY:
+                entry.masked = entry.group.stale_sequences(version, rules.max_staleness)
+            elif rules.stale_groups in (StaleGroups.DROP, StaleGroups.REQUEUE):
+                entry.masked, entry.held_back = list(range(entry.group.sequences)), True
+                figures.completion_tokens_held_back += entry.group.completion_tokens
+                if rules.stale_groups == StaleGroups.REQUEUE and entry.group.requeues < rules.max_requeues:
+                    figures.groups_requeued += 1
+                    requeue.append(entry.group)
+                else:
+                    figures.groups_dropped_stale += 1
+
+    def _count_staleness(self, staleness: int, change: int) -> None:
+        key = str(staleness)
+        self.figures.staleness[key] = self.figures.staleness.get(key, 0) + change
+        if not self.figures.staleness[key]:
+            del self.figures.staleness[key]
+
     def _acknowledge(self, number: int) -> None:
         batch = self._batch(number)
         self.batches.remove(batch)
         figures = self.figures
         figures.batches_acknowledged += 1
-        figures.groups_acknowledged += len(batch.groups)
-        figures.sequences_acknowledged += batch.sequences
-        figures.tokens_acknowledged += sum(g.group.tokens for g in batch.groups)
-        figures.completion_tokens_acknowledged += sum(g.group.completion_tokens for g in batch.groups)
+        trained = [g for g in batch.groups if not g.held_back]  # a held-back group's tokens are counted as such
+        figures.groups_acknowledged += len(trained)
+        figures.sequences_acknowledged += sum(g.group.sequences for g in trained)
+        figures.tokens_acknowledged += sum(g.group.tokens for g in trained)
+        figures.completion_tokens_acknowledged += sum(g.group.completion_tokens for g in trained)
         self.acknowledged_above.append(number)
         self.acknowledged_above.sort()
         while self.acknowledged_above and self.acknowledged_above[0] == self.acknowledged_below:

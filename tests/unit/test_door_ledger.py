@@ -128,6 +128,42 @@ def test_groups_that_finish_out_of_order_never_reach_a_slow_trainer_staler_than_
             assert door.figures.groups_dropped_stale == 1 and answer.requeue == []
 
 
+def test_a_batch_handed_out_again_after_the_trainer_moved_on_is_never_trained_past_the_bound() -> None:
+    """Batch 0 (groups of version 0, one step stale) is taken at version 1 and its trainer dies. A trainer
+    takes batch 1, trains it and acknowledges: it trains version 2 now. When batch 0's lease ends it goes
+    out again, the same number and groups, but two steps stale: decided again against version 2, as the
+    run's policy says (marked, masked, or held back whole with its item started again)."""
+    for stale in StaleGroups:
+        door = ledger(group(0, [0]), group(1, [0]), group(2, [1]), group(3, [1]), batch_size=4)
+        door.starting_step = 1
+        first = door.take(TakeRequest(lease_s=10), now=0, rules=rules(stale=stale)).batch
+        assert first is not None and [g.staleness for g in first.groups] == [1, 1]
+        second = door.take(TakeRequest(lease_s=10), now=1, rules=rules(stale=stale)).batch
+        assert second is not None and second.number == 1
+        door.acknowledge(AckRequest(number=1, lease=second.lease))
+        assert door.trainer_version() == 2
+
+        answer = door.take(TakeRequest(lease_s=10), now=20, rules=rules(stale=stale))
+        again = answer.batch
+        assert again is not None and (again.number, again.deliveries, again.trainer_version) == (0, 2, 2), stale
+        assert [g.group.group_id for g in again.groups] == ["run/g0", "run/g1"], "the same batch, whole"
+        assert all(g.stale and g.staleness == 2 for g in again.groups), stale
+        f = door.figures
+        assert f.staleness == {"2": 2, "0": 2}, "at consumption: batch 0 at 2, batch 1 at 0"
+        if stale == StaleGroups.POST:
+            assert all(g.masked == [] for g in again.groups) and f.groups_marked_stale == 2
+        else:  # not one of its tokens is trained
+            assert all(g.masked == [0, 1] for g in again.groups), stale
+        if stale in (StaleGroups.DROP, StaleGroups.REQUEUE):
+            assert f.completion_tokens_held_back == 2 * 24
+            door.acknowledge(AckRequest(number=0, lease=again.lease))
+            assert (f.groups_acknowledged, f.completion_tokens_acknowledged) == (2, 2 * 24), "held back, not trained"
+        if stale == StaleGroups.REQUEUE:
+            assert [g.group_id for g in answer.requeue] == ["run/g0", "run/g1"] and f.groups_requeued == 2
+        if stale == StaleGroups.DROP:
+            assert answer.requeue == [] and f.groups_dropped_stale == 2
+
+
 def test_a_group_requeued_too_often_is_dropped() -> None:
     late = group(0, [0]).model_copy(update={"requeues": 2})
     door = ledger(late, group(1, [5]), group(2, [5]))
