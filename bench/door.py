@@ -87,6 +87,7 @@ def trainer_main(door_url: str, run: str, ledger: Path, policy_url: str, weights
                     "group_id": g["group_overrides"]["group_id"],
                     "staleness": g["group_overrides"]["staleness"],
                     "stale": g["group_overrides"]["stale"],
+                    "held_back": g["group_overrides"].get("held_back", False),
                     "tokens": sum(1 for mask in g["masks"] for m in mask if m != IGNORE_INDEX),
                 }
                 for g in batch.groups
@@ -188,8 +189,9 @@ def account(events: list[dict], status: FeedStatus) -> dict:
             taken[event["number"]] = event  # a re-delivery hands out the same groups
         elif event["status"] == "acknowledged":
             acked[event["number"]] += 1
-    groups = Counter(g["group_id"] for number in acked for g in taken[number]["groups"])
-    staleness = Counter(g["staleness"] for number in acked for g in taken[number]["groups"])
+    trained = [g for number in acked for g in taken[number]["groups"] if not g["held_back"]]
+    groups = Counter(g["group_id"] for g in trained)  # a held-back group (masked whole) is counted as held back
+    staleness = Counter(g["staleness"] for g in trained)
     return {
         "batches_formed": d.batches_formed,
         "batches_acknowledged": d.batches_acknowledged,
@@ -208,10 +210,10 @@ def account(events: list[dict], status: FeedStatus) -> dict:
         "tokens_acknowledged": d.completion_tokens_acknowledged,
         "tokens_held_back_stale": d.completion_tokens_held_back,
         "tokens_unaccounted": f.tokens_generated - d.completion_tokens_acknowledged - d.completion_tokens_held_back,
-        "trained_tokens_at_trainer": sum(g["tokens"] for number in acked for g in taken[number]["groups"]),
+        "trained_tokens_at_trainer": sum(g["tokens"] for g in trained),
         "trained_tokens_acknowledged": d.tokens_acknowledged,
         "staleness_at_consumption": {str(k): staleness[k] for k in sorted(staleness)},
-        "stale_groups_trained": sum(1 for number in acked for g in taken[number]["groups"] if g["stale"]),
+        "stale_groups_trained": sum(1 for g in trained if g["stale"]),
     }
 
 

@@ -125,6 +125,7 @@ class RunDoors:
             "staleness": entry.staleness,
             "stale": entry.stale,
             "masked": entry.masked,
+            "held_back": entry.held_back,
             "batch": number,
         }
         group.setdefault("metadata", {})["staleness"] = entry.staleness

@@ -391,7 +391,11 @@ class DoorLedger(BaseModel):
                 continue
             self._count_staleness(entry.staleness, -1)
             entry.staleness = version - entry.group.oldest()
-            self._count_staleness(entry.staleness, +1)
+            if entry.staleness <= rules.max_staleness or rules.stale_groups in (
+                StaleGroups.POST,
+                StaleGroups.SCORES_ONLY,
+            ):
+                self._count_staleness(entry.staleness, +1)  # handed over: consumed at this staleness
             if entry.staleness <= rules.max_staleness:
                 continue
             figures.groups_marked_stale += not entry.stale
