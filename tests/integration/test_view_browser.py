@@ -159,21 +159,26 @@ async def sft_policy(settings: Settings, view_policy: DemoPolicyProcess, tmp_pat
         settings.policies.pop("view-sft", None)
 
 
+def two_groups(policy: str, **fields) -> FeedInput:
+    """A training run of two echo_chain groups of two, one turn each."""
+    return FeedInput(
+        env="echo_chain",
+        env_config={"steps": 1},
+        policy=policy,
+        group_size=2,
+        max_groups=2,
+        limits=RolloutLimits(max_turns=3),
+        **fields,
+    )
+
+
 @pytest.fixture(scope="module")
 async def training_run(
     project_client: Client, worker: None, settings: Settings, view_policy: DemoPolicyProcess, tmp_path_factory
 ) -> AsyncIterator[FeedStatus]:
     """A training run of two echo_chain groups written to JSONL."""
     async with sft_policy(settings, view_policy, tmp_path_factory) as policy:
-        feed = FeedInput(
-            env="echo_chain",
-            env_config={"steps": 1},
-            policy=policy,
-            group_size=2,
-            max_groups=2,
-            sink="jsonl",
-            limits=RolloutLimits(max_turns=3),
-        )
+        feed = two_groups(policy, sink="jsonl")
         ended = await project_client.execute_workflow(
             TrainingFeedWorkflow.run, feed, id=batch_id("view-run"), task_queue=settings.temporal.task_queue
         )
@@ -197,16 +202,7 @@ async def door_run(
             await asyncio.sleep(0.2)
 
     async with sft_policy(settings, view_policy, tmp_path_factory) as policy:
-        feed = FeedInput(
-            env="echo_chain",
-            env_config={"steps": 1},
-            policy=policy,
-            group_size=2,
-            batch_size=2,
-            max_groups=2,
-            sink="door",
-            limits=RolloutLimits(max_turns=3),
-        )
+        feed = two_groups(policy, sink="door", batch_size=2)
         run = batch_id("view-door")
         handle = await project_client.start_workflow(
             TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue
