@@ -76,6 +76,7 @@ from temporal_rollouts.sandbox_server.keys import (
     key_from_env,
     require_key,
 )
+from temporal_rollouts.tools.catalogue import TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +218,12 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
 
 
 def _calls_for(scripted: list[ScriptedCall], offered: list[Any]) -> list[dict[str, Any]] | None:
-    """A turn of the reference solution as tool calls of the tools offered: as they are when ours are offered
-    (or no tools are named), else written as commands for the one shell tool a harness offers
+    """A turn of the reference solution as tool calls of the tools offered: as they are when any of ours is
+    offered (our loop; a request that names only some of them still gets the scripted calls, as before
+    harnesses) or no tools are named, else written as commands for the one shell tool a harness offers
     (`shell_calls`); None when neither can be done."""
     names = {tool.get("function", {}).get("name") for tool in offered if isinstance(tool, dict)}
-    if not offered or all(call.name in names for call in scripted):
+    if not offered or names & TOOLS.keys():
         return [_tool_call(call.name, json.dumps(call.arguments)) for call in scripted]
     shell = shell_tool(offered)
     commands = [as_shell(call.name, call.arguments) for call in scripted]
