@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -12,6 +13,8 @@ import pytest
 
 from temporal_rollouts.core.errors import SandboxRequired
 from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.config import SlotLimits
+from temporal_rollouts.sandbox_server.limits import Confinement
 from temporal_rollouts.sandbox_server.isolation import run_command
 from temporal_rollouts.sandbox_server.output import BoundedOutput, cap_text
 from tests.support.sandbox import host_listener, needs_bubblewrap, processes_running, unique_sleep
@@ -29,9 +32,21 @@ def mode(request, monkeypatch) -> str:
     return request.param
 
 
+OWN_UID_BASE = 63500
+"""The uid these commands run as, away from the low end of the range the suite's sandbox servers claim
+slot uids from: a server that releases its slot 0 stops every process of that uid, which once killed a
+command here (exit 137) while another test worker ran beside this one."""
+
+
+@functools.cache
+def own_confinement() -> Confinement:
+    return Confinement.detect(SlotLimits.off(), OWN_UID_BASE, "isolation-tests")
+
+
 async def run(command: str, workspace, timeout_s: float = 10.0, **options):
     if isolation.bubblewrap_path() is None:  # the "none" mode: running unisolated must be asked for
         options.setdefault("require_isolation", False)
+    options.setdefault("confinement", own_confinement())
     return await run_command(
         command, workspace, timeout_s=timeout_s, max_output_chars=options.pop("cap", 10_000), **options
     )
@@ -161,7 +176,7 @@ async def test_require_isolation_refuses_without_bubblewrap(tmp_path, monkeypatc
 async def test_a_read_only_command_cannot_change_the_workspace(tmp_path):
     """What a verifier's check runs with: no program it starts can write, rename, chmod or delete there."""
     (tmp_path / "kept.txt").write_text("as the agent left it\n")
-    owner = isolation.default_confinement()
+    owner = own_confinement()
     for path in (tmp_path, tmp_path / "kept.txt"):  # the command's own files, as a slot's are
         os.chown(path, owner.uid(0), owner.gid(0))
     attempts = "; ".join(
