@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox.requests import HealthQuery  # noqa: E402
-from temporal_rollouts.sandbox_server.lease_log import (  # noqa: E402
+from temporal_rollouts.sandbox_server.state.lease_log import (  # noqa: E402
     hand_over_latencies,
     idle_while_waiting,
     read_lease_events,

@@ -29,7 +29,7 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend, server_enviro
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
-from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
 from temporal_rollouts.sandbox_server.schema import (
     AcquireRequest,
     ExecOp,
@@ -42,7 +42,7 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferResult,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.sandbox import (
     execute_in,
     fork_bomb,
@@ -622,7 +622,7 @@ def test_isolation_is_required_by_default():
 
 
 async def test_without_bubblewrap_commands_are_refused_unless_explicitly_allowed(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
     async with SlotManager(tmp_path / "root", 1, "c") as strict:
         lease = await strict.acquire(holder("strict"), ttl_s=30, wait_s=0)
         from temporal_rollouts.sandbox_server.schema import ExecuteRequest
@@ -736,17 +736,17 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
     the slot's uid instead: the command still runs unprivileged, inside and outside."""
     import tempfile
 
-    from temporal_rollouts.sandbox_server.limits import Confinement
+    from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 
-    monkeypatch.setattr(isolation, "bubblewrap_strategy", lambda: "userns")
+    monkeypatch.setattr(bubblewrap, "bubblewrap_strategy", lambda: "userns")
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
         os.chmod(top, 0o755)
         workspace = Path(top) / "workspace"
         confinement = Confinement.detect(SlotLimits(tmp_limit_mb=8), UID_BASE, "fallback", use_cgroups=False)
-        from temporal_rollouts.sandbox_server.files import prepare_workspace
+        from temporal_rollouts.sandbox_server.files.workspace import prepare_workspace
 
         prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
-        result = await isolation.run_command(
+        result = await bubblewrap.run_command(
             "id -u; cp /bin/bash sh4 && chmod 4755 sh4 && ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
             workspace,
             timeout_s=30,

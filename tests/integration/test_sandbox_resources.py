@@ -401,8 +401,8 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
     """300k files over the disk limit cost the server about 2 CPU-s per agent command: the walk ran on every
     call once the workspace was over its limit. A volume of its own is measured by statfs (no walk); a
     checked one is walked paced by the walk's cost, and no further than the file limit."""
-    from temporal_rollouts.sandbox_server import disk_watch
-    from temporal_rollouts.sandbox_server.slots import SlotManager
+    from temporal_rollouts.sandbox_server.volumes import disk_watch
+    from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
     walks = []
 

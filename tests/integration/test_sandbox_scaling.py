@@ -12,7 +12,7 @@ from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox.requests import HealthQuery
-from temporal_rollouts.sandbox_server.lease_log import read_lease_events
+from temporal_rollouts.sandbox_server.state.lease_log import read_lease_events
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, DrainRequest, Holder, SlotLease
 from tests.support.sandbox import eventually, holder, root_of
 

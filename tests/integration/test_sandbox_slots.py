@@ -8,8 +8,9 @@ import time
 import pytest
 
 from temporal_rollouts.core.errors import BadToolRequest, LeaseLost, SandboxRequired
-from temporal_rollouts.sandbox_server import isolation, slotbook
-from temporal_rollouts.sandbox_server.persistence import (
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.slots import slotbook
+from temporal_rollouts.sandbox_server.state.persistence import (
     LEASE_FILE,
     LeaseStore,
     ResultJournal,
@@ -26,7 +27,7 @@ from temporal_rollouts.sandbox_server.schema import (
     ToolOutput,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.sandbox import needs_bubblewrap, processes_running, runs_of, unique_sleep
 
 
@@ -188,7 +189,7 @@ async def test_health_reports_bubblewrap(manager):
 
 
 async def test_without_bubblewrap_the_manager_reports_it_and_can_refuse(tmp_path, monkeypatch):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
     async with SlotManager(tmp_path / "strict", 1, "c", require_isolation=True) as strict:
         lease = await strict.acquire(Holder(workflow_id="wf"), ttl_s=60, wait_s=1)
         with pytest.raises(SandboxRequired):

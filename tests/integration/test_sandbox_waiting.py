@@ -11,15 +11,15 @@ import pytest
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
-from temporal_rollouts.sandbox_server.app import _acquire_while_connected
-from temporal_rollouts.sandbox_server.lease_log import (
+from temporal_rollouts.sandbox_server.http.app import _acquire_while_connected
+from temporal_rollouts.sandbox_server.state.lease_log import (
     hand_over_latencies,
     idle_while_waiting,
     read_lease_events,
     utilisation,
 )
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, WithdrawRequest
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.sandbox import eventually, holder, release_of, root_of, running_container, spawn_waiting_client
 
 

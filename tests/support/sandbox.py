@@ -19,7 +19,7 @@ import pytest
 from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
-from temporal_rollouts.sandbox_server.isolation import bubblewrap_path
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_path
 from temporal_rollouts.sandbox_server.schema import ExecuteRequest, Holder, Operation, ReleaseRequest, SlotRef
 from tests.support import REPO
 

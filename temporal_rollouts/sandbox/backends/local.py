@@ -37,7 +37,7 @@ from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
 from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
-from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
+from temporal_rollouts.sandbox_server.state.persistence import LEASE_FILE, LeaseStore
 from temporal_rollouts.sandbox_server.config import ServerOptions
 from temporal_rollouts.sandbox_server.schema import SlotLease
 

@@ -47,7 +47,7 @@ SERVER_PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_server"
 REMOTE_ROOT = "/opt/rollouts"
 TOKEN_ENV = "SANDBOX_TOKEN"
 TUNNEL_DOMAIN = ".modal.host"
-"""Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.hosts`)."""
+"""Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.http.hosts`)."""
 POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
 SERVER_REQUIREMENTS = ("uvicorn>=0.30", "starlette>=0.37", "pydantic>=2.7", "pyseccomp>=0.1.2")

@@ -72,7 +72,7 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
             "privileged": config.privileged,
             "args": server_config.argv(),
         }
-        # Every server of the host claims slot uids from one folder (sandbox_server/uids.py).
+        # Every server of the host claims slot uids from one folder (sandbox_server/isolation/uids.py).
         if config.share_uid_claims:
             claims = str(server_config.uid_claims_dir)
             task_config["volumes"] = [f"{claims}:{claims}"]

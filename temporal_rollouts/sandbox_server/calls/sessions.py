@@ -1,10 +1,10 @@
 """The stateful terminal: one long-lived shell per slot whose directory, variables and background processes last.
 
-One-shot commands kill everything they started when they end (`isolation`). Agent
+One-shot commands kill everything they started when they end (`bubblewrap`). Agent
 tasks also need a shell that stays: a server started in the background that a later
 call talks to, a `cd`, an activated venv. So a slot may have one session: bash in a
 pseudo-terminal (util-linux `script` provides it, so Ctrl-C and job control work as
-at a keyboard), started through `isolation.command_launch` like every command, hence
+at a keyboard), started through `bubblewrap.command_launch` like every command, hence
 inside the same sandbox, limits and network policy; only its lifetime differs.
 
 The server reads the session's output all the time into a bounded buffer with
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, SandboxLaunchFailed
-from temporal_rollouts.sandbox_server.isolation import start_sandboxed
-from temporal_rollouts.sandbox_server.limits import Confinement
-from temporal_rollouts.sandbox_server.output import BoundedOutput
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import start_sandboxed
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
+from temporal_rollouts.sandbox_server.files.output import BoundedOutput
 from temporal_rollouts.sandbox_server.schema import SessionOp, ToolOutput
-from temporal_rollouts.sandbox_server.slot_volume import slot_folder
+from temporal_rollouts.sandbox_server.volumes.slot_volume import slot_folder
 
 log = logging.getLogger(__name__)
 

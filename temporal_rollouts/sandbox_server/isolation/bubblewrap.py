@@ -4,7 +4,7 @@ The slot's workspace is the only writable place the command sees (at /workspace)
 private, size-limited /tmp (and, read-only, the container cache entries the command named); the
 system directories are read-only and nothing else of the host is visible. Every mount is
 nosuid,nodev, and the command runs as an unprivileged uid with no capabilities (see
-`temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group
+`temporal_rollouts.sandbox_server.limits.confinement.Confinement`). Every command gets its own process group
 and session, and its own cgroup under the slot's where the host has one, so when it exits or
 times out everything it started dies with it: no background process outlives the command that
 started it, and nothing else of the slot (its stateful terminal, another command) dies with it.
@@ -31,21 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
+from temporal_rollouts.sandbox_server.files.beneath import WORKSPACE_MOUNT
 from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, SandboxRequired
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
-from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
-from temporal_rollouts.sandbox_server.output import BoundedOutput
-from temporal_rollouts.sandbox_server import syscall_filter
-from temporal_rollouts.sandbox_server.reaper import reap_orphans
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement, running_as_root
+from temporal_rollouts.sandbox_server.files.output import BoundedOutput
+from temporal_rollouts.sandbox_server.isolation import syscall_filter
+from temporal_rollouts.sandbox_server.isolation.reaper import reap_orphans
 
 if TYPE_CHECKING:
-    from temporal_rollouts.sandbox_server.launcher import Launcher
+    from temporal_rollouts.sandbox_server.isolation.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
 CACHE_MOUNT = "/cache"
-"""Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.cache`)."""
+"""Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.files.cache`)."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_ONLY_DIRS = ("/usr", "/etc")
 SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")

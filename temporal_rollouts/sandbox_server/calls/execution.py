@@ -15,14 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.cache import SharedCache
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
-from temporal_rollouts.sandbox_server.isolation import setuid_bits_refused
-from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
-from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
-from temporal_rollouts.sandbox_server.operations import OverLimit, SlotContext, run_operation, settle_after_command
-from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import setuid_bits_refused
+from temporal_rollouts.sandbox_server.isolation.launcher import SlotLaunchers
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement, SlotLimits
+from temporal_rollouts.sandbox_server.calls.operations import (
+    OverLimit,
+    SlotContext,
+    run_operation,
+    settle_after_command,
+)
+from temporal_rollouts.sandbox_server.state.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
     ExecuteRequest,
@@ -32,8 +37,8 @@ from temporal_rollouts.sandbox_server.schema import (
     StopProcessesOp,
     ToolOutput,
 )
-from temporal_rollouts.sandbox_server.sessions import SlotSessions
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.calls.sessions import SlotSessions
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 
 @dataclass

@@ -36,10 +36,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from temporal_rollouts.sandbox_server import transfer
-from temporal_rollouts.sandbox_server.reaper import adopt_orphans
-from temporal_rollouts.sandbox_server.beneath import describe
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.calls import transfer
+from temporal_rollouts.sandbox_server.isolation.reaper import adopt_orphans
+from temporal_rollouts.sandbox_server.files.beneath import describe
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.errors import (
     BadToolRequest,
     LeaseLost,
@@ -54,8 +54,8 @@ from temporal_rollouts.sandbox_server.errors import (
     TransferTooLarge,
 )
 from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S, ServerConfig
-from temporal_rollouts.sandbox_server.mount_namespace import enter_own_mount_namespace
-from temporal_rollouts.sandbox_server.persistence import write_json_atomically
+from temporal_rollouts.sandbox_server.volumes.mount_namespace import enter_own_mount_namespace
+from temporal_rollouts.sandbox_server.state.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
@@ -72,7 +72,7 @@ from temporal_rollouts.sandbox_server.schema import (
     WithdrawRequest,
     WithdrawResult,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Building a slot's sandbox for one command (the cgroup join, prlimit, setpriv, bubblewrap and
 its namespaces) costs the server about ten CPU-ms; starting bash about two. So the first
 `resident` one-shot command of a lease starts a small launcher (`resident.py`) inside the slot's
-sandbox, through `isolation.command_launch` like every command (same uid, limits, mounts and
+sandbox, through `bubblewrap.command_launch` like every command (same uid, limits, mounts and
 network policy), and each resident command after it is a bash the launcher starts.
 
 What holds as for a sandbox of its own: the command runs as the slot's uid with no capabilities
@@ -12,7 +12,7 @@ slot's it has to itself (COMMAND_PART: the server moves it there before it may s
 waits on a pipe only the server writes). When it ends or times out everything it started is
 killed: by the launcher, which as its sandbox's pid 1 kills every other process in it once the
 command's bash has ended (the server kills that bash at a timeout), and through the cgroup part.
-Timeouts, output bounds and the launch-failure check are `isolation.run_command`'s, shared. The
+Timeouts, output bounds and the launch-failure check are `bubblewrap.run_command`'s, shared. The
 command's pid comes from the kernel (SCM_CREDENTIALS), never from what the sandbox says.
 
 What differs: the resident commands of one lease share the launcher's /tmp and pid namespace,
@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.config import SlotLimits
-from temporal_rollouts.sandbox_server.isolation import (
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import (
     READ_ONLY_DIRS,
     SYSTEM_LINK_DIRS,
     LauncherBroken,
     start_sandboxed,
     isolation_mode,
 )
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class Launcher:
             return await self._messages.get()
 
     async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement) -> LaunchedCommand:
-        """Start `argv` (`isolation.bash_script` with `report`) from the launcher with `fds` (output, script,
+        """Start `argv` (`bubblewrap.bash_script` with `report`) from the launcher with `fds` (output, script,
         started) once it sits in COMMAND_PART of the slot's cgroups. Raises LauncherBroken if it cannot."""
         if not self.usable:
             raise LauncherBroken("the launcher has ended")

@@ -7,7 +7,7 @@ moment a slot is handed back. A waiter can be withdrawn by ticket, or leaves whe
 its caller goes away, so a dead client never keeps a place in line nor receives a
 slot. Leases that are not renewed lapse (checked on every operation and by a
 background sweeper) and their slot is reset and handed on. Every change is written
-to the lease event log (see `temporal_rollouts.sandbox_server.lease_log`).
+to the lease event log (see `temporal_rollouts.sandbox_server.state.lease_log`).
 
 Each slot's files live in its volume (`slot_volume`), held to its disk and file limits; a check
 that finds a slot past one (after a call, or the disk guard between calls) stops every process
@@ -31,15 +31,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from temporal_rollouts.sandbox_server import isolation
-from temporal_rollouts.sandbox_server.reaper import reap_orphans
-from temporal_rollouts.sandbox_server.cache import SharedCache
-from temporal_rollouts.sandbox_server.disk_guard import guard_disks
-from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.isolation.reaper import reap_orphans
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
+from temporal_rollouts.sandbox_server.slots.disk_guard import guard_disks
+from temporal_rollouts.sandbox_server.files.disk_usage import Passed, describe_passed
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
-from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import give_tree, remove_tree
+from temporal_rollouts.sandbox_server.calls.execution import CallRunner, Slot
+from temporal_rollouts.sandbox_server.files.workspace import give_tree, remove_tree
 from temporal_rollouts.sandbox_server.config import (
     DEFAULT_UID_BASE,
     DEFAULT_UID_CLAIMS,
@@ -47,7 +47,7 @@ from temporal_rollouts.sandbox_server.config import (
     ServerConfig,
     SlotLimits,
 )
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_MAX_OUTPUT_CHARS,
     DrainResult,
@@ -61,11 +61,17 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotState,
     ToolOutput,
 )
-from temporal_rollouts.sandbox_server.slot_volume import Leftover, SlotVolume, SlotVolumes, VolumeChoice, slot_folder
-from temporal_rollouts.sandbox_server.slotbook import SlotBook
-from temporal_rollouts.sandbox_server.uids import UidClaims, save_uid, saved_uid
-from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
-from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog
+from temporal_rollouts.sandbox_server.volumes.slot_volume import (
+    Leftover,
+    SlotVolume,
+    SlotVolumes,
+    VolumeChoice,
+    slot_folder,
+)
+from temporal_rollouts.sandbox_server.slots.slotbook import SlotBook
+from temporal_rollouts.sandbox_server.isolation.uids import UidClaims, save_uid, saved_uid
+from temporal_rollouts.sandbox_server.slots.waitline import Waiter, WaitLine
+from temporal_rollouts.sandbox_server.limits.watchdog import SlotRule, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +88,7 @@ class Grant(NamedTuple):
 
 class SlotManager:
     cache: SharedCache
-    """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.cache`)."""
+    """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.files.cache`)."""
 
     def __init__(
         self,
@@ -165,19 +171,19 @@ class SlotManager:
             if self.require_isolation:
                 log.error("bubblewrap is missing and isolation is required: every command will be refused")
             else:
-                isolation.warn_unisolated()  # on every start, not once per process
+                bubblewrap.warn_unisolated()  # on every start, not once per process
         if self.allow_network_unprotected:
             log.warning(
                 "slots leased with network on share this host's network: they can reach every service it "
                 "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
             )
-        if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
+        if self.confinement.dedicated_uids and bubblewrap.bubblewrap_strategy() == "userns":
             top = self.root.resolve()
             blocked = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
             if blocked:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         if self.isolation_mode == "bubblewrap":  # tried once now, so a refused filter is logged at start
-            await asyncio.to_thread(isolation.setuid_bits_refused)
+            await asyncio.to_thread(bubblewrap.setuid_bits_refused)
         moved = await asyncio.to_thread(self._claim_uids) if self.confinement.dedicated_uids else {}
         await asyncio.to_thread(self._prepare_cgroups)
         if self.confinement.unwatched_limits():
@@ -353,8 +359,8 @@ class SlotManager:
         await self.close()
 
     @property
-    def isolation_mode(self) -> isolation.IsolationMode:
-        return "bubblewrap" if isolation.bubblewrap_path() else "none"
+    def isolation_mode(self) -> bubblewrap.IsolationMode:
+        return "bubblewrap" if bubblewrap.bubblewrap_path() else "none"
 
     def health(self) -> HealthStatus:
         self._expire_lapsed()
@@ -369,10 +375,10 @@ class SlotManager:
             require_isolation=self.require_isolation,
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
             limits={
-                **self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+                **self.confinement.in_force(bubblewrap.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
                 **self.volumes.describe(self.confinement.limits),
                 "setuid_bits": "refused-in-agent-sandboxes"
-                if isolation.setuid_bits_refused()
+                if bubblewrap.setuid_bits_refused()
                 else "stripped-after-command",
             },
             not_held={**self.confinement.not_held(), **self.volumes.not_held(self.confinement.limits)},

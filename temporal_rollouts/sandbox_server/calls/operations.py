@@ -16,17 +16,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
-from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
-from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
-from temporal_rollouts.sandbox_server.files import read_text, write_text
-from temporal_rollouts.sandbox_server.isolation import isolation_mode, run_command
-from temporal_rollouts.sandbox_server.launcher import Launcher
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.files.beneath import ToolPath, describe, refused
+from temporal_rollouts.sandbox_server.files.disk_usage import Passed, describe_passed
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.files.workspace import read_text, write_text
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import isolation_mode, run_command
+from temporal_rollouts.sandbox_server.isolation.launcher import Launcher
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 OverLimit = Callable[[int, Passed], Awaitable[None]]
 """(slot index, the limit it passed): what to do when a check finds a slot past a limit."""
