@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
 from bench.procs import cpu_seconds  # noqa: E402
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_path  # noqa: E402
@@ -112,8 +113,8 @@ def checkout_like(folder: Path, files: int) -> Path:
 async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         root = Path(scratch)
-        backend = LocalBackend(root / "data", slots_per_container=1)
-        async with SandboxPool(backend) as pool:
+        backend = LocalBackend(root / "data", SandboxSettings(slots_per_container=1))
+        async with SandboxPool(backend, PoolOptions(max_containers=1)) as pool:
             (info,) = await pool.fleet.ensure_running()
             try:
                 lease = await pool.acquire(Holder(workflow_id="bench-tools"), ttl_s=600, wait_s=10)

@@ -27,7 +27,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
+from temporal_rollouts.core.errors import RolloutError, SandboxUnreachable
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.backends.registry import RegistryBusy
 from temporal_rollouts.sandbox.client import SandboxClient
@@ -48,45 +49,31 @@ class HealthReport(BaseModel):
 
 class Fleet:
     backend: SandboxBackend
-    start_containers: bool
-    """False: this fleet never starts or restarts a container process (they are run elsewhere)."""
-    slots_per_container: int
-    min_containers: int
-    max_containers: int
-    """The most containers the fleet starts when every slot is taken."""
-    idle_stop_s: float
-    client_timeout_s: float
+    options: PoolOptions
+    """How many containers, and how long to wait for one: the pool's options, whole."""
 
-    def __init__(
-        self,
-        backend: SandboxBackend,
-        *,
-        start_containers: bool = True,
-        client_timeout_s: float = 30.0,
-        slots_per_container: int | None = None,
-        min_containers: int = 1,
-        max_containers: int = 1,
-        idle_stop_s: float = 300.0,
-    ) -> None:
-        if not 0 <= min_containers <= max(max_containers, 1):
-            raise ConfigError("need 0 <= min_containers <= max_containers")
+    def __init__(self, backend: SandboxBackend, options: PoolOptions | None = None) -> None:
         self.backend = backend
-        self.start_containers = start_containers
-        self.client_timeout_s = client_timeout_s
-        self.slots_per_container = slots_per_container or getattr(backend, "slots_per_container", 1)
-        self.min_containers = min_containers
-        self.max_containers = max_containers
-        self.idle_stop_s = idle_stop_s
+        self.options = options if options is not None else PoolOptions()
         self._containers: dict[str, ContainerInfo] = {}
         self._clients: dict[str, SandboxClient] = {}
         self._started = asyncio.Event()  # set, and replaced, when this process starts a container
         self._background: set[asyncio.Task[Any]] = set()
 
+    @property
+    def start_containers(self) -> bool:
+        """False: this fleet never starts or restarts a container process (they are run elsewhere)."""
+        return self.backend.start_containers
+
+    @property
+    def slots_per_container(self) -> int:
+        return self.backend.slots_per_container
+
     # which containers there are ----------------------------------------------------------
 
     async def ensure_running(self, min_containers: int | None = None) -> list[ContainerInfo]:
         """Reuse live containers, restart dead ones in place, start more until there are `min_containers`."""
-        wanted = self.min_containers if min_containers is None else min_containers
+        wanted = self.options.min_containers if min_containers is None else min_containers
         async with self.backend.exclusive():
             live = await self.backend.list_containers()
             if self.start_containers:
@@ -130,7 +117,7 @@ class Fleet:
             dead = await self.backend.dead_containers()
             if not looked_again and {info.container_id for info in live} - known:
                 return "appeared"
-            if sum(info.accepting for info in live) + len(dead) >= self.max_containers:
+            if sum(info.accepting for info in live) + len(dead) >= self.options.max_containers:
                 return None
             started = await self.backend.start_container()
         self._containers[started.container_id] = started
@@ -157,7 +144,7 @@ class Fleet:
             return cached
         if cached is not None:
             self.in_background(cached.aclose())
-        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.client_timeout_s)
+        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.options.request_timeout_s)
         self._clients[container_id] = fresh
         return fresh
 
@@ -229,8 +216,8 @@ class Fleet:
     async def scale_down(self, min_containers: int | None = None, idle_s: float | None = None) -> list[str]:
         """Stop containers above `min_containers` that had no lease and no waiter for `idle_s`, and every
         retiring one (not `accepting`) once idle; their ids."""
-        min_containers = self.min_containers if min_containers is None else min_containers
-        idle_s = self.idle_stop_s if idle_s is None else idle_s
+        min_containers = self.options.min_containers if min_containers is None else min_containers
+        idle_s = self.options.idle_stop_s if idle_s is None else idle_s
         stopped: list[str] = []
         async with self.backend.exclusive():
             listed = await self.backend.list_containers()
@@ -285,7 +272,7 @@ class Fleet:
 
     async def aclose(self) -> None:
         if self._background:
-            await asyncio.wait(set(self._background), timeout=self.client_timeout_s)
+            await asyncio.wait(set(self._background), timeout=self.options.request_timeout_s)
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(client.aclose() for client in clients))
         await self.backend.aclose()

@@ -12,7 +12,7 @@ import pytest
 
 from temporal_rollouts.core.errors import SandboxRequired
 from temporal_rollouts.sandbox_server.isolation import bubblewrap
-from temporal_rollouts.sandbox_server.isolation.bubblewrap import run_command
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, run_command
 from temporal_rollouts.sandbox_server.files.output import BoundedOutput, cap_text
 from tests.support.sandbox import host_listener, needs_bubblewrap, processes_running, unique_sleep
 
@@ -30,10 +30,15 @@ def mode(request, monkeypatch) -> str:
 
 
 async def run(command: str, workspace, timeout_s: float = 10.0, **options):
+    sandbox = {name: options.pop(name) for name in ("allow_network", "require_isolation") if name in options}
     if bubblewrap.bubblewrap_path() is None:  # the "none" mode: running unisolated must be asked for
-        options.setdefault("require_isolation", False)
+        sandbox.setdefault("require_isolation", False)
     return await run_command(
-        command, workspace, timeout_s=timeout_s, max_output_chars=options.pop("cap", 10_000), **options
+        command,
+        SlotSandbox(workspace, **sandbox),
+        timeout_s=timeout_s,
+        max_output_chars=options.pop("cap", 10_000),
+        **options,
     )
 
 

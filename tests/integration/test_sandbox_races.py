@@ -31,6 +31,7 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferQuery,
     WriteFileOp,
 )
+from temporal_rollouts.sandbox_server.config import ContainerConfig
 from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
 TRIES = 400
@@ -66,7 +67,9 @@ def host_folder(tmp_path) -> Path:
 @pytest.fixture
 async def raced(tmp_path, host_folder, resolution):
     """A leased slot whose `inner` folder a background process keeps swapping with a link to `host_folder`."""
-    async with SlotManager(tmp_path / "root", 1, "race") as manager:
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="race")
+    ) as manager:
         lease = await manager.acquire(Holder(workflow_id="attacker"), ttl_s=600, wait_s=1)
         slot = manager.leased_slot(lease.slot, lease.lease_id)
         (slot.workspace / "inner").mkdir()

@@ -26,6 +26,7 @@ from temporal_rollouts.runtime.temporal import (
 )
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
+from tests.support.sandbox import sandbox_settings
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from tests.support.processes import kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
@@ -136,7 +137,7 @@ def client(project_client: Client, worker: None) -> Client:
 @pytest.fixture
 async def backend(tmp_path) -> AsyncIterator[LocalBackend]:
     """A local sandbox backend of two-slot containers in a test's own folder."""
-    local = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3)
+    local = LocalBackend(tmp_path / "data", sandbox_settings(slots_per_container=2, sweep_interval_s=0.3))
     yield local
     for info in local.registry.load():
         await local.stop_container(info.container_id)

@@ -15,8 +15,9 @@ def read_back(args: list[str], **filled: str) -> ServerConfig:
 
 
 def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> None:
+    four_slots = OPTIONS.model_copy(update={"slots_per_container": 4})
     spec = job_spec(
-        NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), OPTIONS, "rollouts-sandbox-3", 4
+        NomadBackendConfig(datacenter="dc9", namespace="rl", cpu=700, memory=900), four_slots, "rollouts-sandbox-3"
     )
     group = spec["TaskGroups"][0]
     task = group["Tasks"][0]
@@ -30,8 +31,8 @@ def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> No
     served = read_back(
         args[2:], NOMAD_IP_http="10.0.0.7", NOMAD_PORT_http="23456", NOMAD_ALLOC_DIR="/a", NOMAD_SECRETS_DIR="/s"
     )
-    assert served.options() == OPTIONS, "every server option reaches the job, limits and uid range included"
-    assert (served.host, served.port, served.slots) == ("10.0.0.7", 23456, 4)
+    assert served.options() == four_slots, "every server option reaches the job, slots, limits and uid range included"
+    assert (served.host, served.port, served.slots_per_container) == ("10.0.0.7", 23456, 4)
     assert group["RestartPolicy"]["Attempts"] >= 1 and group["EphemeralDisk"]["Sticky"]
     assert task["Resources"] == {"CPU": 700, "MemoryMB": 900}
     assert 'nomadVar "nomad/jobs/rollouts-sandbox-3"' in task["Templates"][0]["EmbeddedTmpl"]
@@ -40,7 +41,7 @@ def test_raw_exec_runs_the_server_package_with_its_data_in_the_alloc_dir() -> No
 def test_docker_variant_maps_the_dynamic_port_to_the_image_port() -> None:
     options = OPTIONS.model_copy(update={"require_isolation": False})
     spec = job_spec(
-        NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), options, "rollouts-sandbox-0", 8
+        NomadBackendConfig(driver="docker", image="reg/sbx:1", privileged=True), options, "rollouts-sandbox-0"
     )
     task = spec["TaskGroups"][0]["Tasks"][0]
     assert task["Config"]["image"] == "reg/sbx:1" and task["Config"]["privileged"] is True
@@ -51,10 +52,10 @@ def test_docker_variant_maps_the_dynamic_port_to_the_image_port() -> None:
 
 
 def test_docker_containers_of_one_host_claim_slot_uids_from_the_hosts_folder() -> None:
-    spec = job_spec(NomadBackendConfig(driver="docker"), OPTIONS, "rollouts-sandbox-0", 8)
+    spec = job_spec(NomadBackendConfig(driver="docker"), OPTIONS, "rollouts-sandbox-0")
     task = spec["TaskGroups"][0]["Tasks"][0]
     claims = str(read_back(task["Config"]["args"], NOMAD_IP_http="10.0.0.7").uid_claims_dir)
     # the same path on both sides: raw_exec servers on that host and other containers claim from it too
     assert task["Config"]["volumes"] == [f"{claims}:{claims}"]
-    alone = job_spec(NomadBackendConfig(driver="docker", share_uid_claims=False), OPTIONS, "rollouts-sandbox-0", 8)
+    alone = job_spec(NomadBackendConfig(driver="docker", share_uid_claims=False), OPTIONS, "rollouts-sandbox-0")
     assert "volumes" not in alone["TaskGroups"][0]["Tasks"][0]["Config"]

@@ -35,11 +35,10 @@ from typing import Any
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
-from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, backend_config
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
-from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,36 +63,20 @@ class ModalBackend(RemoteBackend):
     name = "modal"
 
     def __init__(
-        self,
-        config: ModalBackendConfig,
-        secret: PoolSecret,
-        *,
-        slots_per_container: int = 8,
-        max_containers: int = 4,
-        server: ServerOptions | None = None,
-        modal_api: ModuleType | Any | None = None,
+        self, sandbox: SandboxSettings, secret: PoolSecret, *, modal_api: ModuleType | Any | None = None
     ) -> None:
         if modal_api is None:
             import modal as modal_api  # the `cluster` extra
-        super().__init__(secret)
-        self.config = config
-        self.slots_per_container = slots_per_container
-        self.max_containers = max_containers
-        self.server = server or ServerOptions()
-        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
+        super().__init__(sandbox, secret)
+        self.config: ModalBackendConfig = backend_config(sandbox, "modal")
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, modal_api: Any = None) -> ModalBackend:
-        config = backend_config(settings, "modal")
-        return cls(
-            config,
-            PoolSecret.from_env(config.secret_env),
-            **server_options(settings),
-            modal_api=modal_api,
-        )
+        config = backend_config(settings.sandbox, "modal")
+        return cls(settings.sandbox, PoolSecret.from_env(config.secret_env), modal_api=modal_api)
 
     def container_name(self, index: int) -> str:
         return f"{self.config.app_name}-{index}"
@@ -110,9 +93,8 @@ class ModalBackend(RemoteBackend):
         )
 
     def command(self, container_id: str) -> list[str]:
-        config = self.server.for_container(
+        config = self.sandbox.for_container(
             root=f"{self.config.workspace_base}/root",
-            slots=self.slots_per_container,
             container_id=container_id,
             host="0.0.0.0",
             port=self.config.port,
@@ -233,10 +215,12 @@ class ModalBackend(RemoteBackend):
                     return await self._wait_healthy(sandbox, starting[0])
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
             free = [
-                self.container_name(i) for i in range(2 * self.max_containers) if self.container_name(i) not in taken
+                self.container_name(i)
+                for i in range(2 * self.sandbox.max_containers)
+                if self.container_name(i) not in taken
             ]
             if not free:
-                raise SandboxError(f"all {2 * self.max_containers} Modal sandbox names are in use")
+                raise SandboxError(f"all {2 * self.sandbox.max_containers} Modal sandbox names are in use")
             container_id = free[0]
         try:
             sandbox = await self._modal_call(

@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
-from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, backend_config
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 from temporal_rollouts.sandbox_server.config import ServerOptions
 
@@ -45,10 +45,9 @@ SECONDS = 1_000_000_000
 Result = TypeVar("Result")
 
 
-def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int) -> dict[str, Any]:
+def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str) -> dict[str, Any]:
     """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options."""
     where = {
-        "slots": slots,
         "container_id": job_id,
         "root": "${NOMAD_ALLOC_DIR}/data",
         "token_file": "${NOMAD_SECRETS_DIR}/token",
@@ -127,43 +126,29 @@ def job_spec(config: NomadBackendConfig, server: ServerOptions, job_id: str, slo
 class NomadBackend(RemoteBackend):
     name = "nomad"
 
-    def __init__(
-        self,
-        config: NomadBackendConfig,
-        secret: PoolSecret,
-        *,
-        slots_per_container: int = 8,
-        max_containers: int = 4,
-        server: ServerOptions | None = None,
-        acl_token: str | None = None,
-    ) -> None:
+    def __init__(self, sandbox: SandboxSettings, secret: PoolSecret, *, acl_token: str | None = None) -> None:
         import nomad  # python-nomad, the `cluster` extra
 
-        super().__init__(secret)
-        self.config = config
-        self.slots_per_container = slots_per_container
-        self.max_containers = max_containers
-        self.server = server or ServerOptions()
-        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
+        super().__init__(sandbox, secret)
+        self.config: NomadBackendConfig = backend_config(sandbox, "nomad")
         self._nomad = nomad
         self._client = nomad.Nomad(
-            address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
+            address=self.config.address,
+            token=acl_token,
+            namespace=self.config.namespace,
+            region=self.config.region,
+            timeout=10,
         )
         self._ports: dict[str, str] = {}
         self._checked = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NomadBackend:
-        config = backend_config(settings, "nomad")
+        config = backend_config(settings.sandbox, "nomad")
         acl_token = None
         if config.token_env is not None:
             acl_token = os.environ.get(config.token_env) or None
-        return cls(
-            config,
-            PoolSecret.from_env(config.secret_env),
-            **server_options(settings),
-            acl_token=acl_token,
-        )
+        return cls(settings.sandbox, PoolSecret.from_env(config.secret_env), acl_token=acl_token)
 
     def job_id(self, index: int) -> str:
         return f"{self.config.job_prefix}-{index}"
@@ -267,14 +252,14 @@ class NomadBackend(RemoteBackend):
             if starting := sorted(taken - healthy - dead):
                 # Another worker is starting one (or Nomad is restarting it): it is the one more we need.
                 return await self._wait_healthy(starting[0])
-            free = [self.job_id(i) for i in range(self.max_containers) if self.job_id(i) not in taken]
+            free = [self.job_id(i) for i in range(self.sandbox.max_containers) if self.job_id(i) not in taken]
             if not free:
-                raise SandboxError(f"all {self.max_containers} Nomad sandbox jobs exist already")
+                raise SandboxError(f"all {self.sandbox.max_containers} Nomad sandbox jobs exist already")
             container_id = free[0]
         elif _index_of(container_id, self.config.job_prefix + "-") is None:
             raise SandboxError(f"{container_id!r} is not a job of this pool ({self.config.job_prefix}-<index>)")
         await self._put_token(container_id)
-        spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
+        spec = job_spec(self.config, self.sandbox, container_id)
         try:
             await self._nomad_call(
                 lambda: self._client.job.register_job(
@@ -292,7 +277,7 @@ class NomadBackend(RemoteBackend):
         """Re-register a dead job under an index check: one worker does it, the others wait for it."""
         job = await self._nomad_call(lambda: self._client.job.get_job(container_id))
         if job.get("Status") == "dead" and not job.get("Stop"):
-            spec = job_spec(self.config, self.server, container_id, self.slots_per_container)
+            spec = job_spec(self.config, self.sandbox, container_id)
             body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": job["JobModifyIndex"]}
             try:
                 await self._nomad_call(lambda: self._client.job.register_job(container_id, body))

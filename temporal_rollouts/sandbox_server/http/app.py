@@ -53,11 +53,10 @@ from temporal_rollouts.sandbox_server.errors import (
     SnapshotTooLarge,
     TransferTooLarge,
 )
-from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S, ServerConfig
+from temporal_rollouts.sandbox_server.config import ServerConfig
 from temporal_rollouts.sandbox_server.volumes.mount_namespace import enter_own_mount_namespace
 from temporal_rollouts.sandbox_server.state.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
     CacheQuery,
     CopyRequest,
@@ -94,16 +93,11 @@ Model = TypeVar("Model", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel] | Response]]
 
 
-def create_app(
-    manager: SlotManager,
-    token: str,
-    max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
-    allowed_hosts: AllowedHosts | None = None,
-    max_pack_s: float = DEFAULT_MAX_PACK_S,
-) -> Starlette:
-    """The server's routes; requests for another host than `allowed_hosts` (by default a loopback
-    server's names) are refused (`hosts`)."""
+def create_app(manager: SlotManager, token: str, allowed_hosts: AllowedHosts | None = None) -> Starlette:
+    """The server's routes, with the transfer caps of the manager's config; requests for another host
+    than `allowed_hosts` (by default a loopback server's names) are refused (`hosts`)."""
     expected = token.encode()
+    max_transfer_bytes, max_pack_s = manager.config.max_transfer_bytes, manager.config.max_pack_s
 
     def authorize(request: Request) -> None:
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
@@ -307,13 +301,11 @@ def read_token(token_file: Path | None = None, token_env: str | None = None) -> 
 
 async def serve(config: ServerConfig) -> None:
     adopt_orphans()  # bubblewrap's orphaned inits come to this process, which reaps them (`reaper`)
-    manager = SlotManager.from_config(config)
+    manager = SlotManager(config)
     app = create_app(
         manager,
         read_token(config.token_file, config.token_env),
-        config.max_transfer_bytes,
         AllowedHosts.for_bind(config.host, config.allowed_hosts),
-        config.max_pack_s,
     )
     listener = _tcp_listener(config.host, config.port)
     uvicorn_config = uvicorn.Config(
@@ -364,7 +356,7 @@ async def _announce_when_started(server: uvicorn.Server, listener: socket.socket
     port = listener.getsockname()[1]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    log.info("sandbox %s serving %d slots at %s", config.container_id, config.slots, url)
+    log.info("sandbox %s serving %d slots at %s", config.container_id, config.slots_per_container, url)
     if config.ready_file:
         write_json_atomically(config.ready_file, {"url": url, "pid": os.getpid(), "container_id": config.container_id})
 

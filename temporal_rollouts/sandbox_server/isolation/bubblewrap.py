@@ -75,6 +75,24 @@ class CommandResult:
     """Whether it ran under `syscall_filter` (forked from the resident launcher), so it set no setuid bit."""
 
 
+@dataclass(frozen=True)
+class SlotSandbox:
+    """Where and as whom one slot's commands run: its workspace, its uid and limits (`confinement`), its
+    network, and whether running unisolated is refused. Every way a command starts (one-shot, the
+    resident launcher, the terminal) takes it whole."""
+
+    workspace: Path
+    slot: int = 0
+    confinement: Confinement | None = None
+    """None: the default one (an unprivileged uid, no limits), for callers that name none."""
+    allow_network: bool = False
+    require_isolation: bool = True
+
+    @property
+    def confined(self) -> Confinement:
+        return self.confinement if self.confinement is not None else default_confinement()
+
+
 def sandbox_environment(home: str) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
 
@@ -264,12 +282,8 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
 
 def command_launch(
     script: list[str],
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
-    allow_network: bool,
-    require_isolation: bool,
-    confinement: Confinement | None = None,
-    slot: int = 0,
     cache: Sequence[Path] = (),
     part: str = "command",
     as_pid_1: bool = False,
@@ -279,7 +293,7 @@ def command_launch(
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
     terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
-    `start_new_session=True` and `cwd=workspace`. `cache`: host folders of cache entries the command
+    `start_new_session=True` and `cwd=sandbox.workspace`. `cache`: host folders of cache entries the command
     sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself.
     `part`: the command's own cgroup under the slot's (`Confinement.end_part` ends it alone).
     `as_pid_1`: `script` is its sandbox's pid 1 (`bubblewrap_argv`), and must reap what its children
@@ -287,13 +301,12 @@ def command_launch(
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
     socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
     make it so."""
-    mode = isolation_mode(require_isolation)
+    mode = isolation_mode(sandbox.require_isolation)
     if read_only and mode != "bubblewrap":
         raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
-    if confinement is None:
-        confinement = default_confinement()
+    confinement, slot, workspace = sandbox.confined, sandbox.slot, sandbox.workspace
     if running_as_root() and not confinement.dedicated_uids:
-        if require_isolation:
+        if sandbox.require_isolation:
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     prefix = confinement.join_cgroups(slot, part) + confinement.rlimits()
@@ -311,7 +324,7 @@ def command_launch(
                 bwrap,
                 workspace,
                 inner + script,
-                allow_network=allow_network,
+                allow_network=sandbox.allow_network,
                 as_root=as_root,
                 tmp_bytes=confinement.limits.tmp_bytes,
                 cache=cache,
@@ -327,7 +340,7 @@ def command_launch(
 
 async def start_sandboxed(
     script: list[str],
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
     stdin: int,
     stdout: int,
@@ -342,13 +355,13 @@ async def start_sandboxed(
     bubblewrap loads it; the agent's own sandboxes (its launcher, its terminal) ask for it."""
     filter_fd = syscall_filter.descriptor() if filtered and setuid_bits_refused() else None
     try:
-        argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
+        argv, env = command_launch(script, sandbox, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
-            cwd=workspace,
+            cwd=sandbox.workspace,
             env=env,
             start_new_session=True,
             pass_fds=(*pass_fds, *([] if filter_fd is None else [filter_fd])),
@@ -366,14 +379,10 @@ def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, st
 
 async def run_command(
     command: str,
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
     timeout_s: float,
     max_output_chars: int,
-    allow_network: bool = False,
-    require_isolation: bool = True,
-    confinement: Confinement | None = None,
-    slot: int = 0,
     cache: Sequence[Path] = (),
     launcher: Launcher | None = None,
     read_only: bool = False,
@@ -381,12 +390,11 @@ async def run_command(
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
     The command travels in a memory file that bash reads and evaluates, never on an argv, so a
-    command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
-    default one, with no limits, for callers that name none), in a sandbox of its own, or forked
+    command of any length runs. It runs as the slot's uid within its limits (`sandbox.confinement`;
+    the default one, with no limits, for callers that name none), in a sandbox of its own, or forked
     from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails).
     `read_only`: in a sandbox of its own whose workspace is mounted read-only (never the launcher's)."""
-    if confinement is None:
-        confinement = default_confinement()
+    confinement, slot = sandbox.confined, sandbox.slot
     part = f"command-{uuid.uuid4().hex[:12]}"
     stops = confinement.stops(slot)
     output = BoundedOutput(max_output_chars)
@@ -405,15 +413,11 @@ async def run_command(
         if running is None:
             process = await start_sandboxed(
                 bash_script(script_fd, started_write),
-                workspace,
+                sandbox,
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
                 pass_fds=(script_fd, started_write),
-                allow_network=allow_network,
-                require_isolation=require_isolation,
-                confinement=confinement,
-                slot=slot,
                 cache=cache,
                 part=part,
                 read_only=read_only,

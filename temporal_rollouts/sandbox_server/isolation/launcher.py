@@ -48,8 +48,9 @@ from temporal_rollouts.sandbox_server.isolation.bubblewrap import (
     READ_ONLY_DIRS,
     SYSTEM_LINK_DIRS,
     LauncherBroken,
-    start_sandboxed,
+    SlotSandbox,
     isolation_mode,
+    start_sandboxed,
 )
 from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 
@@ -145,9 +146,8 @@ class Launcher:
         asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
 
     @classmethod
-    async def start(
-        cls, slot: int, workspace: Path, key: LauncherKey, confinement: Confinement, require_isolation: bool
-    ) -> Launcher:
+    async def start(cls, sandbox: SlotSandbox, key: LauncherKey) -> Launcher:
+        slot, confinement = sandbox.slot, sandbox.confined
         python = sandbox_python()
         if python is None:
             raise LauncherBroken("no Python under the folders the sandbox sees")
@@ -157,15 +157,11 @@ class Launcher:
             ours.setblocking(False)
             process = await start_sandboxed(
                 launcher_argv(python, slot, theirs.fileno()),
-                workspace,
+                sandbox,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 pass_fds=(theirs.fileno(), program_fd()),
-                allow_network=key.allow_network,
-                require_isolation=require_isolation,
-                confinement=confinement,
-                slot=slot,
                 part=LAUNCHER_PART,
                 as_pid_1=True,
                 filtered=True,
@@ -383,19 +379,17 @@ class LaunchedCommand:
 class SlotLaunchers:
     """The launchers of one server's slots, by slot index; a launcher is only used under its slot's lock."""
 
-    def __init__(self, require_isolation: bool) -> None:
-        self.require_isolation = require_isolation
+    def __init__(self) -> None:
         self._launchers: dict[int, tuple[Launcher, Confinement]] = {}
         self._failed: dict[int, str] = {}
         """Slot -> the lease under which its launcher failed to start: not tried again for that lease."""
 
-    async def for_command(
-        self, slot: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement
-    ) -> Launcher | None:
+    async def for_command(self, sandbox: SlotSandbox, lease_id: str) -> Launcher | None:
         """The slot's launcher for this lease, started if need be; None where commands need sandboxes of their own."""
-        if isolation_mode(self.require_isolation) != "bubblewrap":  # its pid namespace holds all a command starts
+        if isolation_mode(sandbox.require_isolation) != "bubblewrap":  # its pid namespace holds all a command starts
             return None
-        key = LauncherKey(lease_id, allow_network, confinement.limits)
+        slot, confinement = sandbox.slot, sandbox.confined
+        key = LauncherKey(lease_id, sandbox.allow_network, confinement.limits)
         current = self._launchers.get(slot)
         if current is not None and current[0].key == key and current[0].usable:
             return current[0]
@@ -404,7 +398,7 @@ class SlotLaunchers:
             return None
         stops = confinement.stops(slot)
         try:
-            launcher = await Launcher.start(slot, workspace, key, confinement, self.require_isolation)
+            launcher = await Launcher.start(sandbox, key)
         except LauncherBroken as err:
             if confinement.stops(slot) != stops:  # killed by a stop for a limit: the next command starts another
                 return None
