@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from temporal_rollouts.sandbox_server.keys import add_key_argument, key_from_env, require_key
+from temporal_rollouts.sandbox_server.http.keys import add_key_argument, key_from_env, require_key
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings
@@ -50,7 +50,7 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
 
     from temporal_rollouts.client.connection import inspection_client
     from temporal_rollouts.client.slots import describe_sandboxes
-    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
+    from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts
     from temporal_rollouts.view.app import create_app
 
     client, transcripts = await inspection_client(settings)
