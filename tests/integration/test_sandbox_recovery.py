@@ -169,7 +169,7 @@ async def test_the_registry_lock_excludes_other_processes(tmp_path):
 
 async def test_a_server_whose_starter_died_before_registering_it_is_stopped(backend):
     registered = await backend.start_container()
-    orphan = await backend._launch("local-orphan")  # started, but the starter "died" before registering it
+    orphan = await backend._launch("local-orphan", None)  # started, but the starter "died" before registering it
     assert [info.container_id for info in await backend.list_containers()] == [registered.container_id]
     assert await wait_until(lambda: gone(orphan.pid))
     assert not gone(registered.pid)

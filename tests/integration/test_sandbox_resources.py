@@ -341,7 +341,7 @@ async def test_a_checked_slot_that_filled_the_shared_disk_is_reset_and_handed_on
         assert free_of(data_disk)[1] > DATA_DISK_INODES // 2, "the old tree was not deleted"
 
 
-async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_path, capsys):
+async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_path, capsys, monkeypatch):
     """A slot whose reset fails is never handed on; `rollouts slots` shows why, and it comes back by itself."""
     from temporal_rollouts.cli.main import cmd_slots
     from temporal_rollouts.core.settings import Settings
@@ -354,6 +354,7 @@ async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_pa
         try:
             await client.send(release_of(lease))
             assert await eventually_quarantined(client, lease.slot)
+            monkeypatch.setenv("COLUMNS", "200")  # the reason whole on one line, not wrapped in its narrow column
             await cmd_slots(argparse.Namespace(json=False), Settings(data_dir=tmp_path))
             shown = capsys.readouterr().out
             assert "quarantined: reset failed" in " ".join(shown.split()), shown
