@@ -1,6 +1,6 @@
-"""A training feed's steps that talk to the world: run-api (the trainer's progress, the env's
-registration, posting), the rollouts it started (those whose end it was never told), and the
-check made before a run starts.
+"""A training feed's steps that talk to the world: the object store (each finished group for the
+trainer door), run-api (the trainer's progress, the env's registration, posting), the rollouts it
+started (those whose end it was never told), and the check made before a run starts.
 
 Posting happens once per group: a post whose answer was lost is retried only after asking run-api
 whether the group it received last is this one (`group_overrides.group_id`), so a retry never
@@ -20,7 +20,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from activities.llm import api_key, numeric_version
+from activities.llm import FIRST_WEIGHTS, api_key, numeric_version
 from activities.resume import run_result
 from activities.sinks import results_path
 from envs import get_env
@@ -35,6 +35,7 @@ from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 from temporal_rollouts.sinks.groups import GroupBuilder, ScoredGroup
 from temporal_rollouts.sinks.jsonl import append_once
 from temporal_rollouts.sinks.templates import SftTemplates
+from temporal_rollouts.storage.feed_groups import FeedGroupStore
 
 POLL_S = 0.5
 MASKED = -100
@@ -47,7 +48,7 @@ class FeedCheckInput(BaseModel):
     env_config: dict = Field(default_factory=dict)
     policy: str | None = None
     tokenizer: str | None = None
-    sink: Literal["atropos", "jsonl"] = "atropos"
+    sink: Literal["door", "atropos", "jsonl"] = "door"
     output: str | None = None
 
 
@@ -84,8 +85,9 @@ class FeedGroupInput(BaseModel):
     results: list[TrajectoryResult]
     policy: str | None = None
     tokenizer: str | None = Field(default=None, description="The run's tokenizer, for a chat policy with none.")
-    sink: Literal["atropos", "jsonl"]
+    sink: Literal["door", "atropos", "jsonl"]
     output: str | None = None
+    door_key: str | None = Field(default=None, description="The door: the object key the group is stored under.")
     api_url: str | None = None
     env_id: int | None = None
     max_token_length: int = 0
@@ -108,10 +110,11 @@ class RunsToCheck(BaseModel):
 
 
 class FeedActivities:
-    def __init__(self, settings: Settings, client: Client, groups: GroupBuilder) -> None:
+    def __init__(self, settings: Settings, client: Client, groups: GroupBuilder, door: FeedGroupStore) -> None:
         self._settings = settings
         self._client = client
         self._groups = groups
+        self._door = door
         self._templates = SftTemplates(settings)
 
     def _api(self, url: str | None) -> TrajectoryApi:
@@ -159,9 +162,11 @@ class FeedActivities:
                 env_id = input.env_id
                 while True:
                     view = await _look(api, input, env_id)
-                    # the served weights as a number of trainer steps; None (a chat policy, a version named
-                    # "default", the server down) leaves admission to run-api's figures alone
-                    view.policy_version = numeric_version(await server.served_version()) if server else None
+                    # the served weights as a number of trainer steps; None (a chat policy, the weights the server
+                    # started with, which no trainer published, the server down) leaves admission to run-api's
+                    # figures alone
+                    served = await server.served_version() if server else None
+                    view.policy_version = numeric_version(served) if served != FIRST_WEIGHTS else None
                     env_id = view.env_id
                     passed = (
                         input.after_step is None
@@ -176,11 +181,14 @@ class FeedActivities:
     @activity.defn(name="post_feed_group")
     @checked_input
     async def post_feed_group(self, input: FeedGroupInput) -> FeedGroupOutcome:
-        """Build the group (token ids, masks, logprobs, versions) and post it once, or write it to the
-        JSONL file; a group staler than the bound is handled as `stale_groups` says."""
+        """Build the group (token ids, masks, logprobs, versions) and store it for the door, post it to
+        run-api once, or write it to the JSONL file. Posted to run-api, a group staler than the bound is
+        handled as `stale_groups` says; at the door, staleness is decided when a trainer takes it."""
         with activity_boundary():
             if input.sink == "jsonl":
                 return await self._write(input)
+            if input.sink == "door":
+                return await self._store(input)
             async with self._api(input.api_url) as api:
                 step = int((await api.status())["current_step"])
                 limit = input.max_token_length or max(0, int((await api.trainer_info()).get("max_token_len", -1)) - 1)
@@ -194,6 +202,14 @@ class FeedActivities:
                     body["env_id"] = input.env_id
                 await api.post_group(body)
                 return outcome
+
+    async def _store(self, input: FeedGroupInput) -> FeedGroupOutcome:
+        """Write the group under its key (a retry writes the same bytes again); the run's ledger keeps the key."""
+        assert input.door_key is not None
+        outcome, group = await self._build(input, None, input.max_token_length)
+        if group is not None:
+            await self._door.put(input.door_key, group.model_dump())
+        return outcome
 
     async def _write(self, input: FeedGroupInput) -> FeedGroupOutcome:
         assert input.output is not None

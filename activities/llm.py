@@ -30,7 +30,6 @@ from temporal_rollouts.llm.token_client import TokenClient
 from temporal_rollouts.sandbox.lease_keeper import lease_kept
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import SlotRef
-from temporal_rollouts.sinks.atropos_api import TrainerSteps
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
@@ -53,9 +52,6 @@ class LlmTurnInput(BaseModel):
         "rewrote its conversation.",
     )
     tool_call_parser: str | None = Field(default=None, description="Overrides the token-level policy's parser.")
-    trainer_api: str | None = Field(
-        default=None, description="run-api: its trainer step is the turn's version where the model server reports none."
-    )
 
 
 class LlmTurnResult(BaseModel):
@@ -74,8 +70,7 @@ class LlmTurnResult(BaseModel):
     tools_called: list[str] | None = Field(default=None, description="Names of the tools the reply calls (at most 8).")
     policy_version: int | None = Field(
         default=None,
-        description="The weights that produced the reply: the version the server reported, else the "
-        "trainer's step when the turn started (with trainer_api), else unknown.",
+        description="The weights that produced the reply, as the server reported them with it; None: unknown.",
     )
 
 
@@ -97,7 +92,6 @@ class LlmActivities:
         self._pool = pool
         self._chat_clients: dict[str, ChatClient] = {}
         self._token_clients: dict[str, TokenClient] = {}
-        self._trainer_steps = TrainerSteps(settings.atropos.timeout_s)
 
     def _chat_client(self, endpoint: ChatPolicy) -> ChatClient:
         key = endpoint.model_dump_json()
@@ -126,7 +120,7 @@ class LlmActivities:
         return self._token_clients[key]
 
     async def aclose(self) -> None:
-        for client in [*self._chat_clients.values(), *self._token_clients.values(), self._trainer_steps]:
+        for client in [*self._chat_clients.values(), *self._token_clients.values()]:
             await client.aclose()
         self._chat_clients.clear()
         self._token_clients.clear()
@@ -137,16 +131,9 @@ class LlmActivities:
         with activity_boundary():
             endpoint = self._settings.policy_endpoint(input.policy)
             if self._pool is None:
-                return await heartbeating(self._turn(endpoint, input))
+                return await heartbeating(self._generate(endpoint, input))
             async with lease_kept(self._pool, input.lease, self._settings.sandbox.lease_ttl_s):
-                return await heartbeating(self._turn(endpoint, input))
-
-    async def _turn(self, endpoint: ChatPolicy | GeneratePolicy, input: LlmTurnInput) -> LlmTurnResult:
-        trainer_step = await self._trainer_steps.current(input.trainer_api) if input.trainer_api else None
-        result = await self._generate(endpoint, input)
-        if result.policy_version is None:
-            result.policy_version = trainer_step
-        return result
+                return await heartbeating(self._generate(endpoint, input))
 
     async def _generate(self, endpoint: ChatPolicy | GeneratePolicy, input: LlmTurnInput) -> LlmTurnResult:
         messages = await self._transcripts.load(input.transcript)
@@ -213,9 +200,21 @@ class LlmActivities:
         )
 
 
+FIRST_WEIGHTS = "default"
+"""SGLang's (and our CPU server's) name for the weights a server started with, before any update."""
+
+
 def numeric_version(reported: str | None) -> int | None:
-    """A server's weight version as a number of trainer steps (our trainers load step k as version "k");
-    None for a name that is not one ("default" before any update), so the trainer's step stands in."""
+    """A server's weight version as a number of trainer steps: our trainers publish the weights after step k
+    as version "k", so the weights the server started with ("default") are version 0. None for no version
+    or a name that is not a number: unknown, never a guess.
+
+    A turn's label is only ever what the server said about the weights that produced it (under the same
+    lock as the request). It once fell back to run-api's trainer step when the server said "default": a
+    trainer that had taken batch 1 but not yet published its weights had turns of version 0 labelled 1, and
+    the first step after the first update measured a logprob gap of 1e-2 on tokens it took for its own."""
+    if reported == FIRST_WEIGHTS:
+        return 0
     try:
         return int(reported) if reported is not None else None
     except ValueError:

@@ -37,11 +37,9 @@ from temporalio.service import RPCError  # noqa: E402
 
 from bench import quiet  # noqa: E402
 from bench.procs import run_in_data_dir  # noqa: E402
-from bench.training_stack import POLICY, TrainingStack, training_stack  # noqa: E402
+from bench.training_stack import POLICY, TrainingStack, served_weights_on_disk, training_stack  # noqa: E402
 from temporal_rollouts.core.feed import FeedInput, FeedStatus  # noqa: E402
 from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
-from temporal_rollouts.policy_servers import smollm2  # noqa: E402
-from temporal_rollouts.policy_servers.weights import save_weights  # noqa: E402
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi  # noqa: E402
 from workflows.feed import TrainingFeedWorkflow  # noqa: E402
 
@@ -138,10 +136,7 @@ async def orphans(stack: TrainingStack, run: str) -> int:
 
 
 async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
-    weights = data_dir / "weights"
-    model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
-    await asyncio.to_thread(save_weights, model, weights)  # the same weights, loaded as each new version
-    del model
+    weights = await served_weights_on_disk(data_dir)  # the same weights, loaded as each new version
     async with training_stack(
         data_dir, slots=8, chat_template=TEMPLATE, steered=True, policy_args=("--threads", "1")
     ) as stack:
@@ -155,6 +150,7 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
             max_groups_in_flight=GROUPS_PER_STEP * (MAX_STALENESS + 1),
             max_staleness=MAX_STALENESS,
             max_retries=4,
+            sink="atropos",
             sampling=Sampling(temperature=1.0, max_tokens=6),
             limits=RolloutLimits(max_turns=4),
         )

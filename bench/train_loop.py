@@ -4,14 +4,16 @@ weights change under rollouts that are still running, and the worker is SIGKILLe
     python bench/train_loop.py                       # 30 steps of 2 groups x 8 (~30 min on 2 cores)
     python bench/train_loop.py --steps 2 --group-size 2 --groups-per-step 1 --kills 0 --allow-busy   # plumbing
 
-Everything runs as it would for a user: the Temporal dev server, Atropos' real `run-api`, the
-CPU policy server (SmolLM2-135M-Instruct, token-level `sglang` policy with Hermes tool calls),
-a local sandbox and `python worker.py`. One training run (a TrainingFeedWorkflow) feeds
-run-api `write_word` groups, starting a group only while its tokens can reach the trainer
-within `--max-staleness` steps; this process is the trainer (examples/grpo/trainer.py): it
-registers with run-api, pulls each batch, takes one GRPO step and has the server load the new
-weights as version `step`, while the server keeps sampling the next groups. The worker is
-SIGKILLed (and restarted 3 s later) at evenly spaced steps.
+Everything runs as it would for a user: the Temporal dev server, the trainer door's endpoint
+(`python -m temporal_rollouts.door`), the CPU policy server (SmolLM2-135M-Instruct, token-level
+`sglang` policy with Hermes tool calls), a local sandbox and `python worker.py`. One training run
+(a TrainingFeedWorkflow with `sink: door`) stores `write_word` groups, starting a group only while
+its tokens can reach the trainer within `--max-staleness` steps; this process is the trainer
+(examples/grpo/trainer.py): it takes each batch through the door's client, takes one GRPO step,
+has the server load the new weights as version `step` and acknowledges the batch, while the
+server keeps sampling the next groups. A group that would reach the trainer staler than the bound
+(it finished late) is not trained: its item starts again (`stale_groups: requeue`), counted. The
+worker is SIGKILLed (and restarted 3 s later) at evenly spaced steps.
 
 Per step it prints the mean reward; the trainer's logprobs against the server's on the tokens
 the current weights sampled (mean and max |difference|: float noise, or the two compute
@@ -20,9 +22,10 @@ tokens); and how busy the model server was since the last step (its own `busy_s`
 a PNG of reward per step and ends with one JSON line: rewards, the goals below, the feed's
 counters (nothing lost to the kills), wall time and load average before and after.
 
-Goals (issue 25): last 5 steps' mean reward >= first 5's + 0.3 from a start <= 0.5; mean
+Goals (issue 25, issue 43): last 5 steps' mean reward >= first 5's + 0.3 from a start <= 0.5; mean
 same-version |dlogp| <= 1e-3; no rollout orphaned, no group dropped, every generated token
-posted; the model server busy >= 80 % of the wall time from the first request to the last
+acknowledged by the trainer or counted as held back for staleness; no group trained staler than
+the bound; the model server busy >= 80 % of the wall time from the first request to the last
 batch.
 """
 
@@ -48,10 +51,10 @@ import torch  # noqa: E402
 from bench import quiet  # noqa: E402
 from bench.procs import run_in_data_dir  # noqa: E402
 from bench.training_stack import POLICY, TrainingStack, training_stack  # noqa: E402
-from examples.grpo.trainer import StepStats, load_policy, pull_batch, save_and_publish, train_step  # noqa: E402
+from examples.grpo.trainer import StepStats, fresh_groups, load_policy, save_and_publish, train_step  # noqa: E402
 from temporal_rollouts.core.feed import FeedInput, FeedStatus  # noqa: E402
 from temporal_rollouts.core.records import RolloutLimits, Sampling  # noqa: E402
-from temporal_rollouts.sinks.atropos_api import TrajectoryApi  # noqa: E402
+from temporal_rollouts.door.client import Batch, DoorClient  # noqa: E402
 from workflows.feed import TrainingFeedWorkflow  # noqa: E402
 
 GOAL_GAIN, GOAL_START, GOAL_GAP, GOAL_BUSY = 0.3, 0.5, 1e-3, 0.8
@@ -70,7 +73,7 @@ class Step:
 
 @dataclass
 class Trainer:
-    """The GRPO trainer of examples/grpo, pulling from run-api in this process."""
+    """The GRPO trainer of examples/grpo, taking batches from the door in this process."""
 
     stack: TrainingStack
     args: argparse.Namespace
@@ -88,28 +91,32 @@ class Trainer:
     async def clock(self) -> tuple[float, float]:
         return time.monotonic(), await self.busy_s()
 
-    async def run(self, api: TrajectoryApi, model, on_step) -> None:
+    async def take(self, door: DoorClient, run: str, version: int) -> Batch:
+        while (batch := await asyncio.to_thread(door.take, run, lease_s=3600, trainer_version=version)) is None:
+            await asyncio.sleep(0.5)
+        return batch
+
+    async def run(self, door: DoorClient, run: str, model, on_step) -> None:
         args = self.args
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         checkpoints = self.stack.data_dir / "checkpoints"
         previous = self.started
         for step in range(1, args.steps + 1):
-            batch = await pull_batch(api, poll_s=0.5)
+            current = step - 1  # version 0: the GGUF the server started with (it reports "default")
+            taken = await self.take(door, run, current)
+            batch, stale = fresh_groups(taken.groups)
+            assert not stale, "stale_groups requeue: a stale group never reaches the trainer"
             now = await self.clock()
             busy = (now[1] - previous[1]) / max(now[0] - previous[0], 1e-9)
             self.last_batch = previous = now
-            current = step - 1  # version 0: the GGUF the server started with (it reports "default")
             stats = await asyncio.to_thread(
                 train_step, model, optimizer, batch, clip=args.clip, current_version=current
             )
             await asyncio.to_thread(
                 save_and_publish, model, checkpoints, step, self.stack.policy_url, api_key=self.stack.policy_key
             )
-            staleness = [
-                current - group["group_overrides"]["policy_version_min"]
-                for group in batch
-                if (group.get("group_overrides") or {}).get("policy_version_min") is not None
-            ]
+            await asyncio.to_thread(taken.ack)
+            staleness = [group["group_overrides"]["staleness"] for group in batch]
             record = Step(step, stats, staleness, busy, time.monotonic() - now[0])
             self.steps.append(record)
             gap = (
@@ -179,6 +186,8 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
             max_groups=args.steps * args.groups_per_step,
             max_groups_in_flight=args.groups_per_step * (args.max_staleness + 1),
             max_staleness=args.max_staleness,
+            stale_groups="requeue",
+            batch_size=batch_rollouts,
             retry_backoff_s=1.0,
             sampling=Sampling(temperature=args.temperature, max_tokens=args.max_tokens),
             limits=RolloutLimits(max_turns=1),
@@ -194,22 +203,12 @@ async def amain(data_dir: Path, args: argparse.Namespace) -> dict:
                 await asyncio.sleep(3)
                 await stack.start_worker()
 
-        async with TrajectoryApi(stack.run_api_url) as api:
-            await api.register_trainer(
-                wandb_group="train-loop",
-                wandb_project="train-loop",
-                batch_size=batch_rollouts,
-                max_token_len=2048,
-                checkpoint_dir=str(data_dir / "checkpoints"),
-                save_checkpoint_interval=-1,
-                starting_step=0,
-                num_steps=args.steps,
-            )
+        with DoorClient(stack.door_url) as door:
             trainer.started = await trainer.clock()
             handle = await stack.client.start_workflow(
                 TrainingFeedWorkflow.run, feed, id=run, task_queue=stack.settings.temporal.task_queue
             )
-            await trainer.run(api, model, after_step)
+            await trainer.run(door, run, model, after_step)
         await handle.result()
         wall = time.monotonic() - trainer.started[0]
         status = FeedStatus.model_validate(await handle.query(TrainingFeedWorkflow.status))
@@ -228,6 +227,8 @@ def report(
     wall: float,
 ) -> dict:
     steps, f = trainer.steps, status.figures
+    assert status.door is not None
+    d = status.door.figures
     rewards = [s.stats.mean_reward for s in steps]
     window = min(5, len(rewards))
     first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
@@ -245,7 +246,7 @@ def report(
     lost = {
         "rollouts_orphaned": orphaned,
         "groups_dropped": sum(f.dropped.values()),
-        "tokens_unposted": f.tokens_generated - f.tokens_posted,
+        "tokens_unaccounted": f.tokens_generated - d.completion_tokens_acknowledged - d.completion_tokens_held_back,
     }
     out = {
         "benchmark": "train_loop",
@@ -272,8 +273,13 @@ def report(
         "rollouts_resumed": f.rollouts_retried,
         "groups_posted": f.groups_posted,
         "groups_dropped": f.dropped,
+        "groups_acknowledged": d.groups_acknowledged,
+        "groups_requeued_stale": d.groups_requeued,
+        "batches_acknowledged": d.batches_acknowledged,
+        "batches_redelivered": d.batches_redelivered,
         "tokens_generated": f.tokens_generated,
-        "tokens_posted": f.tokens_posted,
+        "tokens_acknowledged": d.completion_tokens_acknowledged,
+        "tokens_held_back_stale": d.completion_tokens_held_back,
         **lost,
         "kills": kills,
         "kill_after_steps": kill_steps,
@@ -285,7 +291,8 @@ def report(
     out["goals"] = {
         "reward_gain": rewards[0] <= GOAL_START and last - first >= GOAL_GAIN,
         "same_version_gap": tokens > 0 and gap_mean <= GOAL_GAP,
-        "nothing_lost": not any(lost.values()) and f.groups_posted == len(steps) * args.groups_per_step,
+        "nothing_lost": not any(lost.values()) and d.groups_acknowledged == len(steps) * args.groups_per_step,
+        "staleness_within_bound": all(0 <= lag <= args.max_staleness for lag in staleness),
         "server_busy": busy >= GOAL_BUSY,
     }
     plot(
@@ -303,8 +310,10 @@ def report(
     print(f"staleness at consumption {dict(sorted(staleness.items()))}; server busy {100 * busy:.0f}% of the wall time")
     print(
         f"feed: {f.rollouts_started} rollouts started, {f.rollouts_finished} finished, {f.rollouts_retried} resumed, "
-        f"{orphaned} orphaned; {f.groups_posted} groups posted, dropped {f.dropped}; tokens {f.tokens_posted} posted "
-        f"of {f.tokens_generated}; kills {kills}; wall {wall:.0f}s; plot {args.plot}"
+        f"{orphaned} orphaned; {d.groups_acknowledged} groups acknowledged in {d.batches_acknowledged} batches, "
+        f"{d.groups_requeued} re-queued for staleness, dropped {f.dropped}; tokens {d.completion_tokens_acknowledged} "
+        f"acknowledged + {d.completion_tokens_held_back} held back of {f.tokens_generated}; kills {kills}; "
+        f"wall {wall:.0f}s; plot {args.plot}"
     )
     print(json.dumps(out))
     return out

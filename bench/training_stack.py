@@ -1,7 +1,7 @@
 """Every process of a training run on this machine, each one killable: what bench/feed.py and
 bench/train_loop.py run against.
 
-The Temporal dev server (in-memory SQLite), Atropos' real `run-api`, the CPU policy server
+The Temporal dev server (in-memory SQLite), the trainer door's endpoint, Atropos' real `run-api`, the CPU policy server
 (SmolLM2 behind SGLang's `/generate`, with weight updates), the demo policy (which steers the
 tiny model's tool calls where a task needs it), a local sandbox container, `python worker.py`,
 and the Atropos env's `serve` attached to the run. `kill_*` send SIGKILL (a crashed machine:
@@ -56,6 +56,12 @@ class TrainingStack:
     def policy_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.policy_key}"}
 
+    door_port: int = 0
+
+    @property
+    def door_url(self) -> str:
+        return f"http://127.0.0.1:{self.door_port}"
+
     def env_vars(self) -> dict[str, str]:
         policy = self.settings.policies[POLICY].model_dump_json()
         return {
@@ -72,6 +78,16 @@ class TrainingStack:
         proc = _spawn([sys.executable, "worker.py"], log, env=self.env_vars())
         self.processes["worker"] = proc
         await _wait_for_line(log, "worker polling", proc, wait_s=120)
+
+    async def start_door(self) -> None:
+        """The trainer door's endpoint (`python -m temporal_rollouts.door`): stateless, so killed and started
+        again it serves the same runs."""
+        log = self.data_dir / "door.log"
+        proc = _spawn(
+            [sys.executable, "-m", "temporal_rollouts.door", "--port", str(self.door_port)], log, env=self.env_vars()
+        )
+        self.processes["door"] = proc
+        await asyncio.to_thread(wait_for_port, "127.0.0.1", self.door_port, proc, "the door", log, 60)
 
     def kill(self, role: str) -> None:
         proc = self.processes.get(role)
@@ -151,6 +167,16 @@ class TrainingStack:
             raise RuntimeError(f"the policy server refused version {version}: {answer}")
 
 
+async def served_weights_on_disk(data_dir: Path) -> Path:
+    """The served model's own weights saved under `data_dir/weights`: what a stand-in trainer publishes as each
+    new version (the weights stay the same; the versions and the server's reloads are what is exercised)."""
+    from temporal_rollouts.policy_servers import smollm2
+    from temporal_rollouts.policy_servers.weights import save_weights
+
+    model = await asyncio.to_thread(smollm2.load_model, smollm2.require_gguf())
+    return await asyncio.to_thread(save_weights, model, data_dir / "weights")
+
+
 @contextlib.asynccontextmanager
 async def training_stack(
     data_dir: Path,
@@ -206,7 +232,8 @@ async def training_stack(
             policy_port=policy_port,
             policy_args=list(policy_args),
         )
-        for role in ("env", "worker", "policy_server"):
+        training.door_port = free_port()
+        for role in ("env", "worker", "policy_server", "door"):
             stack.callback(lambda role=role: _stop(training.processes[role]) if role in training.processes else None)
         stack.push_async_callback(LocalBackend.from_settings(settings).shutdown)
         await asyncio.to_thread(
@@ -217,4 +244,5 @@ async def training_stack(
         )
         await training.start_policy()
         await training.start_worker()
+        await training.start_door()
         yield training

@@ -1,12 +1,19 @@
-"""TrainingFeedWorkflow: one training run feeding Atropos, for as long as the trainer trains.
+"""TrainingFeedWorkflow: one training run, for as long as the trainer trains.
 
-Its workflow id is the run's name. It owns the cursor over items, the groups in flight and the
-posting to run-api, so nothing of a run lives in the process that started it: the Atropos env
-process (`serve`), `rollouts train` or the UI only start it or attach to it by name.
+Its workflow id is the run's name. It owns the cursor over items, the groups in flight and where
+finished groups go, so nothing of a run lives in the process that started it: `rollouts train`, the
+door's endpoint, the Atropos env process (`serve`) or the UI only start it or talk to it by name.
+
+- **The trainer door** (`sink: door`, the default): finished groups are stored in the object store
+  and their keys kept in the run's ledger (`core/door.py`); a trainer takes numbered batches and
+  acknowledges them through Updates (`take_batch`, `ack_batch`, `release_batch`, `register_trainer`)
+  that the door's endpoint (`temporal_rollouts/door/`) sends. Admission counts what the trainer has
+  not acknowledged; staleness is decided when a batch is formed, at consumption.
 
 - **Admission** (AReaL's rule, in groups): a group starts only while the groups in flight, those of
-  this run still queued in run-api and the batches handed out but not yet trained into served weights
-  fit in `max_staleness + 1` of the trainer's batches, so a group lands within `max_staleness` trainer
+  this run waiting for the trainer (at the door: stored or taken and not acknowledged; at run-api:
+  queued there, and the batches handed out but not yet trained into served weights) fit in
+  `max_staleness + 1` of the trainer's batches, so a group lands within `max_staleness` trainer
   steps of the weights it started on. The last term needs the policy server's weight version (as SGLang
   reports it): run-api counts a step when it hands a batch out, so a trainer still training it would
   otherwise look one version ahead of the weights it serves (`TrainerView.batches_ahead`).
@@ -18,36 +25,60 @@ process (`serve`), `rollouts train` or the UI only start it or attach to it by n
 - **Failures of the machinery are work to finish**: such a rollout is resumed (its workspace and
   turns kept) up to `max_retries` times; only then is its group given up, counted with why.
   A failure the model caused is a scored rollout and stays in its group.
-- **Posting**: once per group (`activities.feed`), with each rollout's per-turn policy versions,
-  oldest first, and only while less than one batch of this run waits in run-api (see `_may_post`);
-  a group that ends staler than the bound is posted, masked or dropped as `stale_groups` says.
+- **Posting** to run-api: once per group (`activities.feed`), with each rollout's per-turn policy
+  versions, oldest first, and only while less than one batch of this run waits in run-api (see
+  `_may_post`); a group that ends staler than the bound is posted, masked or dropped as `stale_groups`
+  says.
 - It continues as new when Temporal suggests it, without waiting for any rollout.
 - **Branching** (`branch`): a group is one RolloutTreeWorkflow (workflows/tree.py) of its roots and
   the siblings they branch into; it is posted with its tree and resumed as a whole.
 
-Signals: `rollout_finished`, `stop` (drain: no new groups, finish and post the rest), `stop_now`
-(cancel the rollouts in flight). Query: `status`.
+Signals: `rollout_finished`, `stop` (drain: no new groups, finish and post the rest; at the door, the
+run ends once the trainer has acknowledged every group), `stop_now` (cancel the rollouts in flight).
+Query: `status`. Updates: the door's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.envs import EnvActivities, LoadItemsInput
     from activities.feed import FeedActivities, FeedCheckInput, FeedGroupInput, RunsToCheck, TrainerQuery
     from temporal_rollouts.core import search_attributes as sa
-    from temporal_rollouts.core.feed import RETRIED_STOPS, FeedInput, FeedState, FeedStatus, GroupRun, TrainerView
+    from temporal_rollouts.core.door import (
+        AckAnswer,
+        AckRequest,
+        DoorError,
+        DoorGroup,
+        RegisterRequest,
+        ReleaseRequest,
+        TakeAnswer,
+        TakeRequest,
+        TakeRules,
+    )
+    from temporal_rollouts.core.feed import (
+        RETRIED_STOPS,
+        DoorStatus,
+        FeedInput,
+        FeedState,
+        FeedStatus,
+        GroupRun,
+        TrainerView,
+    )
     from temporal_rollouts.core.inputs import checked_input
     from temporal_rollouts.core.records import ROLLOUT_FINISHED, StopReason, TrajectoryInput, TrajectoryResult
     from temporal_rollouts.core.tasks import Item
     from temporal_rollouts.core.trees import ROLLOUT_TREE_FINISHED, RolloutTreeInput, RolloutTreeResult
+    from temporal_rollouts.storage.feed_groups import group_key
     from workflows import params
     from workflows.children import result_from_failure
     from workflows.trajectory import TrajectoryWorkflow
@@ -96,6 +127,8 @@ class TrainingFeedWorkflow:
         """Groups this run handed to run-api (in this run's memory: a waiter never spans continue-as-new)."""
         self._waiter_posts = 0
         """`_posts` when the outstanding waiter was asked."""
+        self._door_changes = 0
+        """Takes, acknowledgements and registrations heard: the run's loop wakes when this moves."""
 
     # ------------------------------------------------------------------ signals and query
 
@@ -133,6 +166,96 @@ class TrainingFeedWorkflow:
             admitted=self._admitted() if input else False,
             stopping=state.stopping,
             output=state.output,
+            door=self._door_status() if input and input.sink == "door" else None,
+        )
+
+    def _door_status(self) -> DoorStatus:
+        door = self._state.door
+        return DoorStatus(
+            batch_size=door.batch_size,
+            trainer_version=door.trainer_version(),
+            pending_groups=len(door.pending),
+            batches_out=sum(1 for b in door.batches if b.lease is not None),
+            batches_to_redeliver=sum(1 for b in door.batches if b.lease is None),
+            next_number=door.next_number,
+            acknowledged_below=door.acknowledged_below,
+            figures=door.figures,
+        )
+
+    # ------------------------------------------------------------------ the door (Updates the endpoint sends)
+
+    @workflow.update(name="take_batch")
+    def take_batch(self, request: TakeRequest) -> TakeAnswer:
+        """The next batch for a trainer: one whose lease ran out, else a new one formed now from the freshest
+        rules of staleness (core/door.py); no batch when fewer than a batch's groups are stored."""
+        with _door_errors():
+            answer = self._state.door.take(request, workflow.time(), self._take_rules())
+        self._state.requeue.extend(answer.requeue)
+        self._door_changes += 1
+        return answer
+
+    @take_batch.validator
+    def _may_take(self, request: TakeRequest) -> None:
+        """Refused (and so never recorded in history) while there is nothing to hand out: trainers poll."""
+        if _started(self._input).sink != "door":
+            raise ApplicationError(
+                f"run {workflow.info().workflow_id} sends its groups to {self._input.sink}", type="DoorError"
+            )
+        if self._state.door.batch_size <= 0:
+            raise ApplicationError("no batch size yet: register the trainer first", type="DoorError")
+        if not self._state.door.may_take(request, workflow.time(), self._take_rules()):
+            raise ApplicationError("no batch yet", type="NoBatchYet")
+
+    @workflow.update(name="ack_batch")
+    def ack_batch(self, request: AckRequest) -> AckAnswer:
+        with _door_errors():
+            answer = self._state.door.acknowledge(request)
+        self._door_changes += 1
+        return answer
+
+    @ack_batch.validator
+    def _may_ack(self, request: AckRequest) -> None:
+        _started(self._input)
+        with _door_errors():
+            self._state.door.model_copy(deep=True).acknowledge(request)
+
+    @workflow.update(name="release_batch")
+    def release_batch(self, request: ReleaseRequest) -> None:
+        with _door_errors():
+            self._state.door.release(request)
+        self._door_changes += 1
+
+    @release_batch.validator
+    def _may_release(self, request: ReleaseRequest) -> None:
+        _started(self._input)
+        with _door_errors():
+            self._state.door.model_copy(deep=True).release(request)
+
+    @workflow.update(name="register_trainer")
+    def register_trainer(self, request: RegisterRequest) -> DoorStatus:
+        with _door_errors():
+            self._state.door.register(request)
+        self._door_changes += 1
+        return self._door_status()
+
+    @register_trainer.validator
+    def _may_register(self, request: RegisterRequest) -> None:
+        if _started(self._input).sink != "door":
+            raise ApplicationError(
+                f"run {workflow.info().workflow_id} sends its groups to {self._input.sink}", type="DoorError"
+            )
+        with _door_errors():
+            self._state.door.model_copy(deep=True).register(request)
+
+    def _take_rules(self) -> TakeRules:
+        input, state = self._input, self._state
+        assert input is not None
+        return TakeRules(
+            per_batch=self._per_step(),
+            max_staleness=input.max_staleness,
+            stale_groups=input.stale_groups,
+            max_requeues=input.max_retries,
+            final=self._done_starting() and not state.groups and not state.requeue,
         )
 
     # ------------------------------------------------------------------ the run
@@ -146,6 +269,8 @@ class TrainingFeedWorkflow:
             carried.inbox = [*carried.inbox, *self._state.inbox]
             carried.stopping = carried.stopping or self._state.stopping
             self._state = carried
+        if input.sink == "door" and input.batch_size and not self._state.door.batch_size:
+            self._state.door.batch_size = input.batch_size  # before any await: a trainer may take at once
         run = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.ENV.value_set(input.env), sa.BATCH_ID.value_set(run)])
         check = await workflow.execute_activity_method(
@@ -183,18 +308,29 @@ class TrainingFeedWorkflow:
         return self.status()
 
     def _finished(self) -> bool:
+        """Nothing in flight and nothing more to start; at the door, every stored group acknowledged too."""
+        state = self._state
+        assert self._input is not None
+        if not self._done_starting() or state.groups or (state.requeue and not state.stopping):
+            return False
+        return self._input.sink != "door" or state.door.is_empty()
+
+    def _done_starting(self) -> bool:
         input, state = self._input, self._state
         assert input is not None
-        done_starting = (
+        return bool(
             state.stopping
-            or (input.max_groups and state.figures.groups_started >= input.max_groups)
+            or (input.max_groups and self._groups_counted() >= input.max_groups)
             or (
                 not input.cycle_items
                 and self._item_count is not None
                 and state.next_item >= self._item_count - input.item_offset
             )
         )
-        return bool(done_starting) and not state.groups
+
+    def _groups_counted(self) -> int:
+        """Groups started, less those started again for being too stale (they replace one, they add none)."""
+        return self._state.figures.groups_started - self._state.door.figures.groups_requeued
 
     # ------------------------------------------------------------------ admission and starting
 
@@ -203,7 +339,9 @@ class TrainingFeedWorkflow:
         assert input is not None
         if state.stopping or len(state.groups) >= input.max_groups_in_flight:
             return False
-        if input.max_groups and state.figures.groups_started >= input.max_groups:
+        if state.requeue:
+            return True
+        if input.max_groups and self._groups_counted() >= input.max_groups:
             return False
         return input.cycle_items or self._item_count is None or state.next_item < self._item_count - input.item_offset
 
@@ -214,6 +352,12 @@ class TrainingFeedWorkflow:
             return False
         if input.sink == "jsonl":
             return True
+        if input.sink == "door":
+            door = self._state.door
+            if door.batch_size <= 0:
+                return False
+            # stored or taken and not acknowledged: the trainer trains them before any group started now
+            return len(self._state.groups) + door.waiting_groups() < (input.max_staleness + 1) * self._per_step()
         trainer = self._state.trainer
         if not trainer.registered or trainer.env_id is None:
             return False
@@ -224,7 +368,8 @@ class TrainingFeedWorkflow:
     def _per_step(self) -> int:
         """This run's groups in one of the trainer's batches."""
         assert self._input is not None
-        return max(1, self._state.trainer.batch_size // self._input.group_size)
+        batch_size = self._state.door.batch_size if self._input.sink == "door" else self._state.trainer.batch_size
+        return max(1, batch_size // self._input.group_size)
 
     def _may_post(self) -> bool:
         """Whether a finished group may go to run-api now. At most one batch of this run waits there: run-api
@@ -253,9 +398,14 @@ class TrainingFeedWorkflow:
         input, state = self._input, self._state
         assert input is not None
         self._phase = "starting a group"
-        item = await self._item(state.next_item)
+        requeues = 0
+        if state.requeue:  # a stale group's item, started again on fresher weights
+            stale = state.requeue.pop(0)
+            item, requeues = stale.item, stale.requeues + 1
+        else:
+            item = await self._item(state.next_item)
+            state.next_item += 1
         group_id = f"g{state.next_group}"
-        state.next_item += 1
         state.next_group += 1
         group = GroupRun(
             group_id=group_id,
@@ -263,7 +413,8 @@ class TrainingFeedWorkflow:
             results=[None] * input.group_size,
             runs=[None] * input.group_size,
             attempts=[0] * input.group_size,
-            started_step=state.trainer.current_step,
+            started_step=state.door.trainer_version() if input.sink == "door" else state.trainer.current_step,
+            requeues=requeues,
         )
         state.groups[group_id] = group
         state.figures.groups_started += 1
@@ -290,7 +441,6 @@ class TrainingFeedWorkflow:
             group_index=index,
             resume_from_run=resume_from,
             notify=run if notify else None,
-            trainer_api=self._api_url() if input.sink == "atropos" else None,
         )
 
     async def _start_tree(self, group: GroupRun, resume: bool) -> None:
@@ -509,6 +659,7 @@ class TrainingFeedWorkflow:
                     tokenizer=input.tokenizer,
                     sink=input.sink,
                     output=state.output,
+                    door_key=group_key(workflow.info().workflow_id, group.group_id) if input.sink == "door" else None,
                     api_url=self._api_url(),
                     env_id=state.trainer.env_id,
                     max_token_length=input.max_token_length,
@@ -532,6 +683,20 @@ class TrainingFeedWorkflow:
         if input.sink == "atropos" and outcome.status == "posted":
             state.trainer.queued += 1
             self._posts += 1
+        if input.sink == "door":
+            state.door.pending.append(
+                DoorGroup(
+                    group_id=f"{workflow.info().workflow_id}/{group.group_id}",
+                    key=group_key(workflow.info().workflow_id, group.group_id),
+                    item=group.item,
+                    sequences=len(results),
+                    tokens=outcome.tokens_posted,
+                    completion_tokens=sum(r.completion_tokens for r in results),
+                    versions=[r.policy_versions for r in results],
+                    started_step=group.started_step,
+                    requeues=group.requeues,
+                )
+            )
         figures.tokens_posted += outcome.tokens_posted
         figures.turns_posted += outcome.turns
         figures.rollouts_masked += outcome.masked
@@ -605,6 +770,7 @@ class TrainingFeedWorkflow:
                 )
             )
         waiter = self._waiter
+        door_seen = self._door_changes
         wait_s = min(
             CHECK_ROLLOUTS_S, self._next_resume_in() if self._next_resume_in() is not None else CHECK_ROLLOUTS_S
         )
@@ -614,7 +780,8 @@ class TrainingFeedWorkflow:
                     bool(state.inbox)
                     or self._stop_now
                     or (waiter is not None and waiter.done())
-                    or (state.stopping and (not state.groups or self._held()))
+                    or self._door_changes != door_seen
+                    or (state.stopping and (not state.groups or self._held()) and self._door_settled())
                 ),
                 timeout=timedelta(seconds=max(wait_s, 0.001)),
             )
@@ -626,6 +793,11 @@ class TrainingFeedWorkflow:
                 await self._take_view(waiter.result())
             except ActivityError as err:
                 workflow.logger.warning("could not ask run-api about the trainer: %s", err.cause or err)
+
+    def _door_settled(self) -> bool:
+        """Nothing left at the door (or no door): a draining run waits for acknowledgements, not a loop."""
+        assert self._input is not None
+        return self._input.sink != "door" or self._state.door.is_empty()
 
     async def _take_view(self, view: TrainerView) -> None:
         """The waiter's view. Its queue was read at some moment while it waited: a group this run posted
@@ -657,3 +829,21 @@ class TrainingFeedWorkflow:
 
     def _api_url(self) -> str | None:
         return self._state.api_url
+
+
+@contextlib.contextmanager
+def _door_errors() -> Iterator[None]:
+    """A refused take, acknowledgement or registration fails the Update with the ledger's words, never the run."""
+    try:
+        yield
+    except DoorError as err:
+        raise ApplicationError(str(err), type="DoorError", non_retryable=True) from None
+
+
+def _started(input: FeedInput | None) -> FeedInput:
+    """An Update heard before the run's first line (a new run, or the next one after continue-as-new, whose
+    state is not in place yet) is refused without being recorded; the endpoint answers 503 and the trainer's
+    client asks again."""
+    if input is None:
+        raise ApplicationError("the run is starting", type="RunStarting")
+    return input

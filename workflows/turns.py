@@ -46,7 +46,6 @@ async def model_turn(
                 tokens=tokens,
                 restarts=restarts,
                 tool_call_parser=input.tool_call_parser,
-                trainer_api=input.trainer_api,
             ),
             params.LLM_TURN,
             StopReason.MODEL_UNAVAILABLE,

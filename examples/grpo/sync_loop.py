@@ -125,6 +125,14 @@ class Stack:
                 raise RuntimeError(f"the worker did not start; see {worker_log}")
             time.sleep(0.5)
 
+    def start_door(self) -> str:
+        """The trainer door's endpoint (`python -m temporal_rollouts.door`) on a port of its own; its URL."""
+        port = free_port()
+        log = self.out / "door.log"
+        door = self._start([sys.executable, "-m", "temporal_rollouts.door", "--port", str(port)], log)
+        wait_for_port(HOST, port, door, "the door's endpoint", log, wait_s=120)
+        return f"http://{HOST}:{port}"
+
     def close(self) -> None:
         for proc in reversed(self.processes):
             if proc.poll() is None:
@@ -224,14 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # raised at once, even mid-step, so `close` runs
-        signal.signal(signum, _interrupt)
+    interrupt_on_signals()
     stack = Stack(out, args.threads, args.items * args.group_size)
     try:
         stack.start()
         asyncio.run(run(args, out, stack))
     finally:
         stack.close()
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt at once, even mid-step, so the stack's `close` runs."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, frame: object) -> None:

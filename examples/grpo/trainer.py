@@ -1,8 +1,15 @@
 """A GRPO trainer small enough to read in one sitting: CPU torch, the model the CPU policy
-server serves, Atropos' scored groups in, new weights out as the server's next version.
+server serves, scored groups in from the trainer door (or Atropos' run-api), new weights out as
+the server's next version.
 
-    python -m examples.grpo.trainer --run-api http://127.0.0.1:8000 --policy-server http://127.0.0.1:30000 \\
-        --batch-size 16 --steps 30 --checkpoints runs/grpo/checkpoints
+    python -m examples.grpo.trainer --door http://127.0.0.1:8780 --run word-run \\
+        --policy-server http://127.0.0.1:30000 --batch-size 16 --steps 30 --checkpoints runs/grpo/checkpoints
+    python -m examples.grpo.trainer --run-api http://127.0.0.1:8000 ...      # the same, from run-api
+
+From the door, each batch is acknowledged once its weights are served: the run counts the
+trainer's version by its acknowledgements, and a batch this trainer took but did not finish (it
+was killed) is handed out again. A group the door marks stale (staler than the run's bound) is
+left out of the step and counted, never trained silently.
 
 One step (`train_step`) on a batch of groups (each: `tokens`, `masks`, `scores`,
 `inference_logprobs`, as run-api's `/batch` and the JSONL sink give them):
@@ -78,6 +85,8 @@ class StepStats:
     older tokens differ by how far the policy moved, these only by float noise."""
     current_gap_max: float = math.nan
     current_tokens: int = 0
+    stale_skipped: int = 0
+    """Groups the door marked staler than the run's bound, left out of the step."""
 
     def line(self) -> str:
         return (
@@ -248,6 +257,44 @@ async def pull_batch(api, poll_s: float = 1.0) -> list[dict[str, Any]]:
     return batch
 
 
+def fresh_groups(groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The groups to train on, and how many the door marked stale (`group_overrides.stale`) and are left out."""
+    fresh = [g for g in groups if not (g.get("group_overrides") or {}).get("stale")]
+    return fresh, len(groups) - len(fresh)
+
+
+def train_from_door(args: argparse.Namespace) -> None:
+    """Take, train, publish, acknowledge: one step per batch of the run `args.run`."""
+    from temporal_rollouts.door.client import DoorClient
+
+    torch.set_num_threads(args.threads)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    model = load_policy(args.weights)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    with DoorClient(args.door) as door:
+        door.register(args.run, batch_size=args.batch_size, starting_step=args.first_step - 1)
+        version = args.first_step - 1  # the weights being trained: the server's version before this step
+        for batch in door.batches(args.run, lease_s=args.lease_s, trainer_version=lambda: version):
+            step = version + 1
+            groups, stale = fresh_groups(batch.groups)
+            stats = train_step(model, optimizer, groups, clip=args.clip, current_version=version)
+            stats.stale_skipped = stale
+            save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=api_key)
+            batch.ack()  # after the server serves the new weights: the run counts versions by acknowledgements
+            report(step, stats, args.stats)
+            version = step
+            if step >= args.first_step - 1 + args.steps:
+                return
+        print("the run is done: every batch it made is acknowledged", flush=True)
+
+
+def report(step: int, stats: StepStats, path: Path | None) -> None:
+    print(f"step {step:3d}  {stats.line()}", flush=True)
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"step": step, **asdict(stats)}) + "\n")
+
+
 async def train_from_run_api(args: argparse.Namespace) -> None:
     from temporal_rollouts.sinks.atropos_api import TrajectoryApi
 
@@ -270,15 +317,15 @@ async def train_from_run_api(args: argparse.Namespace) -> None:
             batch = await pull_batch(api)
             stats = train_step(model, optimizer, batch, clip=args.clip)
             save_and_publish(model, args.checkpoints, step, args.policy_server, api_key=api_key)
-            print(f"step {step:3d}  {stats.line()}", flush=True)
-            if args.stats:
-                with open(args.stats, "a") as out:
-                    out.write(json.dumps({"step": step, **asdict(stats)}) + "\n")
+            report(step, stats, args.stats)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-api", default="http://127.0.0.1:8000", help="Atropos' trajectory API")
+    parser.add_argument("--door", default=None, help="the trainer door (rollouts train serve), with --run")
+    parser.add_argument("--run", default=None, help="the training run to take batches from (its name)")
+    parser.add_argument("--lease-s", type=float, default=600.0, help="how long a batch is leased to this trainer")
+    parser.add_argument("--run-api", default="http://127.0.0.1:8000", help="Atropos' trajectory API (without --door)")
     parser.add_argument("--policy-server", default="http://127.0.0.1:30000", help="the CPU generate server")
     parser.add_argument(
         "--api-key-env", default=None, metavar="NAME", help="the environment variable holding the policy server's key"
@@ -293,7 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--stats", type=Path, default=None, help="append each step's stats here")
-    asyncio.run(train_from_run_api(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    if args.door:
+        if not args.run:
+            parser.error("--door needs --run NAME")
+        train_from_door(args)
+    else:
+        asyncio.run(train_from_run_api(args))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ resume.py, inspect.py (show, export, list, cancel), train.py and fork.py hold th
 and parsers.py the flags of theirs. The work is the control layer's (temporal_rollouts/client/);
 a command gives it flags and words what comes back. Each command imports what it uses when
 it runs, so that `rollouts --help` and a usage error answer at once (bench/cli_help.py).
-`rollouts view` and `rollouts policy serve` run programs of their own in this one's place.
+`rollouts view`, `rollouts policy serve` and `rollouts train serve` run programs of their own in this one's place.
 """
 
 from __future__ import annotations
@@ -463,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "view":  # the page's program reads the settings itself, and answers --help at once
         return cmd_view(args)
+    if args.command == "train" and args.train_command == "serve":  # the door's endpoint, a program of its own
+        exec_module("temporal_rollouts.door", args.rest)
     import asyncio
 
     from temporal_rollouts.runtime.command_errors import report_error

@@ -15,7 +15,7 @@ from temporal_rollouts.cli.help_format import DefaultsHelpFormatter
 from temporal_rollouts.core import defaults  # plain values, importing nothing
 from temporal_rollouts.core.defaults import BATCHES_LISTED, ROLLOUTS_LISTED
 
-STALE_GROUPS = ("post", "scores_only", "drop")
+STALE_GROUPS = ("post", "scores_only", "drop", "requeue")
 """`core.feed.StaleGroups`, spelt out so that this module imports no model (a unit test compares them)."""
 WORKSPACE_REBUILDS = ("auto", "snapshot", "replay")
 """`core.forks.WorkspaceRebuild`, spelt out for the same reason (the same test compares them)."""
@@ -112,7 +112,7 @@ def add_inspect_parsers(sub: Any) -> None:
 
 
 def add_train_parser(sub: Any) -> None:
-    train = sub.add_parser("train", help="training runs feeding Atropos: start, status, stop, list")
+    train = sub.add_parser("train", help="training runs a trainer takes batches from: start, serve, status, stop, list")
     actions = train.add_subparsers(dest="train_command", required=True)
     start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
     start.add_argument("name", help="the run's name (its workflow id)")
@@ -125,13 +125,19 @@ def add_train_parser(sub: Any) -> None:
     )
     start.add_argument("--group-size", type=int, default=defaults.FEED_GROUP_SIZE)
     start.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.FEED_BATCH_SIZE,
+        help="sequences per trainer batch at the door (whole groups); 0: the first trainer to register says",
+    )
+    start.add_argument(
         "--max-staleness", type=int, default=defaults.FEED_MAX_STALENESS, help="trainer steps a posted token may lag"
     )
     start.add_argument(
         "--stale-groups",
         choices=STALE_GROUPS,
         default=defaults.FEED_STALE_GROUPS,
-        help="what happens to a group that ends staler anyway",
+        help="what happens to a group staler than the bound when it would reach the trainer (requeue: the door only)",
     )
     start.add_argument(
         "--in-flight", type=int, default=defaults.FEED_GROUPS_IN_FLIGHT, help="groups whose rollouts run at once"
@@ -153,10 +159,22 @@ def add_train_parser(sub: Any) -> None:
     start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
     start.add_argument("--env-config", default=None, help="JSON object passed to the env")
     start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
-    start.add_argument("--sink", choices=["atropos", "jsonl"], default=defaults.FEED_SINK)
+    start.add_argument(
+        "--sink",
+        choices=["door", "atropos", "jsonl"],
+        default=defaults.FEED_SINK,
+        help="door: trainers take batches (rollouts train serve); atropos: post to run-api; jsonl: a file",
+    )
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
     add_env_module_flag(start)
+    serve = actions.add_parser(
+        "serve",
+        help="the trainer door: trainers take and acknowledge runs' batches over HTTP",
+        add_help=False,
+        prefix_chars="\0",  # every flag is the endpoint's own: `rollouts train serve --help` is its help (door/server.py)
+    )
+    serve.add_argument("rest", nargs=argparse.REMAINDER)
     status = actions.add_parser("status", help="a run's figures: in flight, posted, stale, retried, dropped")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")

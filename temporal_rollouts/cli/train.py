@@ -48,6 +48,7 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
         "policy": args.policy,
         "tokenizer": args.tokenizer,
         "group_size": args.group_size,
+        "batch_size": args.batch_size,
         "max_staleness": args.max_staleness,
         "stale_groups": args.stale_groups,
         "max_groups_in_flight": args.in_flight,
@@ -89,26 +90,64 @@ def format_feed(status: RunReport, width: int | None = None) -> str:
     state = status.outcome
     if state == "running":
         state = f"running ({status.phase}" + (", stopping)" if status.stopping else ")")
-    fields = [
-        (
-            "groups",
-            f"{f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for room "
-            f"in run-api), {f.groups_posted} posted, {f.groups_stale} posted stale, dropped: {dropped}",
-        ),
-        (
-            "rollouts",
-            f"{f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
-            f"{f.rollouts_retried} resumed after a machinery failure",
-        ),
-        ("tokens", f"{f.tokens_generated} generated, {f.tokens_posted} posted"),
-        ("staleness", f"at posting (trainer steps: groups) {stale}"),
-        ("trainer", trainer),
-        ("admission", f"{admission}, max staleness {status.max_staleness}"),
-        *(("retrying", line) for line in status.retrying),
-    ]
+    rollouts = (
+        f"{f.rollouts_started} started, {status.rollouts_running} running, {f.rollouts_finished} finished, "
+        f"{f.rollouts_retried} resumed after a machinery failure"
+    )
+    if status.door is not None:  # the run serves its batches itself: staleness is decided at consumption
+        fields = door_fields(status, dropped, rollouts)
+    else:
+        fields = [
+            (
+                "groups",
+                f"{f.groups_started} started, {status.in_flight} in flight ({status.held} finished, waiting for room "
+                f"in run-api), {f.groups_posted} posted, {f.groups_stale} posted stale, dropped: {dropped}",
+            ),
+            ("rollouts", rollouts),
+            ("tokens", f"{f.tokens_generated} generated, {f.tokens_posted} posted"),
+            ("staleness", f"at posting (trainer steps: groups) {stale}"),
+            ("trainer", trainer),
+            ("admission", f"{admission}, max staleness {status.max_staleness}"),
+        ]
+    fields += [("retrying", line) for line in status.retrying]
     if status.output:
         fields.append(("written to", status.output))
     return "\n".join([f"training run {status.run} ({status.env}): {state}", *labelled(fields, width)])
+
+
+def door_fields(status: RunReport, dropped: str, rollouts: str) -> list[tuple[str, str]]:
+    """A door run's figures: what the trainer took, acknowledged and was handed again, and the staleness at
+    consumption."""
+    f, door = status.figures, status.door
+    assert door is not None
+    d = door.figures
+    consumed = ", ".join(f"{k}: {v}" for k, v in sorted(d.staleness.items(), key=lambda kv: int(kv[0]))) or "-"
+    size = f"batches of {door.batch_size}" if door.batch_size else "no trainer registered yet (no batch size)"
+    admission = (
+        "open" if status.admitted else "held (waiting for the trainer to acknowledge)" if door.batch_size else "-"
+    )
+    return [
+        (
+            "groups",
+            f"{f.groups_started} started, {status.in_flight} in flight, {f.groups_posted} stored for the door, "
+            f"dropped: {dropped}",
+        ),
+        ("rollouts", rollouts),
+        ("tokens", f"{f.tokens_generated} generated, {f.tokens_posted} stored, {d.tokens_acknowledged} acknowledged"),
+        ("trainer", f"version {door.trainer_version}, {size}"),
+        (
+            "door",
+            f"batches {d.batches_formed} formed, {d.batches_taken} taken, {d.batches_acknowledged} acknowledged, "
+            f"{d.batches_redelivered} re-delivered ({d.leases_expired} leases expired), {door.batches_out} out; "
+            f"{door.pending_groups} groups waiting",
+        ),
+        (
+            "stale groups",
+            f"{d.groups_marked_stale} marked, {d.groups_requeued} re-queued, {d.groups_dropped_stale} dropped",
+        ),
+        ("staleness", f"at consumption (versions: groups) {consumed}"),
+        ("admission", f"{admission}, max staleness {status.max_staleness}"),
+    ]
 
 
 async def cmd_train(args: argparse.Namespace, settings: Settings) -> int:

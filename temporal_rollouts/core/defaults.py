@@ -34,8 +34,10 @@ FEED_MAX_RETRIES = 3
 """`FeedInput.max_retries`: runs a rollout gets after a machinery failure."""
 FEED_MAX_GROUPS = 0
 """`FeedInput.max_groups`: groups posted before the run stops; 0 runs until stopped."""
-FEED_SINK = "atropos"
-"""`FeedInput.sink`: where a training run's groups go."""
+FEED_SINK = "door"
+"""`FeedInput.sink`: where a training run's groups go (the trainer door; `atropos`: run-api; `jsonl`)."""
+FEED_BATCH_SIZE = 0
+"""`FeedInput.batch_size`: sequences per trainer batch at the door; 0: the first trainer to register says."""
 
 FORK_REBUILD = "auto"
 """`forks.ForkSpec.rebuild`: how a fork rebuilds the workspace (auto: from a snapshot of that turn where one exists)."""

@@ -1,17 +1,18 @@
-"""A training run's feed into Atropos: what a user starts it with, and what it carries and counts.
+"""A training run: what a user starts it with, and what it carries and counts.
 
 A batch is finite; a training run is not. One `TrainingFeedWorkflow` per run (its id is the
-run's name) owns the cursor over items, the groups in flight and the posting to `run-api`,
-and it paces new groups by the trainer's progress (`max_staleness`). These models are its
-input, its state across continue-as-new and the figures its `status` query answers.
+run's name) owns the cursor over items, the groups in flight and where finished groups go: the
+trainer door (numbered, acknowledged batches a trainer pulls; `core/door.py`), Atropos'
+`run-api`, or a JSONL file. It paces new groups by the trainer's progress (`max_staleness`).
+These models are its input, its state across continue-as-new and the figures its `status`
+query answers.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temporal_rollouts.core import defaults
 from temporal_rollouts.core.records import (
@@ -22,20 +23,10 @@ from temporal_rollouts.core.records import (
     StopReason,
     TrajectoryResult,
 )
+from temporal_rollouts.core.door import DoorFigures, DoorGroup, DoorLedger, StaleGroups
 from temporal_rollouts.core.forks import BranchSpec
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.core.trees import RolloutTreeResult
-
-
-class StaleGroups(StrEnum):
-    """What happens to a group that ends staler than `max_staleness` anyway (a very long rollout)."""
-
-    POST = "post"
-    """Post it; its versions travel in `overrides` / `group_overrides` for the trainer to weigh or filter."""
-    SCORES_ONLY = "scores_only"
-    """Post it with the stale rollouts' tokens masked out: their scores still count in the group's advantages."""
-    DROP = "drop"
-    """Drop the whole group and count it (`dropped["stale"]`)."""
 
 
 RETRIED_STOPS = frozenset(
@@ -81,7 +72,10 @@ class FeedInput(BaseModel):
         "while the groups ahead of it fit in that many steps' batches.",
     )
     stale_groups: StaleGroups = Field(
-        default=StaleGroups(defaults.FEED_STALE_GROUPS), description="What to do with a group that ends staler."
+        default=StaleGroups(defaults.FEED_STALE_GROUPS),
+        description="What happens to a group staler than the bound when it would reach the trainer: handed "
+        "over marked (post), marked with its stale rollouts masked (scores_only), dropped, or its item started "
+        "again (requeue, the door only).",
     )
     max_retries: int = Field(
         default=defaults.FEED_MAX_RETRIES,
@@ -97,9 +91,16 @@ class FeedInput(BaseModel):
     max_groups: int = Field(
         default=defaults.FEED_MAX_GROUPS, ge=0, description="Stop after posting this many groups; 0 runs until stopped."
     )
-    sink: Literal["atropos", "jsonl"] = Field(
+    sink: Literal["door", "atropos", "jsonl"] = Field(
         default=defaults.FEED_SINK,
-        description="Post each group to run-api, or write it to `output` (SFT data, `process`).",
+        description="Where finished groups go: the trainer door (batches a trainer takes and acknowledges), "
+        "run-api, or `output` (SFT data, `process`).",
+    )
+    batch_size: int = Field(
+        default=defaults.FEED_BATCH_SIZE,
+        ge=0,
+        le=1_000_000,
+        description="The door: sequences in one trainer batch (whole groups); 0: the first trainer to register says.",
     )
     output: str | None = Field(default=None, description="The JSONL file (in the results folder) for `sink: jsonl`.")
     api_url: str | None = Field(default=None, description="run-api; the workers' settings atropos.api_url when unset.")
@@ -113,6 +114,12 @@ class FeedInput(BaseModel):
     )
     env_weight: float = Field(default=1.0, gt=0, description="This env's weight in run-api's batches.")
     state: FeedState | None = Field(default=None, description="Internal: where a continued-as-new run picks up.")
+
+    @model_validator(mode="after")
+    def _requeue_needs_the_door(self) -> FeedInput:
+        if self.stale_groups == StaleGroups.REQUEUE and self.sink != "door":
+            raise ValueError("stale_groups: requeue needs sink door (run-api has taken a group once it is posted)")
+        return self
 
 
 class GroupRun(BaseModel):
@@ -130,6 +137,7 @@ class GroupRun(BaseModel):
     started_step: int = 0
     tree_run: str | None = Field(default=None, description="A branching group: the run of its RolloutTreeWorkflow.")
     tree_attempts: int = 0
+    requeues: int = Field(default=0, description="Times its item was started again for being too stale (the door).")
 
 
 class FeedFigures(BaseModel):
@@ -195,6 +203,26 @@ class FeedState(BaseModel):
     stopping: bool = False
     output: str | None = None
     api_url: str | None = None
+    door: DoorLedger = Field(default_factory=DoorLedger)
+    requeue: list[DoorGroup] = Field(default_factory=list, description="Stale groups whose items start again.")
+
+
+class DoorStatus(BaseModel):
+    """The trainer door of a run (`sink: door`): where its batches stand."""
+
+    batch_size: int
+    """Sequences per batch; 0 until a trainer registers it."""
+    trainer_version: int
+    """The version the trainer trains from: its starting step plus the batches it acknowledged."""
+    pending_groups: int
+    """Finished groups in the object store, in no batch yet."""
+    batches_out: int
+    """Batches handed out and not yet acknowledged."""
+    batches_to_redeliver: int
+    """Batches whose lease ran out (or that were given back), to be handed out again."""
+    next_number: int
+    acknowledged_below: int
+    figures: DoorFigures
 
 
 class FeedStatus(BaseModel):
@@ -214,6 +242,8 @@ class FeedStatus(BaseModel):
     """Whether a new group may start now (False: waiting for the trainer to step)."""
     stopping: bool
     output: str | None = None
+    door: DoorStatus | None = None
+    """The trainer door (`sink: door`)."""
 
 
 FeedInput.model_rebuild()

@@ -217,8 +217,8 @@ class TrajectoryInput(BaseModel):
     )
     trainer_api: str | None = Field(
         default=None,
-        description="run-api, asked for the trainer's step as each turn's policy version where the "
-        "model server reports none.",
+        description="Unused: a turn's policy version is only ever what the model server reports (activities/llm.py "
+        "`numeric_version`). Kept so that recorded inputs, which carry it, still parse.",
     )
     fork: ForkSpec | None = Field(default=None, description="Begin with another rollout's first turns and workspace.")
     branch: BranchPlan | None = Field(default=None, description="Branch at these turns; the tree starts the siblings.")

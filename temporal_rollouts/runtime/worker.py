@@ -64,6 +64,7 @@ from temporal_rollouts.runtime.versioning import become_current_if_newest, deplo
 from temporal_rollouts.runtime.worker_processes import WorkerProcesses
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sinks.groups import GroupBuilder
+from temporal_rollouts.storage.feed_groups import FeedGroupStore
 from temporal_rollouts.storage.objects import S3ObjectClient, object_client
 from temporal_rollouts.storage.token_traces import TokenTraceStore
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -103,7 +104,12 @@ def build_activities(client: Client, parts: Parts) -> list:
     sinks = SinkActivities(settings, GroupBuilder(transcripts, parts.traces))
     snapshots = SnapshotActivities(pool, parts.objects, settings.storage)
     resume = ResumeActivities(client, parts.objects, settings.storage)
-    feed = FeedActivities(settings, client, GroupBuilder(transcripts, parts.traces))
+    feed = FeedActivities(
+        settings,
+        client,
+        GroupBuilder(transcripts, parts.traces),
+        FeedGroupStore(parts.objects, settings.storage.bucket),
+    )
     fork_points = ForkPoints(client, transcripts, parts.traces, parts.objects, settings.storage.bucket)
     forks = ForkActivities(client, pool, transcripts, parts.objects, settings.storage)
     harness = HarnessActivities(settings, pool, transcripts)

@@ -4,7 +4,6 @@ needs no atroposlib."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
@@ -98,34 +97,3 @@ class TrajectoryApi:
     async def batch(self) -> list[dict[str, Any]] | None:
         """The next training batch, or None while fewer than a batch's sequences are queued."""
         return (await self._call("GET", "/batch")).get("batch")
-
-
-class TrainerSteps:
-    """The trainer's current step from run-api's /status, asked at most once a second per run-api: the
-    version of a turn whose model server reports none."""
-
-    MAX_AGE_S = 1.0
-
-    def __init__(self, timeout_s: float = 10.0) -> None:
-        self.timeout_s = timeout_s
-        self._apis: dict[str, TrajectoryApi] = {}
-        self._seen: dict[str, tuple[float, int | None]] = {}
-
-    async def current(self, url: str) -> int | None:
-        """The step, or None when run-api cannot be asked (a turn must not fail for want of its version)."""
-        now = time.monotonic()
-        seen = self._seen.get(url)
-        if seen is not None and now - seen[0] < self.MAX_AGE_S:
-            return seen[1]
-        api = self._apis.setdefault(url, TrajectoryApi(url, self.timeout_s))
-        try:
-            step: int | None = int((await api.status())["current_step"])
-        except (RolloutError, KeyError, TypeError, ValueError):
-            step = None
-        self._seen[url] = (now, step)
-        return step
-
-    async def aclose(self) -> None:
-        for api in self._apis.values():
-            await api.aclose()
-        self._apis.clear()

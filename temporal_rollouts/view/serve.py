@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from temporal_rollouts.sandbox_server.http.keys import add_key_argument, key_from_env, require_key
+from temporal_rollouts.runtime.serving import add_listening_arguments, serve_until_stopped
+from temporal_rollouts.sandbox_server.http.keys import add_key_argument
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings
@@ -24,19 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A local web page of batches, training runs, their rollouts and figures, one trajectory at "
         "a time; it also serves a codec endpoint for the Temporal UI.",
     )
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind; beyond loopback the page needs a key (--api-key-env) (default: %(default)s)",
-    )
-    parser.add_argument("--port", type=int, default=PORT, help="(default: %(default)s)")
-    parser.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        dest="allowed_hosts",
-        help="another name the page is reached by (repeatable); it refuses every other Host header",
-    )
+    add_listening_arguments(parser, PORT, "the page")
     add_key_argument(
         parser,
         "the environment variable holding the page's key: open it once as /?key=KEY (a cookie keeps it), "
@@ -74,20 +63,4 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    key = key_from_env(args.api_key_env)
-    require_key(args.host, key, "rollouts view")  # it shows every conversation
-    import asyncio
-
-    from temporal_rollouts.runtime.command_errors import report_error
-    from temporal_rollouts.runtime.config import load_settings
-
-    settings: Settings | None = None
-    try:
-        settings = load_settings()
-        asyncio.run(serve(args, settings, key))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as err:
-        return report_error(err, settings)
-    return 0
+    return serve_until_stopped(build_parser().parse_args(argv), "rollouts view", serve)  # it shows every conversation

@@ -142,7 +142,14 @@ async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run
     run = f"feed-race-{uuid.uuid4().hex[:6]}"
     feed = await client.start_workflow(
         TrainingFeedWorkflow.run,
-        FeedInput(env="echo_chain", group_size=GROUP_SIZE, max_staleness=2, max_groups=5, api_url="http://x.invalid"),
+        FeedInput(
+            env="echo_chain",
+            group_size=GROUP_SIZE,
+            max_staleness=2,
+            max_groups=5,
+            sink="atropos",
+            api_url="http://x.invalid",
+        ),
         id=run,
         task_queue=queue,
     )

@@ -1,6 +1,6 @@
 """The training feed against the real `run-api`, the real worker and sandbox, and a token-level policy
 (SmolLM2 behind the CPU `/generate` server, steered by the demo policy): groups arrive once, every
-turn says which weights produced it, admission holds the staleness bound while the trainer stalls
+turn says which weights produced it (the server's own word: never run-api's step), admission holds the staleness bound while the trainer stalls
 and lets groups start again when it steps, and a rollout that fails for a machinery reason is
 resumed and its group still posted once."""
 
@@ -58,6 +58,7 @@ def feed_input(run_api: RunApiProcess, policy: str, **changes) -> FeedInput:
         "env_config": {"steps": 1},
         "policy": policy,
         "group_size": GROUP_SIZE,
+        "sink": "atropos",
         "api_url": run_api.url,
         "max_staleness": 0,
         "max_groups_in_flight": 8,
@@ -105,12 +106,15 @@ async def test_admission_holds_the_bound_while_the_trainer_stalls_and_every_turn
 
     assert done.figures.groups_started == done.figures.groups_posted == 4
     assert done.figures.dropped == {} and done.figures.groups_duplicated == 0
-    assert set(done.figures.staleness) <= {"0"}, done.figures.staleness
+    # This trainer steps without publishing weights: the server serves the weights it started with (version 0)
+    # throughout, so the second batch's turns are one version behind run-api's step 1, and say so.
+    assert done.figures.staleness == {"0": 2, "1": 2} and done.figures.groups_stale == 2, done.figures
     for batch, step in ((first, 0), (second, 1)):
         assert len(batch) == 2
         for group in batch:
             versions = [v for override in group["overrides"] for v in override["policy_versions"]]
-            assert versions and all(v == step for v in versions), (step, group["overrides"])
+            assert versions and all(v == 0 for v in versions), (step, group["overrides"])
+            assert group["group_overrides"]["staleness"] == step
             assert group["group_overrides"]["group_id"].startswith(f"{run}/g")
             assert group["inference_logprobs"] and len(group["tokens"]) == GROUP_SIZE
     ids = [g["group_overrides"]["group_id"] for g in first + second]
@@ -264,6 +268,7 @@ async def test_a_restarted_run_api_gets_the_run_registered_again_and_posting_goe
                 env_config={"steps": 1},
                 policy=demo_sft,
                 group_size=GROUP_SIZE,
+                sink="atropos",
                 api_url=run_api.url,
                 max_staleness=1,
                 max_groups=6,

@@ -1,12 +1,14 @@
 """`rollouts view` in a real headless browser: Debian's chromium driven by playwright (no
 browser download), over the page served by uvicorn against real batches on the dev server
 (one with a rollout failed by a 400 from the demo policy and one with a tool error; one whose
-every rollout failed; one watched while it runs) and a real training run (TrainingFeedWorkflow
-writing groups to JSONL, the demo policy with SmolLM2's tokenizer exported from its GGUF)."""
+every rollout failed; one watched while it runs) and real training runs (TrainingFeedWorkflow
+writing groups to JSONL, or serving them at the trainer door to the test as its trainer; the demo
+policy with SmolLM2's tokenizer exported from its GGUF)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -20,12 +22,16 @@ import pytest
 import uvicorn
 from temporalio.client import Client
 
+from temporal_rollouts.client.door import DoorRefused, RunDoors
 from temporal_rollouts.client.forks import start_fork
 from temporal_rollouts.client.rollout_rows import RolloutOutcome, RolloutRow
+from temporal_rollouts.core.door import AckRequest, ReleaseRequest, TakeRequest
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.trees import RolloutTreeResult
+from temporal_rollouts.storage.feed_groups import FeedGroupStore
+from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.view.app import create_app
@@ -133,6 +139,35 @@ async def forked_batch(
     return branched_batch, fork
 
 
+@contextlib.asynccontextmanager
+async def sft_policy(settings: Settings, view_policy: DemoPolicyProcess, tokenizer: Path) -> AsyncIterator[str]:
+    """The demo policy as `view-sft`, with SmolLM2's tokenizer (exported from the GGUF once per test process,
+    no model loaded) to render a training run's tokens."""
+    settings.policies["view-sft"] = ChatPolicy(
+        base_url=f"{view_policy.url}/v1",
+        model="demo-policy",
+        tokenizer=str(tokenizer),
+        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
+    )
+    try:
+        yield "view-sft"
+    finally:
+        settings.policies.pop("view-sft", None)
+
+
+def two_groups(policy: str, **fields) -> FeedInput:
+    """A training run of two echo_chain groups of two, one turn each."""
+    return FeedInput(
+        env="echo_chain",
+        env_config={"steps": 1},
+        policy=policy,
+        group_size=2,
+        max_groups=2,
+        limits=RolloutLimits(max_turns=3),
+        **fields,
+    )
+
+
 @pytest.fixture(scope="module")
 async def training_run(
     project_client: Client,
@@ -141,31 +176,49 @@ async def training_run(
     view_policy: DemoPolicyProcess,
     smollm2_tokenizer_dir: Path,
 ) -> AsyncIterator[FeedStatus]:
-    """A training run of two echo_chain groups written to JSONL: the demo policy, with SmolLM2's
-    tokenizer (exported from the GGUF, no model loaded) to render the groups' tokens."""
-    tokenizer = smollm2_tokenizer_dir
-    settings.policies["view-sft"] = ChatPolicy(
-        base_url=f"{view_policy.url}/v1",
-        model="demo-policy",
-        tokenizer=str(tokenizer),
-        chat_template=str(TEMPLATES / "qwen2_5.jinja"),
-    )
-    feed = FeedInput(
-        env="echo_chain",
-        env_config={"steps": 1},
-        policy="view-sft",
-        group_size=2,
-        max_groups=2,
-        sink="jsonl",
-        limits=RolloutLimits(max_turns=3),
-    )
-    try:
+    """A training run of two echo_chain groups written to JSONL."""
+    async with sft_policy(settings, view_policy, smollm2_tokenizer_dir) as policy:
+        feed = two_groups(policy, sink="jsonl")
         ended = await project_client.execute_workflow(
             TrainingFeedWorkflow.run, feed, id=batch_id("view-run"), task_queue=settings.temporal.task_queue
         )
         yield FeedStatus.model_validate(ended)
-    finally:
-        settings.policies.pop("view-sft", None)
+
+
+@pytest.fixture(scope="module")
+async def door_run(
+    project_client: Client,
+    worker: None,
+    settings: Settings,
+    view_policy: DemoPolicyProcess,
+    smollm2_tokenizer_dir: Path,
+) -> AsyncIterator[FeedStatus]:
+    """A training run of two echo_chain groups served at the trainer door, one group a batch: the test, as
+    the trainer, takes batch 0, gives it back, takes it again and acknowledges it, then takes and
+    acknowledges batch 1 (three takes, two acknowledged, one re-delivered)."""
+    doors = RunDoors(project_client, FeedGroupStore(object_client(settings), settings.storage.bucket))
+
+    async def take(run: str) -> dict:
+        while True:
+            with contextlib.suppress(DoorRefused):  # 503 while the run starts
+                if (batch := (await doors.take(run, TakeRequest(consumer="view-test")))["batch"]) is not None:
+                    return batch
+            await asyncio.sleep(0.2)
+
+    async with sft_policy(settings, view_policy, smollm2_tokenizer_dir) as policy:
+        feed = two_groups(policy, sink="door", batch_size=2)
+        run = batch_id("view-door")
+        handle = await project_client.start_workflow(
+            TrainingFeedWorkflow.run, feed, id=run, task_queue=settings.temporal.task_queue
+        )
+        first = await take(run)
+        await doors.release(run, ReleaseRequest(number=first["number"], lease=first["lease"]))
+        again = await take(run)
+        assert (again["number"], again["deliveries"]) == (first["number"], 2)
+        await doors.acknowledge(run, AckRequest(number=again["number"], lease=again["lease"]))
+        second = await take(run)
+        await doors.acknowledge(run, AckRequest(number=second["number"], lease=second["lease"]))
+        yield FeedStatus.model_validate(await handle.result())
 
 
 @pytest.fixture
@@ -476,6 +529,25 @@ async def test_a_training_run_is_listed_with_its_feed_figures(training_run: Feed
         await row_count(page, 4)  # the run's rollouts: two groups of two
         assert await page.locator("#rollout-rows tr.row", has_text="completed").count() == 4
         assert "Figures of training run" in await page.inner_text("#figures-title")
+        await browser.close()
+
+
+async def test_a_door_run_shows_batches_taken_acknowledged_and_re_delivered(door_run: FeedStatus, served: str) -> None:
+    assert door_run.door is not None
+    d = door_run.door.figures
+    assert (d.batches_taken, d.batches_acknowledged, d.batches_redelivered) == (3, 2, 1)
+    async with playwright_api.async_playwright() as playwright:
+        browser, page = await open_page(playwright, served)
+        run = page.locator(f"tr[data-run='{door_run.run}']")
+        await run.wait_for()
+        await run.click()
+        await page.locator("#chart-door").wait_for()
+        bars = {
+            label: (await page.locator(f"#chart-door .hbar[data-label='{label}']").inner_text()).split()[-1]
+            for label in ("taken", "acknowledged", "re-delivered")
+        }
+        assert bars == {"taken": "3", "acknowledged": "2", "re-delivered": "1"}
+        await page.locator("#chart-door-staleness").wait_for()
         await browser.close()
 
 

@@ -166,3 +166,35 @@ def test_a_request_in_flight_during_an_update_is_served_whole_by_the_weights_it_
     following = generate(server, prompt)
     assert following["meta_info"]["weight_version"] == "b"
     assert served_by(nudged, prompt, following) < LOGPROB_TOLERANCE
+
+
+def test_requests_sharing_a_cached_prompt_across_updates_report_the_weights_that_made_them(
+    server: GenerateServerProcess,
+    checkpoints: dict[str, Path],
+    smollm2_model,
+    nudged,
+    prompt: list[int],
+) -> None:
+    """A group's rollouts send one prompt; the server reuses its KV cache. Updates land between and during
+    them: every answer's logprobs are those of the weights its version names (a cache kept across an update
+    would answer the new version with the old weights' prompt), within 1e-4 of one fresh forward pass."""
+    assert update(server, checkpoints["original"], 0).json()["success"]
+    models = {"0": smollm2_model, "1": nudged}
+    answers: list[dict] = []
+
+    def sample() -> None:
+        for _ in range(3):
+            answers.append(generate(server, prompt, 24))
+
+    with ThreadPoolExecutor(2) as pool:
+        senders = [pool.submit(sample), pool.submit(sample)]
+        for version, name in (("1", "nudged"), ("0", "original"), ("1", "nudged")):
+            time.sleep(1.0)
+            assert update(server, checkpoints[name], version).json()["success"]
+        for sender in senders:
+            sender.result()
+    cached = [a for a in answers if a["meta_info"]["cached_tokens"] > 0]
+    assert cached, "the group's prompt came from the cache at least once"
+    assert {a["meta_info"]["weight_version"] for a in answers} == {"0", "1"}
+    for answer in answers:
+        assert served_by(models[answer["meta_info"]["weight_version"]], prompt, answer) <= 1e-4

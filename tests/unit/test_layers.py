@@ -2,7 +2,7 @@
 
 A module imports only from layers below its own, or from its own package:
 
-    8  worker | temporal_rollouts.{cli | view | integrations | policy_servers.demo}   (the top floor)
+    8  worker | temporal_rollouts.{cli | view | integrations | door | policy_servers.demo}   (the top floor)
     7  temporal_rollouts.client        (the control layer: start, query and list runs)
     6  temporal_rollouts.runtime       (the worker's assembly, the Temporal connection, exit codes)
     5  workflows
@@ -11,6 +11,7 @@ A module imports only from layers below its own, or from its own package:
     2  temporal_rollouts.{llm | sandbox | storage | tools}
     1  temporal_rollouts.core
     0  temporal_rollouts.sandbox_server | temporal_rollouts.policy_servers | temporal_rollouts.harnesses
+       | temporal_rollouts.door.client
        (separate programs: each imports nothing else of the project, but for the
         policy servers' use of the sandbox server's Host guard, `SHARED_IMPORTS`)
 
@@ -66,6 +67,8 @@ UNITS: dict[str, int] = {
     "workflows": 5,
     "temporal_rollouts.runtime": 6,
     "temporal_rollouts.client": 7,
+    "temporal_rollouts.door": 8,
+    "temporal_rollouts.door.client": 0,
     "worker": 8,
     "temporal_rollouts.cli": 8,
     "temporal_rollouts.view": 8,

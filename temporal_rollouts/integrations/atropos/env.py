@@ -52,6 +52,7 @@ from temporal_rollouts.core.records import (
 )
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.door.client import door_metrics
 from temporal_rollouts.integrations.atropos.wandb_rollouts import rollouts_for_table
 from temporal_rollouts.runtime.temporal import connect
 from temporal_rollouts.sinks.atropos_api import TrajectoryApi
@@ -162,7 +163,9 @@ class TemporalRolloutsEnv(BaseEnv):
         await self.setup()
         self._needs_tokens("serve")
         await self.setup_wandb()
-        handle = await self._feed(FeedInput(**self._feed_fields(), api_url=self.config.rollout_server_url))
+        handle = await self._feed(
+            FeedInput(**self._feed_fields(), sink="atropos", api_url=self.config.rollout_server_url)
+        )
         stop_sent = False
         while True:
             status = await _status(handle)
@@ -452,6 +455,8 @@ def _figures(status: FeedStatus) -> dict[str, float]:
     }
     if f.staleness:
         metrics["feed/max_staleness_posted"] = max(int(k) for k in f.staleness)
+    if status.door is not None:
+        metrics.update(door_metrics(status.door.model_dump(mode="json")))
     return metrics
 
 
