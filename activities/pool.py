@@ -18,7 +18,6 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.snapshots import SnapshotActivities
 from temporal_rollouts.core.errors import LeaseLost, activity_boundary
-from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, SlotLease
 from temporal_rollouts.storage.snapshots import snapshot_key
@@ -33,13 +32,10 @@ class MaintenanceReport(BaseModel):
 
 
 class PoolActivities:
-    def __init__(
-        self, pool: SandboxPool, client: Client, snapshots: SnapshotActivities, settings: SandboxSettings
-    ) -> None:
+    def __init__(self, pool: SandboxPool, client: Client, snapshots: SnapshotActivities) -> None:
         self._pool = pool
         self._client = client
         self._snapshots = snapshots
-        self._settings = settings
 
     async def holder_closed(self, holder: Holder) -> bool:
         """True when the lease's holder run can no longer use it. Leases held outside a
@@ -77,5 +73,5 @@ class PoolActivities:
         with activity_boundary():
             health = await self._pool.fleet.check_health()
             reaped = await self._pool.reap(self.holder_closed, self.save_workspace)
-            stopped = await self._pool.fleet.scale_down(self._settings.min_containers, self._settings.idle_stop_s)
+            stopped = await self._pool.fleet.scale_down()
             return MaintenanceReport(health=health.model_dump(mode="json"), reaped=reaped, stopped_containers=stopped)

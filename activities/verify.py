@@ -15,7 +15,7 @@ from temporal_rollouts.core.steps import ensure_small, heartbeating
 from temporal_rollouts.core.tasks import Item, Verdict
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_TRANSFER_BYTES, SlotRef
+from temporal_rollouts.sandbox_server.schema import SlotRef
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 
@@ -30,25 +30,16 @@ class VerifyInput(BaseModel):
 
 
 class VerifyActivities:
-    def __init__(
-        self, pool: SandboxPool, transcripts: TranscriptStore, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES
-    ) -> None:
+    def __init__(self, pool: SandboxPool, transcripts: TranscriptStore) -> None:
         self._pool = pool
         self._transcripts = transcripts
-        self._max_transfer_bytes = max_transfer_bytes
 
     @activity.defn(name="verify")
     @checked_input
     async def verify(self, input: VerifyInput) -> Verdict:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
-            slot = LeasedSlot(
-                self._pool,
-                input.lease,
-                f"{input.rollout_key}/verify",
-                meta=input.meta,
-                max_transfer_bytes=self._max_transfer_bytes,
-            )
+            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/verify", meta=input.meta)
             messages = await self._transcripts.load(input.transcript)
             verdict = await heartbeating(env.verify(input.item, slot, messages))
             ensure_small(f"the {input.env} verifier's details", verdict.details)

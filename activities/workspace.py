@@ -16,7 +16,7 @@ from temporal_rollouts.core.steps import ensure_small, heartbeating
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.schema import DEFAULT_MAX_TRANSFER_BYTES, SlotRef
+from temporal_rollouts.sandbox_server.schema import SlotRef
 from temporal_rollouts.storage.transcripts import TranscriptStore
 
 
@@ -35,21 +35,16 @@ class WorkspaceReady(BaseModel):
 
 
 class WorkspaceActivities:
-    def __init__(
-        self, pool: SandboxPool, transcripts: TranscriptStore, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES
-    ) -> None:
+    def __init__(self, pool: SandboxPool, transcripts: TranscriptStore) -> None:
         self._pool = pool
         self._transcripts = transcripts
-        self._max_transfer_bytes = max_transfer_bytes
 
     @activity.defn(name="setup_workspace")
     @checked_input
     async def setup_workspace(self, input: SetupWorkspaceInput) -> WorkspaceReady:
         with activity_boundary():
             env = get_env(input.env, input.env_config)
-            slot = LeasedSlot(
-                self._pool, input.lease, f"{input.rollout_key}/setup", max_transfer_bytes=self._max_transfer_bytes
-            )
+            slot = LeasedSlot(self._pool, input.lease, f"{input.rollout_key}/setup")
             meta = ensure_small(
                 f"the {input.env} setup's metadata", await heartbeating(env.setup_workspace(input.item, slot))
             )

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.core.settings import Settings  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.backends.modal import ModalBackend  # noqa: E402
@@ -61,8 +62,8 @@ def pool_settings(data_dir: Path, slots: int, backend: dict) -> Settings:
 
 @asynccontextmanager
 async def local_pool(tmp: Path, slots: int) -> AsyncIterator[SandboxPool]:
-    backend = LocalBackend(tmp, slots_per_container=slots)
-    async with SandboxPool(backend, slots_per_container=slots) as pool:
+    backend = LocalBackend(tmp, SandboxSettings(slots_per_container=slots))
+    async with SandboxPool(backend, PoolOptions(max_containers=1)) as pool:
         try:
             await pool.fleet.ensure_running()
             yield pool

@@ -42,14 +42,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
-from temporal_rollouts.core.settings import ImageSettings  # noqa: E402
+from temporal_rollouts.core.settings import ImageSettings, PoolOptions, SandboxSettings  # noqa: E402
 from temporal_rollouts.sandbox.images.base_images import default_cache  # noqa: E402
 from temporal_rollouts.sandbox.images.builder import ImageBuilder  # noqa: E402
 from temporal_rollouts.core.images import ImageSpec  # noqa: E402
 from temporal_rollouts.sandbox.images.store import ImageStore  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
-from temporal_rollouts.sandbox_server.isolation import bubblewrap_argv, bubblewrap_path  # noqa: E402
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_argv, bubblewrap_path  # noqa: E402
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder  # noqa: E402
 from bench.tools import round_trips  # noqa: E402
 
@@ -101,8 +101,8 @@ async def time_builds(builder: ImageBuilder) -> None:
 async def time_slots(builder: ImageBuilder, data: Path, rounds: int) -> None:
     """A fresh lease's first command and resident tool calls, on the host's root and on the `pytest` image."""
     image = await builder.ready(ImageSpec(context=str(TASK_IMAGES / "pytest"), name="pytest"), "the benchmark")
-    backend = LocalBackend(data, slots_per_container=1, images=builder)
-    async with SandboxPool(backend, min_containers=0, max_containers=2) as pool:
+    backend = LocalBackend(data, SandboxSettings(slots_per_container=1), images=builder)
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=2)) as pool:
         try:
             for name, on in (("host_slot", None), ("image_slot", image)):
                 firsts = []

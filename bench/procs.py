@@ -28,6 +28,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.core import search_attributes
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.services import wait_for_port
@@ -287,7 +288,7 @@ async def services(
         stack.callback(_stop, policy)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, policy, "demo policy", data_dir / "policy.log")
 
-        backend = LocalBackend(data_dir, slots_per_container=slots)
+        backend = LocalBackend(data_dir, SandboxSettings(slots_per_container=slots))
         container = await backend.start_container()
         stack.push_async_callback(backend.stop_container, container.container_id)
 
@@ -300,7 +301,7 @@ async def services(
             sandbox={"slots_per_container": slots, "start_local": False},
             worker={"graceful_shutdown_s": 2.0, "metrics_address": f"127.0.0.1:{free_port()}"},
         )
-        pool = SandboxPool(LocalBackend.from_settings(settings), start_containers=False)
+        pool = SandboxPool.from_settings(settings)  # start_local off: it uses the container started above
         stack.push_async_callback(pool.aclose)
         await pool.fleet.ensure_running()
         pids = {"policy": policy.pid, "sandbox": container.pid or 0, "temporal": server_pid}

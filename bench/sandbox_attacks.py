@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.sandbox_limits import holder, load
+from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
@@ -168,7 +169,7 @@ MIN_ATTACK_S = 10.0
 
 
 async def measure(name: str, options: ServerOptions, attack: Attack, clear: str | None, tmp: Path) -> dict:
-    backend = LocalBackend(tmp / name, slots_per_container=2, server=options)
+    backend = LocalBackend(tmp / name, SandboxSettings(**{**options.model_dump(), "slots_per_container": 2}))
     info = await backend.start_container()
     assert info.pid is not None
     try:

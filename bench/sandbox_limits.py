@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import SandboxSettings, Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
@@ -111,7 +111,7 @@ def load() -> str:
 
 
 async def measure(name: str, options: ServerOptions, folder: Path, rounds: int) -> dict:
-    backend = LocalBackend(folder, slots_per_container=SLOTS, server=options)
+    backend = LocalBackend(folder, SandboxSettings(**{**options.model_dump(), "slots_per_container": SLOTS}))
     started = time.perf_counter()
     info = await backend.start_container()
     start_s = time.perf_counter() - started

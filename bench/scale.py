@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import quiet  # noqa: E402
 from bench.procs import TASK_QUEUE, Stack, busy_share, cpu_seconds, host_cpu, run_in_data_dir, services  # noqa: E402
 from bench.runs import limits_for  # noqa: E402
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.core.records import BatchInput, BatchResult  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
@@ -238,9 +239,12 @@ async def run_level(
 
 async def acquire_cost(data_dir: Path, containers: int, slots: int, rounds: int) -> float:
     """Worker-side CPU-ms per acquire + release through SandboxPool, with half the slots leased."""
-    backend = LocalBackend(data_dir / f"acquire-{containers}x{slots}", slots_per_container=slots)
+    backend = LocalBackend(
+        data_dir / f"acquire-{containers}x{slots}",
+        SandboxSettings(slots_per_container=slots, backend={"start_containers": False}),
+    )
     started = [await backend.start_container() for _ in range(containers)]
-    pool = SandboxPool(backend, start_containers=False, slots_per_container=slots, max_containers=containers)
+    pool = SandboxPool(backend, PoolOptions(max_containers=containers))
     try:
         held = [
             await pool.acquire(Holder(workflow_id=f"held-{i}", run_id="r"), wait_s=5)

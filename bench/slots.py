@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
 from temporal_rollouts.sandbox.requests import HealthQuery  # noqa: E402
-from temporal_rollouts.sandbox_server.lease_log import (  # noqa: E402
+from temporal_rollouts.sandbox_server.state.lease_log import (  # noqa: E402
     hand_over_latencies,
     idle_while_waiting,
     read_lease_events,
@@ -107,9 +108,11 @@ async def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rounds, seconds = (20, 5.0) if args.quick else (100, args.seconds)
     with tempfile.TemporaryDirectory(prefix="rollouts-bench-slots-") as tmp:
-        backend = LocalBackend(Path(tmp), slots_per_container=args.slots)
+        backend = LocalBackend(
+            Path(tmp), SandboxSettings(slots_per_container=args.slots, backend={"start_containers": False})
+        )
         container = await backend.start_container()
-        pool = SandboxPool(backend, start_containers=False, slots_per_container=args.slots)
+        pool = SandboxPool(backend, PoolOptions(max_containers=1))
         try:
             await pool.fleet.ensure_running()
             root = backend.container_dir(container.container_id) / "root"

@@ -38,7 +38,7 @@ from envs import get_env  # noqa: E402
 from envs.swe_smith import transfer  # noqa: E402
 from envs.swe_smith.config import SHIPPED_INSTANCES  # noqa: E402
 from envs.swe_smith.loader import read_instances  # noqa: E402
-from temporal_rollouts.core.settings import Settings  # noqa: E402
+from temporal_rollouts.core.settings import PoolOptions, Settings  # noqa: E402
 from temporal_rollouts.core.tasks import Item  # noqa: E402
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.handle import LeasedSlot  # noqa: E402
@@ -106,8 +106,8 @@ async def main() -> None:
     args = parser.parse_args()
     ids = pick(args.instances)
     with tempfile.TemporaryDirectory(prefix="bench-swe-") as tmp:
-        backend = LocalBackend(Path(tmp), slots_per_container=1, server=Settings().sandbox.options())
-        pool = SandboxPool(backend, slots_per_container=1)
+        backend = LocalBackend(Path(tmp), Settings().sandbox.model_copy(update={"slots_per_container": 1}))
+        pool = SandboxPool(backend, PoolOptions(max_containers=1))
         try:
             await pool.fleet.ensure_running()
             rows = []

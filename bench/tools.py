@@ -4,9 +4,9 @@ Runs against a real sandbox server process (LocalBackend, under bubblewrap when 
 it), through the same SandboxPool the activities use; no Temporal. A one-shot command in a
 sandbox of its own pays for a new sandbox each time (setup and verify hooks run so); a resident
 one-shot command (an agent's `terminal` call) is forked from the slot's resident launcher
-(`sandbox_server.launcher`); a stateful call types into a shell that is already running.
+(`sandbox_server.isolation.launcher`); a stateful call types into a shell that is already running.
 The resident calls run again in a workspace the size of an SWE checkout (`--tree-files` small files in
-folders of 100), where the server's walk of the workspace after a command (`sandbox_server.disk_watch`)
+folders of 100), where the server's walk of the workspace after a command (`sandbox_server.volumes.disk_watch`)
 would otherwise dominate, and the agent's `search` (grep from the same launcher) over a folder of 100
 of those files. Transfers stream a file of random bytes up and back (byte-identical, checked) and report MB/s
 each way and the server's peak RSS growth while they ran. Each kind of call also reports the
@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import quiet  # noqa: E402
 from bench.procs import cpu_seconds  # noqa: E402
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.sandbox.backends.local import LocalBackend  # noqa: E402
 from temporal_rollouts.sandbox.pool import SandboxPool  # noqa: E402
-from temporal_rollouts.sandbox_server.isolation import bubblewrap_path  # noqa: E402
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_path  # noqa: E402
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, SearchOp, SessionOp  # noqa: E402
 
 
@@ -112,8 +113,8 @@ def checkout_like(folder: Path, files: int) -> Path:
 async def main(rounds: int, megabytes: int, tree_files: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         root = Path(scratch)
-        backend = LocalBackend(root / "data", slots_per_container=1)
-        async with SandboxPool(backend) as pool:
+        backend = LocalBackend(root / "data", SandboxSettings(slots_per_container=1))
+        async with SandboxPool(backend, PoolOptions(max_containers=1)) as pool:
             (info,) = await pool.fleet.ensure_running()
             try:
                 lease = await pool.acquire(Holder(workflow_id="bench-tools"), ttl_s=600, wait_s=10)

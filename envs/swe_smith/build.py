@@ -63,7 +63,7 @@ GIT_IDENTITY = {
     "GIT_CONFIG_NOSYSTEM": "1",
 }
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-"""PATH inside a slot (temporal_rollouts.sandbox_server.isolation), where the grader finds python3."""
+"""PATH inside a slot (temporal_rollouts.sandbox_server.isolation.bubblewrap), where the grader finds python3."""
 SKIPPED_SOURCES = re.compile(
     r"(^|/)(tests?|docs?|examples?|benchmarks?)/|(^|/)(test_[^/]*|[^/]*_test|conftest|setup|versioneer|_version)\.py$"
 )

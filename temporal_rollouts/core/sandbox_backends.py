@@ -1,8 +1,9 @@
 """Where sandbox containers run: one config class per backend, and their tagged union.
 
 `sandbox.backend` in the settings is one of these, chosen by its `type`. Each
-class holds only what its backend needs; what every pool shares (slots per
-container, min/max containers, lease TTL) stays on `SandboxSettings`. Secrets
+class holds only what its backend needs; what every pool shares (min/max
+containers, lease TTL; `PoolOptions`) and what every server starts with (slots
+per container, limits; `ServerOptions`) stays on `SandboxSettings`. Secrets
 are never values here, only the names of environment variables that hold them,
 so a config can be logged, stored and put in a workflow without leaking one.
 The backends themselves live in `temporal_rollouts.sandbox.backends.<type>`.
@@ -28,6 +29,8 @@ class LocalBackendConfig(BaseModel):
     """Address the local sandbox servers bind."""
     start_containers: bool = True
     """Whether this worker starts (and restarts) sandbox servers; off means it only uses running ones."""
+    start_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a started sandbox server may take to answer before starting it failed."""
 
 
 class StaticServer(BaseModel):

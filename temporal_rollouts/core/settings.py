@@ -213,31 +213,51 @@ PolicyEndpoint = Annotated[
 ]
 
 
-class SandboxSettings(ServerOptions):
-    """The slot pool, and what each of its sandbox servers starts with (`ServerOptions`, in
-    `temporal_rollouts/sandbox_server/config.py`: isolation, slot uids, `[sandbox.limits]`, cgroups,
-    network, caps), which every backend passes to every server it starts."""
+class PoolOptions(BaseModel):
+    """What the worker's pool of sandbox containers does with them (`SandboxPool` and its fleet take it whole)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    min_containers: int = Field(default=1, ge=0)
+    """Containers kept running even when idle."""
+    max_containers: int = Field(default=4, ge=1)
+    """The pool starts another container when every slot is taken, up to this many."""
+    max_containers_per_image: int | None = Field(default=None, ge=1)
+    """Containers of one item image at most (`max_containers` still bounds them all together); unset: `max_containers`. Containers of an image are started when its rollouts find no free slot, and stopped like any idle container (`idle_stop_s`), or at once when another image needs the room."""
+    idle_stop_s: float = 300.0
+    """A container above `min_containers` whose slots were all free this long is stopped."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """How long the pool waits for a sandbox server to answer one request, beyond what the request itself may
+    take (an acquire's wait, a command's timeout), before it counts the server unreachable."""
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> PoolOptions:
+        if self.min_containers > self.max_containers:
+            raise ValueError(f"min_containers ({self.min_containers}) exceeds max_containers ({self.max_containers})")
+        return self
+
+    @property
+    def max_per_image(self) -> int:
+        """The most containers of one item image: `max_containers_per_image`, within `max_containers`."""
+        return min(self.max_containers_per_image or self.max_containers, self.max_containers)
+
+
+class SandboxSettings(PoolOptions, ServerOptions):
+    """The slot pool (`PoolOptions`), and what each of its sandbox servers starts with (`ServerOptions`, in
+    `temporal_rollouts/sandbox_server/config.py`: slots per container, isolation, slot uids,
+    `[sandbox.limits]`, cgroups, network, caps), which every backend passes to every server it starts.
+    Each part is handed over whole: the backend holds these settings, the pool reads its own part."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     backend: SandboxBackendConfig = Field(default_factory=LocalBackendConfig)
     """Where sandbox containers run: `local`, `static`, `nomad` or `modal`, with that backend's own fields."""
-    slots_per_container: int = 8
-    """Isolated workspaces served by one sandbox server."""
-    min_containers: int = 1
-    """Containers kept running even when idle."""
-    max_containers: int = 4
-    """The pool starts another container when every slot is taken, up to this many."""
-    idle_stop_s: float = 300.0
-    """A container above `min_containers` whose slots were all free this long is stopped."""
     reap_interval_s: float = 30.0
     """Seconds between passes of the slot-pool maintenance workflow, which frees leases whose holder workflow has closed."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """A slot lease not renewed for this long expires; longer than the longest step."""
     acquire_timeout_s: float = 600.0
     """How long a rollout waits for a free slot before it stops with `slot_unavailable`."""
-    max_containers_per_image: int | None = Field(default=None, ge=1)
-    """Containers of one item image at most (`max_containers` still bounds them all together); unset: `max_containers`. Containers of an image are started when its rollouts find no free slot, and stopped like any idle container (`idle_stop_s`), or at once when another image needs the room."""
 
     @model_validator(mode="before")
     @classmethod

@@ -15,7 +15,7 @@ trainer took before, as an Atropos trainer asks only once it has trained it), `G
 `GET /info`, `GET /wandb_info`.
 
 Every route but `/health` needs `Authorization: Bearer KEY` when the endpoint has a key
-(`sandbox_server.keys`: compared in constant time), and a key is required to listen beyond loopback.
+(`sandbox_server.http.keys`: compared in constant time), and a key is required to listen beyond loopback.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from starlette.routing import Route
 
 from temporal_rollouts.client.door import DoorRefused, RunDoors
 from temporal_rollouts.core.door import AckRequest, RegisterRequest, ReleaseRequest, TakeRequest
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import BearerKey
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.http.keys import BearerKey
 
 ATROPOS_CONSUMER = "atropos"
 

@@ -18,7 +18,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from temporal_rollouts.runtime.serving import add_listening_arguments, serve_until_stopped
-from temporal_rollouts.sandbox_server.keys import add_key_argument
+from temporal_rollouts.sandbox_server.http.keys import add_key_argument
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings
@@ -49,7 +49,7 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
 
     from temporal_rollouts.client.door import run_doors
     from temporal_rollouts.door.app import create_app
-    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
+    from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts
 
     doors = await run_doors(settings)
     app = create_app(doors, key, AllowedHosts.for_bind(args.host, args.allowed_hosts), args.atropos_lease_s)

@@ -33,7 +33,7 @@ Routes, as SGLang names and shapes them:
 With `--api-key-env NAME` (the key in that environment variable, never on the command line,
 which every local process can read) every route but `/health` needs `Authorization: Bearer
 KEY`, compared in constant time; a `--host` beyond loopback refuses to start without it
-(`sandbox_server.keys`). A loopback server without a key answers every local process. A request
+(`sandbox_server.http.keys`). A loopback server without a key answers every local process. A request
 samples at most `--max-new-tokens` (128) tokens, whatever it asks for, so a rollout on a CPU
 finishes; SIGTERM ends the request in flight between two tokens (503) and the server with it.
 """
@@ -56,8 +56,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from temporal_rollouts.policy_servers import smollm2
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import BearerKey, KeyRequired, add_key_argument, key_from_env, require_key
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.http.keys import (
+    BearerKey,
+    KeyRequired,
+    add_key_argument,
+    key_from_env,
+    require_key,
+)
 from temporal_rollouts.policy_servers.sampling import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_WEIGHT_VERSION,

@@ -68,8 +68,8 @@ from temporal_rollouts.core.inputs import field_default
 from temporal_rollouts.core.settings import DemoPolicySettings
 from temporal_rollouts.core.tasks import ScriptedCall
 from temporal_rollouts.policy_servers.shell_calls import as_shell, shell_tool, submit_command
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import (
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.http.keys import (
     BearerKey,
     add_key_argument,
     is_loopback_bind,
@@ -388,8 +388,8 @@ def build_app(
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
-    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.hosts`);
-    with `api_key`, every route but /health needs it (`sandbox_server.keys`).
+    than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.http.hosts`);
+    with `api_key`, every route but /health needs it (`sandbox_server.http.keys`).
     `env_modules`: modules or .py files whose envs it knows besides the bundled and installed ones."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
@@ -431,7 +431,7 @@ async def serve(
     api_key: str | None = None,
 ) -> None:
     """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`,
-    and refuses to start beyond loopback without `api_key` (`sandbox_server.keys`)."""
+    and refuses to start beyond loopback without `api_key` (`sandbox_server.http.keys`)."""
     require_key(host, api_key, "the demo policy")
     app = build_app(
         faults,

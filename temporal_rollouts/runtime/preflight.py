@@ -17,8 +17,8 @@ from pathlib import Path
 
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox_server.isolation import bubblewrap_strategy
-from temporal_rollouts.sandbox_server.limits import running_as_root
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_strategy
+from temporal_rollouts.sandbox_server.limits.confinement import running_as_root
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from temporal_rollouts.sandbox_server.keys import key_from_env, require_key
+from temporal_rollouts.sandbox_server.http.keys import key_from_env, require_key
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings

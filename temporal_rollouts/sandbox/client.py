@@ -31,6 +31,8 @@ from temporal_rollouts.core.errors import (
     raise_from_payload,
 )
 from temporal_rollouts.core.http_session import new_session, proxy_of
+from temporal_rollouts.core.inputs import field_default
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.requests import DOWNLOAD, UPLOADS, Route, route_of
 from temporal_rollouts.sandbox_server.schema import TransferQuery
 
@@ -51,7 +53,9 @@ class SandboxClient:
     base_url: str
     timeout: float
 
-    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, token: str, timeout: float = field_default(PoolOptions, "request_timeout_s")
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"}

@@ -34,8 +34,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-from temporal_rollouts.core.errors import ConfigError, RolloutError, SandboxUnreachable
+from temporal_rollouts.core.errors import RolloutError, SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, SandboxBackend
 from temporal_rollouts.sandbox.backends.registry import RegistryBusy
 from temporal_rollouts.sandbox.client import SandboxClient
@@ -56,50 +57,33 @@ class HealthReport(BaseModel):
 
 class Fleet:
     backend: SandboxBackend
-    start_containers: bool
-    """False: this fleet never starts or restarts a container process (they are run elsewhere)."""
-    slots_per_container: int
-    min_containers: int
-    max_containers: int
-    """The most containers the fleet starts when every slot is taken (of all images together)."""
-    max_per_image: int
-    """The most containers of one item image."""
-    idle_stop_s: float
-    client_timeout_s: float
+    options: PoolOptions
+    """How many containers (of all images together, and of one item image), and how long to wait for one:
+    the pool's options, whole."""
 
-    def __init__(
-        self,
-        backend: SandboxBackend,
-        *,
-        start_containers: bool = True,
-        client_timeout_s: float = 30.0,
-        slots_per_container: int | None = None,
-        min_containers: int = 1,
-        max_containers: int = 1,
-        idle_stop_s: float = 300.0,
-        max_per_image: int | None = None,
-    ) -> None:
-        if not 0 <= min_containers <= max(max_containers, 1):
-            raise ConfigError("need 0 <= min_containers <= max_containers")
+    def __init__(self, backend: SandboxBackend, options: PoolOptions | None = None) -> None:
         self.backend = backend
-        self.start_containers = start_containers
-        self.client_timeout_s = client_timeout_s
-        self.slots_per_container = slots_per_container or getattr(backend, "slots_per_container", 1)
-        self.min_containers = min_containers
-        self.max_containers = max_containers
-        self.max_per_image = min(max_per_image or max_containers, max_containers)
-        self.idle_stop_s = idle_stop_s
+        self.options = options if options is not None else PoolOptions()
         self._containers: dict[str, ContainerInfo] = {}
         self._clients: dict[str, SandboxClient] = {}
         self._started = asyncio.Event()  # set, and replaced, when this process starts a container
         self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def start_containers(self) -> bool:
+        """False: this fleet never starts or restarts a container process (they are run elsewhere)."""
+        return self.backend.start_containers
+
+    @property
+    def slots_per_container(self) -> int:
+        return self.backend.slots_per_container
 
     # which containers there are ----------------------------------------------------------
 
     async def ensure_running(self, min_containers: int | None = None) -> list[ContainerInfo]:
         """Reuse live containers, restart dead ones in place, start more until there are `min_containers`
         (of the server's own root: item images get containers when their rollouts need them)."""
-        wanted = self.min_containers if min_containers is None else min_containers
+        wanted = self.options.min_containers if min_containers is None else min_containers
         async with self.backend.exclusive():
             live = await self.backend.list_containers()
             if self.start_containers:
@@ -155,9 +139,10 @@ class Fleet:
             mine = [info for info in live if info.image_key == key]
             if not looked_again and {info.container_id for info in mine} - known:
                 return "appeared"
-            if image is not None and sum(info.accepting for info in mine) + _count(dead, key) >= self.max_per_image:
+            of_image = sum(info.accepting for info in mine) + _count(dead, key)
+            if image is not None and of_image >= self.options.max_per_image:
                 return None
-            if sum(info.accepting for info in live) + len(dead) >= self.max_containers:
+            if sum(info.accepting for info in live) + len(dead) >= self.options.max_containers:
                 if not await self._make_room(live, key):
                     return None
             started = await self.backend.start_container(image=image)
@@ -185,7 +170,7 @@ class Fleet:
             return cached
         if cached is not None:
             self.in_background(cached.aclose())
-        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.client_timeout_s)
+        fresh = SandboxClient(info.url, self.backend.token_for(info), timeout=self.options.request_timeout_s)
         self._clients[container_id] = fresh
         return fresh
 
@@ -258,8 +243,8 @@ class Fleet:
         """Stop containers that had no lease and no waiter for `idle_s`, above `min_containers` of the
         server's own root and down to none of an item image, and every retiring one (not `accepting`)
         once idle; their ids."""
-        min_containers = self.min_containers if min_containers is None else min_containers
-        idle_s = self.idle_stop_s if idle_s is None else idle_s
+        min_containers = self.options.min_containers if min_containers is None else min_containers
+        idle_s = self.options.idle_stop_s if idle_s is None else idle_s
         stopped: list[str] = []
         async with self.backend.exclusive():
             listed = await self.backend.list_containers()
@@ -285,7 +270,7 @@ class Fleet:
         others = [info for info in live if info.image_key != key and info.accepting]
         plain = _count(others, None)
         for info in await self._idle(others, 0.0):
-            if info.image is None and plain <= self.min_containers:
+            if info.image is None and plain <= self.options.min_containers:
                 continue
             if await self._stop_if_idle(info.container_id, 0.0):
                 log.info("stopped idle sandbox %s to make room for image %s", info.container_id, key or "(none)")
@@ -332,7 +317,7 @@ class Fleet:
 
     async def aclose(self) -> None:
         if self._background:
-            await asyncio.wait(set(self._background), timeout=self.client_timeout_s)
+            await asyncio.wait(set(self._background), timeout=self.options.request_timeout_s)
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(client.aclose() for client in clients))
         await self.backend.aclose()

@@ -34,7 +34,6 @@ from temporal_rollouts.sandbox.lease import Lease
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_COMMAND_TIMEOUT_S,
-    DEFAULT_MAX_TRANSFER_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
     ExecOp,
     Operation,
@@ -62,9 +61,8 @@ class LeasedSlot(Lease):
         key_prefix: str,
         *,
         meta: dict[str, Any] | None = None,
-        max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
     ) -> None:
-        super().__init__(pool.fleet, lease, max_transfer_bytes=max_transfer_bytes)
+        super().__init__(pool.fleet, lease)
         self.meta = dict(meta or {})
         self._prefix = key_prefix
         self._calls = 0

@@ -22,7 +22,6 @@ from temporal_rollouts.sandbox.fleet import Fleet
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
     DEFAULT_MAX_ARCHIVE_BYTES,
-    DEFAULT_MAX_TRANSFER_BYTES,
     CacheEntry,
     CacheQuery,
     CopyRequest,
@@ -50,10 +49,12 @@ from temporal_rollouts.sandbox_server.schema import (
 
 
 class Lease:
-    def __init__(self, fleet: Fleet, ref: SlotRef, *, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES) -> None:
+    def __init__(self, fleet: Fleet, ref: SlotRef, *, max_transfer_bytes: int | None = None) -> None:
         self._fleet = fleet
         self._ref = ref
-        self._max_transfer_bytes = max_transfer_bytes
+        self._max_transfer_bytes = max_transfer_bytes or fleet.backend.sandbox.max_transfer_bytes
+        """Asked for on every transfer: the cap the servers are started with (`sandbox.max_transfer_bytes`)
+        unless this lease was given a lower one."""
 
     async def renew(self, ttl_s: float = DEFAULT_LEASE_TTL_S) -> SlotLease:
         return await self._send(RenewRequest(**self._held(), ttl_s=ttl_s))

@@ -89,7 +89,7 @@ async def _settle(fleet: Fleet, waits: Waits, release: Release, keep: SlotLease 
         *(waits[task][0].send(WithdrawRequest(ticket=waits[task][1])) for task in open_waits), return_exceptions=True
     )
     if open_waits:
-        _, unanswered = await asyncio.wait(open_waits, timeout=fleet.client_timeout_s)
+        _, unanswered = await asyncio.wait(open_waits, timeout=fleet.options.request_timeout_s)
         for task in unanswered:
             log.warning("sandbox %s did not answer a withdrawn acquire; dropping it", waits[task][0].base_url)
             task.cancel()

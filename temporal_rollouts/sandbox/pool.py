@@ -31,14 +31,13 @@ from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import PoolOptions, Settings
 from temporal_rollouts.sandbox.backends.base import SandboxBackend
 from temporal_rollouts.sandbox.fleet import Fleet
 from temporal_rollouts.sandbox.lease import Lease
 from temporal_rollouts.sandbox.placement import Placement
 from temporal_rollouts.sandbox_server.schema import (
     DEFAULT_LEASE_TTL_S,
-    DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
     Holder,
     ReleaseResult,
@@ -64,31 +63,11 @@ class SandboxPool:
     fleet: Fleet
     placement: Placement
 
-    def __init__(
-        self,
-        backend: SandboxBackend,
-        *,
-        start_containers: bool = True,
-        client_timeout_s: float = 30.0,
-        slots_per_container: int | None = None,
-        min_containers: int = 1,
-        max_containers: int = 1,
-        idle_stop_s: float = 300.0,
-        max_per_image: int | None = None,
-    ) -> None:
-        """`start_containers=False` makes a pool that never starts or restarts a container process;
-        `max_containers` bounds how many the pool starts when every slot is taken, `max_per_image`
-        how many of one item image."""
-        self.fleet = Fleet(
-            backend,
-            start_containers=start_containers,
-            client_timeout_s=client_timeout_s,
-            slots_per_container=slots_per_container,
-            min_containers=min_containers,
-            max_containers=max_containers,
-            idle_stop_s=idle_stop_s,
-            max_per_image=max_per_image,
-        )
+    def __init__(self, backend: SandboxBackend, options: PoolOptions | None = None) -> None:
+        """A pool over `backend`'s containers (what they start with is the backend's, `backend.sandbox`);
+        `options`: how many containers it keeps and starts, of all images and of one item image, and how
+        long it waits for one (the defaults if None)."""
+        self.fleet = Fleet(backend, options)
         self.placement = Placement(self.fleet)
 
     @classmethod
@@ -96,21 +75,12 @@ class SandboxPool:
         """The pool over the backend `sandbox.backend` names (or over `backend`, built elsewhere)."""
         from temporal_rollouts.sandbox.backends.select import build_backend
 
-        sandbox = settings.sandbox
-        return cls(
-            backend or build_backend(settings),
-            start_containers=sandbox.start_containers,
-            slots_per_container=sandbox.slots_per_container,
-            min_containers=sandbox.min_containers,
-            max_containers=sandbox.max_containers,
-            idle_stop_s=sandbox.idle_stop_s,
-            max_per_image=sandbox.max_containers_per_image,
-        )
+        return cls(backend or build_backend(settings), settings.sandbox)
 
     @property
     def capacity(self) -> int:
         """The most slots this pool will lease at once: max_containers x slots_per_container."""
-        return self.fleet.max_containers * self.fleet.slots_per_container
+        return self.fleet.options.max_containers * self.fleet.slots_per_container
 
     async def acquire(
         self,
@@ -139,8 +109,9 @@ class SandboxPool:
         """Give a lease back; its slot is emptied for the next holder. Releasing twice is harmless."""
         return await self.placement.release(lease)
 
-    def lease(self, ref: SlotRef, *, max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES) -> Lease:
-        """The leased slot to work in: renew, narrow, execute, move files."""
+    def lease(self, ref: SlotRef, *, max_transfer_bytes: int | None = None) -> Lease:
+        """The leased slot to work in: renew, narrow, execute, move files (at most `max_transfer_bytes` at a time:
+        by default the servers' own cap)."""
         return Lease(self.fleet, ref, max_transfer_bytes=max_transfer_bytes)
 
     async def leases(self) -> list[SlotLease]:

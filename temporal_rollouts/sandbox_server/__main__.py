@@ -1,5 +1,5 @@
 """`python -m temporal_rollouts.sandbox_server`: one container's sandbox server."""
 
-from temporal_rollouts.sandbox_server.app import main
+from temporal_rollouts.sandbox_server.http.app import main
 
 main()

@@ -5,10 +5,12 @@ or docker, a Modal sandbox, the compose file, a user's own `python -m
 temporal_rollouts.sandbox_server`) goes through `ServerConfig.argv()` and is read back by
 `ServerConfig.from_argv()`, so a setting can never reach one backend and miss another.
 
-`ServerOptions` is what every container of a pool shares: isolation, the uid range its slots
-claim uids from, the per-slot limits, cgroups, network and the output and transfer caps. The
-worker's sandbox settings are ServerOptions (they add the pool's own fields); a backend adds
-where this one container runs and how it finds its token (`ServerOptions.for_container`).
+`ServerOptions` is what every container of a pool shares: its slot count, isolation, the uid
+range its slots claim uids from, the per-slot limits, cgroups, network, the output and transfer
+caps and the lease sweep. The worker's sandbox settings are ServerOptions (they add the pool's
+own fields); a backend adds this container's folder and name (`ContainerConfig`, what its
+SlotManager is built from) and where it listens and how it finds its token (`ServerConfig`,
+`ServerOptions.for_container`). Each object takes its config whole: nothing copies its fields.
 
 `SlotLimits` is the only spelling of the eight per-slot limits: in settings, on the command
 line (flattened: `--memory-limit-mb`), in `/slots/limits` requests (`SlotLimitsRequest`, the
@@ -106,6 +108,8 @@ class ServerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    slots_per_container: int = Field(default=8, ge=1)
+    """Isolated workspaces served by one sandbox server."""
     require_isolation: bool = True
     """Refuse to run commands when bubblewrap is missing. Set to false to run them UNISOLATED on the host
     instead (development only): the server then warns on every start."""
@@ -137,6 +141,8 @@ class ServerOptions(BaseModel):
     """Where each slot's files live: `loop`, a filesystem of its own sized to its limits (root and loop devices);
     `checked`, a folder on the data folder's disk whose size is checked by walking it; `auto`, the first that
     works here. /health says which."""
+    sweep_interval_s: float = Field(default=2.0, gt=0)
+    """Seconds between a server's sweeps for leases that lapsed (not renewed within their ttl)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -162,13 +168,30 @@ class ServerOptions(BaseModel):
         return ServerConfig(**self.options().model_dump(), **container)
 
 
-class ServerConfig(ServerOptions):
-    """One sandbox server: the pool's options and this container's own place, name and token source."""
+class ContainerConfig(ServerOptions):
+    """One container's slots, as its SlotManager holds them: the pool's options, and this container's
+    own folder, name and item image."""
 
     root: Path
     """Slot workspaces, journals and logs live here."""
-    slots: int = Field(default=8, ge=1)
     container_id: str = "local"
+    results_kept: int = Field(default=10_000, ge=1)
+    """Stored results kept for answering a retried call id from its first run (the oldest go first)."""
+    image_layers: list[Path] = Field(default_factory=list)
+    """The item image its slots run on, as the host's image store keeps it: its layer folders, topmost first
+    (`files/image_root`); none: slots run on this server's own root."""
+    image_workdir: str = "/"
+    """The image's WORKDIR: where the slots' commands start."""
+    image_env: list[str] = Field(default_factory=list)
+    """The image's ENV, `NAME=value` each: the slots' commands' environment (its PATH above all)."""
+    image_name: str | None = None
+    """The image's name, for /health and the logs."""
+
+
+class ServerConfig(ContainerConfig):
+    """One sandbox server: its container's slots (`ContainerConfig`), and where it listens and how it
+    finds its token."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, description="0 picks a free port")
     token_file: Path | None = None
@@ -176,19 +199,8 @@ class ServerConfig(ServerOptions):
     token_env: str | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
     """Other names the server is reached by (a tunnel, a service name); '.example.com' for subdomains."""
-    sweep_interval_s: float = Field(default=2.0, gt=0)
-    """Seconds between lease expiry sweeps."""
     ready_file: Path | None = None
     """Written as JSON {url, pid, container_id} once it listens."""
-    image_layers: list[Path] = Field(default_factory=list)
-    """The item image its slots run on, as the host's image store keeps it: its layer folders, topmost first
-    (`image_root`); none: slots run on this server's own root."""
-    image_workdir: str = "/"
-    """The image's WORKDIR: where the slots' commands start."""
-    image_env: list[str] = Field(default_factory=list)
-    """The image's ENV, `NAME=value` each: the slots' commands' environment (its PATH above all)."""
-    image_name: str | None = None
-    """The image's name, for /health and the logs."""
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ServerConfig:
@@ -270,9 +282,9 @@ def options_from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 ENV_PREFIX = "ROLLOUTS_SANDBOX__"
-FLAGS = {"allowed_hosts": "--allowed-host", "image_layers": "--image-layer"}
+FLAGS = {"allowed_hosts": "--allowed-host", "slots_per_container": "--slots", "image_layers": "--image-layer"}
+"""Flags that are not their field's name with dashes."""
 LIST_FIELDS = ("allowed_hosts", "image_layers", "image_env")
 """Fields given as a flag repeated once per item."""
-"""Flags that are not their field's name with dashes."""
 ALIASES = {"use_cgroups": ["--cgroups"], "sweep_interval_s": ["--sweep-interval"]}
 """Older spellings, still read."""

@@ -40,8 +40,8 @@ from temporal_rollouts.client.training import FEED, feed_status, list_training_r
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.feed import FeedStatus
 from temporal_rollouts.sandbox.pool import ContainerSlots
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
-from temporal_rollouts.sandbox_server.keys import BearerKey
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.http.keys import BearerKey
 from temporal_rollouts.storage.transcripts import TranscriptStore
 from temporal_rollouts.view.codec import codec_routes
 from temporal_rollouts.view.figures import Counts, batch_figures, counts_of_rows
@@ -89,7 +89,7 @@ def create_app(
     `allowed_hosts`: the names the page answers to (by default a loopback server's); any other Host
     header is refused, so a web page cannot read the conversations through DNS rebinding. `key`:
     every route then needs it, as a bearer token or the cookie the page sets when opened once as
-    `/?key=KEY` (`sandbox_server.keys`). `sandboxes`: the pool's containers with their image and slots
+    `/?key=KEY` (`sandbox_server.http.keys`). `sandboxes`: the pool's containers with their image and slots
     (`rollouts slots`), when this process can see them."""
     closed_counts: dict[str, dict[str, Any]] = {}
     first_starts: dict[str, datetime | None] = {}

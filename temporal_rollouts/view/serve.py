@@ -11,7 +11,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from temporal_rollouts.runtime.serving import add_listening_arguments, serve_until_stopped
-from temporal_rollouts.sandbox_server.keys import add_key_argument
+from temporal_rollouts.sandbox_server.http.keys import add_key_argument
 
 if TYPE_CHECKING:
     from temporal_rollouts.core.settings import Settings
@@ -39,7 +39,7 @@ async def serve(args: argparse.Namespace, settings: Settings, key: str | None) -
 
     from temporal_rollouts.client.connection import inspection_client
     from temporal_rollouts.client.slots import describe_sandboxes
-    from temporal_rollouts.sandbox_server.hosts import AllowedHosts
+    from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts
     from temporal_rollouts.view.app import create_app
 
     client, transcripts = await inspection_client(settings)

@@ -13,6 +13,7 @@ import pytest
 
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.core.images import BuiltImage
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
@@ -43,7 +44,7 @@ def images_of(backend: LocalBackend) -> list[str | None]:
 
 
 async def test_a_rollout_gets_a_slot_of_its_own_image_and_a_container_is_started_for_it(backend):
-    async with SandboxPool(backend, min_containers=1, max_containers=4) as pool:
+    async with SandboxPool(backend, PoolOptions(min_containers=1, max_containers=4)) as pool:
         await pool.fleet.ensure_running()
         plain = await pool.acquire(holder("plain"), ttl_s=60, wait_s=0)
         on_a = await pool.acquire(holder("on-a"), ttl_s=60, wait_s=5, image=A)
@@ -59,7 +60,9 @@ async def test_a_rollout_gets_a_slot_of_its_own_image_and_a_container_is_started
 
 
 async def test_the_bounds_and_the_line_hold_per_image(backend):
-    async with SandboxPool(backend, min_containers=0, max_containers=3, max_per_image=1) as pool:
+    async with SandboxPool(
+        backend, PoolOptions(min_containers=0, max_containers=3, max_containers_per_image=1)
+    ) as pool:
         first_a = await pool.acquire(holder("first-a"), ttl_s=60, wait_s=5, image=A)
         waiting = [asyncio.create_task(pool.acquire(holder(f"a{n}"), ttl_s=60, wait_s=20, image=A)) for n in range(2)]
         await asyncio.sleep(0.3)  # they line up in order
@@ -77,7 +80,7 @@ async def test_the_bounds_and_the_line_hold_per_image(backend):
 
 
 async def test_an_image_takes_the_place_of_an_idle_one_when_the_pool_is_full(backend):
-    async with SandboxPool(backend, min_containers=0, max_containers=2) as pool:
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=2)) as pool:
         held_a = await pool.acquire(holder("a"), ttl_s=60, wait_s=5, image=A)
         held_b = await pool.acquire(holder("b"), ttl_s=60, wait_s=5, image=B)
         await pool.release(held_b)  # B is idle now, A busy
@@ -94,7 +97,7 @@ async def test_an_image_takes_the_place_of_an_idle_one_when_the_pool_is_full(bac
 
 
 async def test_a_wait_for_an_image_with_no_room_times_out_as_slot_unavailable(backend):
-    async with SandboxPool(backend, min_containers=0, max_containers=1) as pool:
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as pool:
         held = await pool.acquire(holder("a"), ttl_s=60, wait_s=5, image=A)
         with pytest.raises(SlotUnavailable, match="task-b"):
             await pool.acquire(holder("b"), ttl_s=60, wait_s=1, image=B)
@@ -103,7 +106,7 @@ async def test_a_wait_for_an_image_with_no_room_times_out_as_slot_unavailable(ba
 
 
 async def test_idle_images_are_scaled_down_to_none_and_the_own_root_to_its_minimum(backend):
-    async with SandboxPool(backend, min_containers=1, max_containers=4) as pool:
+    async with SandboxPool(backend, PoolOptions(min_containers=1, max_containers=4)) as pool:
         await pool.fleet.ensure_running()
         for image in (A, B):
             await pool.release(await pool.acquire(holder("x"), ttl_s=60, wait_s=5, image=image))

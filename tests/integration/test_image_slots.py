@@ -25,10 +25,10 @@ import pytest
 from temporal_rollouts.core.errors import BadToolRequest
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.sandbox.backends.local import LocalBackend
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server import transfer
-from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
-from temporal_rollouts.sandbox_server.image_root import ImageRoot
+from temporal_rollouts.sandbox_server.calls import transfer
+from temporal_rollouts.sandbox_server.config import ContainerConfig, ServerOptions, SlotLimits
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
@@ -39,9 +39,9 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferQuery,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
-from tests.support.sandbox import needs_bubblewrap
+from tests.support.sandbox import needs_bubblewrap, sandbox_settings
 
 pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
 
@@ -78,8 +78,10 @@ async def attack_image(store: Path, tmp_path_factory) -> BuiltImage:
 @pytest.fixture
 async def pool(store: Path, tmp_path: Path) -> AsyncIterator[SandboxPool]:
     options = ServerOptions(limits=SlotLimits(disk_limit_mb=64, max_files=20_000))
-    backend = LocalBackend(tmp_path / "data", slots_per_container=2, server=options, images=builder_on(store))
-    async with SandboxPool(backend, min_containers=0, max_containers=1) as made:
+    backend = LocalBackend(
+        tmp_path / "data", sandbox_settings(options, slots_per_container=2), images=builder_on(store)
+    )
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as made:
         try:
             yield made
         finally:
@@ -209,9 +211,15 @@ async def raced_image(store: Path, attack_image: BuiltImage, tmp_path: Path):
     host = tmp_path / "host-only"
     host.mkdir(mode=0o700)
     (host / "secret.txt").write_text("HOST SECRET")
-    layers = tuple(await builder_on(store).store.layers(attack_image.name))
-    image = ImageRoot(layers, "/", tuple(attack_image.config.env), attack_image.name)
-    async with SlotManager(tmp_path / "root", 1, "race-image", image=image) as manager:
+    config = ContainerConfig(
+        root=tmp_path / "root",
+        slots_per_container=1,
+        container_id="race-image",
+        image_layers=await builder_on(store).store.layers(attack_image.name),
+        image_env=list(attack_image.config.env),
+        image_name=attack_image.name,
+    )
+    async with SlotManager(config) as manager:
         lease = await manager.acquire(Holder(workflow_id="attacker"), ttl_s=600, wait_s=1)
         slot = manager.leased_slot(lease.slot, lease.lease_id)
         (slot.workspace / "inner").mkdir()
@@ -260,8 +268,14 @@ def _unpacked(data: bytes) -> bytes:
 
 
 async def test_a_slot_manager_on_an_image_refuses_to_start_without_its_layers(tmp_path):
-    image = ImageRoot((tmp_path / "missing-layer",), "/", (), "gone")
+    config = ContainerConfig(
+        root=tmp_path / "root",
+        slots_per_container=1,
+        container_id="no-layers",
+        image_layers=[tmp_path / "missing-layer"],
+        image_name="gone",
+    )
     with pytest.raises(Exception, match="layer folders are missing"):
-        async with SlotManager(tmp_path / "root", 1, "no-layers", image=image):
+        async with SlotManager(config):
             pass
     await asyncio.sleep(0)

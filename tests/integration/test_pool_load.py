@@ -17,7 +17,7 @@ from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.lease_log import idle_while_waiting, read_lease_events, utilisation
+from temporal_rollouts.sandbox_server.state.lease_log import idle_while_waiting, read_lease_events, utilisation
 from tests.support.processes import WorkerProcess, kill_servers_under
 from tests.support.servers.demo_policy import DemoPolicyProcess
 from tests.support.waiting import leased_slots, no_leases, wait_until

@@ -73,9 +73,7 @@ async def test_a_lease_given_back_while_it_was_reaped_is_no_warning(
 ) -> None:
     """The reaper lists a lease, then finds its holder closed: in between the rollout released the
     slot itself (its `finally`), as ordinary batches do all the time. Nothing is left to save."""
-    activities = PoolActivities(
-        pool, client, SnapshotActivities(pool, parts.objects, settings.storage), settings.sandbox
-    )
+    activities = PoolActivities(pool, client, SnapshotActivities(pool, parts.objects, settings.storage))
     holder = Holder(workflow_id=f"closing-rollout-{uuid.uuid4().hex[:8]}/item-0/g0", run_id=str(uuid.uuid4()))
     lease = await pool.acquire(holder, ttl_s=600, wait_s=10)
 

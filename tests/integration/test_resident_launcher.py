@@ -21,6 +21,7 @@ from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, SearchOp, SessionOp, SlotLease, ToolOutput
+from tests.support.sandbox import sandbox_settings
 from tests.support.processes import command_lines
 from tests.support.sandbox import (
     execute_in,
@@ -56,7 +57,7 @@ async def client(request, tmp_path_factory):
     """A server with cgroups, and one told not to use them (what most containers give a server)."""
     options = SERVER.model_copy(update={"use_cgroups": request.param == "cgroups"})
     backend = LocalBackend(
-        tmp_path_factory.mktemp("resident"), slots_per_container=2, sweep_interval_s=0.3, server=options
+        tmp_path_factory.mktemp("resident"), sandbox_settings(options, slots_per_container=2, sweep_interval_s=0.3)
     )
     async with running_container(backend) as (_, client):
         health = await client.send(HealthQuery())

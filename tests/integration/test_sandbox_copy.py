@@ -8,12 +8,13 @@ import pytest
 from temporal_rollouts.core.errors import BadToolRequest, LeaseLost, TransferTooLarge
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, SlotRef
+from tests.support.sandbox import ONE_CONTAINER
 
 
 @pytest.fixture
 async def two_slots(backend):
     """Two leases on one two-slot container."""
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         await pool.fleet.ensure_running()
         parent = await pool.acquire(Holder(workflow_id="parent"), ttl_s=120, wait_s=5)
         branch = await pool.acquire(Holder(workflow_id="branch"), ttl_s=120, wait_s=5)

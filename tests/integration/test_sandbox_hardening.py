@@ -26,10 +26,10 @@ from envs.terminal_tasks.env import CHECK_PRELUDE
 from temporal_rollouts.core.errors import BadToolRequest, SandboxRequired, SlotUnavailable
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.sandbox.backends.local import LocalBackend, server_environment
-from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
+from temporal_rollouts.sandbox_server.config import ContainerConfig, ServerOptions, SlotLimits
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
-from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
 from temporal_rollouts.sandbox_server.schema import (
     AcquireRequest,
     ExecOp,
@@ -42,8 +42,9 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferResult,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.sandbox import (
+    sandbox_settings,
     execute_in,
     fork_bomb,
     holder,
@@ -79,7 +80,7 @@ AS_ROOT = os.geteuid() == 0
 @pytest.fixture(scope="module")
 async def backend(tmp_path_factory) -> LocalBackend:
     return LocalBackend(
-        tmp_path_factory.mktemp("hardening"), slots_per_container=SLOTS, sweep_interval_s=0.3, server=SERVER
+        tmp_path_factory.mktemp("hardening"), sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3)
     )
 
 
@@ -271,9 +272,7 @@ async def rlimit_server(tmp_path_factory):
     """A server told not to use cgroups: what a container without cgroup delegation gets."""
     backend = LocalBackend(
         tmp_path_factory.mktemp("rlimits"),
-        slots_per_container=SLOTS,
-        sweep_interval_s=0.3,
-        server=NO_CGROUPS,
+        sandbox_settings(NO_CGROUPS, slots_per_container=SLOTS, sweep_interval_s=0.3),
     )
     async with running_container(backend) as (info, client):
         yield backend, info, client
@@ -503,7 +502,7 @@ async def test_a_deep_tree_is_reset_and_the_slot_handed_on_empty(slots):
 
 @pytest.mark.slow
 async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path / "data", sandbox_settings(SERVER, slots_per_container=1, sweep_interval_s=0.3))
     info = await backend.start_container()
     try:
         async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
@@ -527,7 +526,7 @@ async def test_a_restart_after_a_crash_resets_a_deep_tree(tmp_path):
 
 @pytest.mark.skipif(not AS_ROOT, reason="chattr +i needs root")
 async def test_a_slot_that_cannot_be_reset_is_quarantined_never_handed_on(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path / "data", sandbox_settings(SERVER, slots_per_container=2, sweep_interval_s=0.3))
     async with running_container(backend) as (info, client):
         lease = await client.send(AcquireRequest(holder=holder("stuck"), ttl_s=60, wait_s=5))
         await client.send(execute_in(lease, "f", ExecOp(command="echo secret > left.txt")))
@@ -618,12 +617,12 @@ def test_server_environment_keeps_only_what_it_needs(monkeypatch):
 
 def test_isolation_is_required_by_default():
     assert Settings().sandbox.require_isolation is True
-    assert LocalBackend(Path("/nonexistent")).server.require_isolation is True
+    assert LocalBackend(Path("/nonexistent")).sandbox.require_isolation is True
 
 
 async def test_without_bubblewrap_commands_are_refused_unless_explicitly_allowed(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
-    async with SlotManager(tmp_path / "root", 1, "c") as strict:
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
+    async with SlotManager(ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="c")) as strict:
         lease = await strict.acquire(holder("strict"), ttl_s=30, wait_s=0)
         from temporal_rollouts.sandbox_server.schema import ExecuteRequest
 
@@ -634,7 +633,9 @@ async def test_without_bubblewrap_commands_are_refused_unless_explicitly_allowed
         assert not (strict.leased_slot(0, lease.lease_id).workspace / "ran").exists()
     for _ in range(2):  # warns on every start
         caplog.clear()
-        async with SlotManager(tmp_path / "loose", 1, "c", require_isolation=False):
+        async with SlotManager(
+            ContainerConfig(root=tmp_path / "loose", slots_per_container=1, container_id="c", require_isolation=False)
+        ):
             pass
         assert any("UNISOLATED" in record.getMessage() for record in caplog.records)
 
@@ -736,23 +737,21 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
     the slot's uid instead: the command still runs unprivileged, inside and outside."""
     import tempfile
 
-    from temporal_rollouts.sandbox_server.limits import Confinement
+    from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 
-    monkeypatch.setattr(isolation, "bubblewrap_strategy", lambda: "userns")
+    monkeypatch.setattr(bubblewrap, "bubblewrap_strategy", lambda: "userns")
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
         os.chmod(top, 0o755)
         workspace = Path(top) / "workspace"
         confinement = Confinement.detect(SlotLimits(tmp_limit_mb=8), UID_BASE, "fallback", use_cgroups=False)
-        from temporal_rollouts.sandbox_server.files import prepare_workspace
+        from temporal_rollouts.sandbox_server.files.workspace import prepare_workspace
 
         prepare_workspace(workspace, (UID_BASE + 2, UID_BASE + 2))
-        result = await isolation.run_command(
+        result = await bubblewrap.run_command(
             "id -u; cp /bin/bash sh4 && chmod 4755 sh4 && ./sh4 -p -c 'echo euid=$(id -u)'; df -k /tmp | tail -1",
-            workspace,
+            bubblewrap.SlotSandbox(workspace, slot=2, confinement=confinement),
             timeout_s=30,
             max_output_chars=10_000,
-            confinement=confinement,
-            slot=2,
         )
         assert result.output.splitlines()[0] == str(UID_BASE + 2), result.output
         assert f"euid={UID_BASE + 2}" in result.output
@@ -764,7 +763,7 @@ async def test_root_that_cannot_mount_drops_the_slot_uid_before_bubblewrap(monke
 async def test_a_server_killed_mid_command_leaves_nothing_running(tmp_path, resident):
     """Without cgroups to sweep, the command still dies with its server: bwrap's --die-with-parent,
     or the resident launcher's socket closing (the launcher exits, and its sandbox with it)."""
-    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3, server=NO_CGROUPS)
+    backend = LocalBackend(tmp_path / "data", sandbox_settings(NO_CGROUPS, slots_per_container=1, sweep_interval_s=0.3))
     info = await backend.start_container()
     marker = unique_sleep()
     try:

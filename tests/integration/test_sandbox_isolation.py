@@ -1,4 +1,4 @@
-"""isolation.run_command on its own: what a command can see, how it dies, how much it may print."""
+"""bubblewrap.run_command on its own: what a command can see, how it dies, how much it may print."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import tracemalloc
 import pytest
 
 from temporal_rollouts.core.errors import SandboxRequired
-from temporal_rollouts.sandbox_server import isolation
 from temporal_rollouts.sandbox_server.config import SlotLimits
-from temporal_rollouts.sandbox_server.limits import Confinement
-from temporal_rollouts.sandbox_server.isolation import run_command
-from temporal_rollouts.sandbox_server.output import BoundedOutput, cap_text
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, run_command
+from temporal_rollouts.sandbox_server.files.output import BoundedOutput, cap_text
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 from tests.support.sandbox import host_listener, needs_bubblewrap, processes_running, unique_sleep
 
 ALLOWED_ROOT_ENTRIES = {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "sbin", "tmp", "usr", "workspace"}
@@ -25,10 +25,10 @@ ALLOWED_ROOT_ENTRIES = {"bin", "dev", "etc", "lib", "lib32", "lib64", "proc", "s
 @pytest.fixture(params=["bubblewrap", "none"])
 def mode(request, monkeypatch) -> str:
     if request.param == "bubblewrap":
-        if isolation.bubblewrap_path() is None:
+        if bubblewrap.bubblewrap_path() is None:
             pytest.skip("bubblewrap cannot build a sandbox here")
     else:
-        monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+        monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
     return request.param
 
 
@@ -44,11 +44,16 @@ def own_confinement() -> Confinement:
 
 
 async def run(command: str, workspace, timeout_s: float = 10.0, **options):
-    if isolation.bubblewrap_path() is None:  # the "none" mode: running unisolated must be asked for
-        options.setdefault("require_isolation", False)
-    options.setdefault("confinement", own_confinement())
+    sandbox = {name: options.pop(name) for name in ("allow_network", "require_isolation") if name in options}
+    if bubblewrap.bubblewrap_path() is None:  # the "none" mode: running unisolated must be asked for
+        sandbox.setdefault("require_isolation", False)
+    sandbox.setdefault("confinement", own_confinement())
     return await run_command(
-        command, workspace, timeout_s=timeout_s, max_output_chars=options.pop("cap", 10_000), **options
+        command,
+        SlotSandbox(workspace, **sandbox),
+        timeout_s=timeout_s,
+        max_output_chars=options.pop("cap", 10_000),
+        **options,
     )
 
 
@@ -155,9 +160,9 @@ async def test_network_is_cut_unless_allowed(tmp_path):
 
 
 async def test_unisolated_mode_warns_loudly_and_runs_in_the_workspace(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
-    isolation.warn_unisolated_once.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="temporal_rollouts.sandbox_server.isolation"):
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
+    bubblewrap.warn_unisolated_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="temporal_rollouts.sandbox_server.isolation.bubblewrap"):
         first = await run("pwd; echo $HOME", tmp_path)
         await run("true", tmp_path)
     warnings = [record for record in caplog.records if "UNISOLATED" in record.getMessage()]
@@ -166,7 +171,7 @@ async def test_unisolated_mode_warns_loudly_and_runs_in_the_workspace(tmp_path, 
 
 
 async def test_require_isolation_refuses_without_bubblewrap(tmp_path, monkeypatch):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
     with pytest.raises(SandboxRequired):
         await run("touch ran", tmp_path, require_isolation=True)
     assert not (tmp_path / "ran").exists()
@@ -197,7 +202,7 @@ async def test_a_read_only_command_cannot_change_the_workspace(tmp_path):
 
 async def test_a_read_only_workspace_is_refused_unisolated(tmp_path, monkeypatch):
     """Nothing can make it read-only without bubblewrap: refused, never run as if it were."""
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
     with pytest.raises(SandboxRequired, match="read-only"):
         await run("touch ran", tmp_path, require_isolation=False, read_only=True)
     assert not (tmp_path / "ran").exists()

@@ -17,7 +17,7 @@ from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.schema import ExecOp, Holder, ReadFileOp
-from tests.support.sandbox import processes_running, root_of, runs_of, unique_sleep, wait_until
+from tests.support.sandbox import ONE_CONTAINER, processes_running, root_of, runs_of, unique_sleep, wait_until
 
 
 def process_gone(pid: int) -> bool:
@@ -41,7 +41,7 @@ async def test_started_container_is_registered_with_a_private_token(backend):
 @pytest.mark.slow
 async def test_a_restarted_server_answers_stored_results_without_running_again(backend):
     info = await backend.start_container()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="survivor"), ttl_s=60, wait_s=1)
         command = ExecOp(command="echo ran >> side-effect.txt; wc -l < side-effect.txt")
@@ -63,7 +63,7 @@ async def test_a_restarted_server_answers_stored_results_without_running_again(b
 
 async def test_ensure_running_reuses_live_containers(backend):
     info = await backend.start_container()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         live = await pool.fleet.ensure_running(min_containers=1)
         more = await pool.fleet.ensure_running(min_containers=2)
     assert [known.container_id for known in live] == [info.container_id]
@@ -73,7 +73,7 @@ async def test_ensure_running_reuses_live_containers(backend):
 
 @pytest.mark.slow
 async def test_pool_fills_free_slots_across_containers_then_waits(backend):
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         containers = await pool.fleet.ensure_running(min_containers=2)
         leases = [await pool.acquire(Holder(workflow_id=f"wf-{n}"), ttl_s=60, wait_s=1) for n in range(4)]
         placed = {(lease.container_id, lease.slot) for lease in leases}
@@ -95,7 +95,7 @@ async def test_pool_fills_free_slots_across_containers_then_waits(backend):
 
 async def test_stopped_containers_are_unreachable_through_the_pool(backend):
     info = await backend.start_container()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="orphan"), ttl_s=60, wait_s=1)
         await backend.stop_container(info.container_id)
@@ -116,7 +116,7 @@ async def test_client_reports_an_unreachable_server(backend):
 async def test_stopping_a_container_ends_running_commands_promptly(backend):
     info = await backend.start_container()
     marker = unique_sleep()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="interrupted"), ttl_s=60, wait_s=1)
         sleep = ExecOp(command=f"sleep {marker}", timeout_s=120)

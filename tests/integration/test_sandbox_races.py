@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from temporal_rollouts.core.errors import BadToolRequest
-from temporal_rollouts.sandbox_server import beneath, transfer
+from temporal_rollouts.sandbox_server.files import beneath
+from temporal_rollouts.sandbox_server.calls import transfer
 from temporal_rollouts.sandbox_server.schema import (
     ExecuteRequest,
     Holder,
@@ -30,7 +31,8 @@ from temporal_rollouts.sandbox_server.schema import (
     TransferQuery,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.config import ContainerConfig
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
 TRIES = 400
 HOST_SECRET = "HOST SECRET"
@@ -65,7 +67,9 @@ def host_folder(tmp_path) -> Path:
 @pytest.fixture
 async def raced(tmp_path, host_folder, resolution):
     """A leased slot whose `inner` folder a background process keeps swapping with a link to `host_folder`."""
-    async with SlotManager(tmp_path / "root", 1, "race") as manager:
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="race")
+    ) as manager:
         lease = await manager.acquire(Holder(workflow_id="attacker"), ttl_s=600, wait_s=1)
         slot = manager.leased_slot(lease.slot, lease.lease_id)
         (slot.workspace / "inner").mkdir()
@@ -189,7 +193,7 @@ def test_a_walk_never_follows_a_link_and_refuses_to_go_too_deep(tmp_path, resolu
 
 
 def test_an_unexpected_server_error_never_names_a_host_path():
-    from temporal_rollouts.sandbox_server.app import _without_host_paths
+    from temporal_rollouts.sandbox_server.http.app import _without_host_paths
 
     message = _without_host_paths(FileNotFoundError(2, "No such file or directory", "/srv/rollouts/slot-3/workspace/x"))
     assert message == "FileNotFoundError: No such file or directory" and "/srv" not in message

@@ -11,13 +11,23 @@ import time
 
 import pytest
 
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.core.errors import SandboxUnreachable
 from temporal_rollouts.sandbox.backends.local import HEALTH_TIMEOUT_S, LocalBackend
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry, RegistryBusy
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import ExecOp, ReadFileOp, WriteFileOp
 from tests.support.processes import command_lines
-from tests.support.sandbox import REPO, holder, root_of, runs_of, wait_until, workspace_of
+from tests.support.sandbox import (
+    holder,
+    ONE_CONTAINER,
+    REPO,
+    root_of,
+    runs_of,
+    sandbox_settings,
+    wait_until,
+    workspace_of,
+)
 
 
 def kill_server(pid: int) -> None:
@@ -37,7 +47,12 @@ def server_starts(backend: LocalBackend, container_id: str) -> int:
 
 @pytest.mark.slow
 async def test_a_killed_server_is_restarted_in_place_by_the_next_request_and_by_check_health(backend, tmp_path):
-    async with SandboxPool(backend) as pool, SandboxPool(LocalBackend(tmp_path / "data", 2)) as other_pool:
+    async with (
+        SandboxPool(backend, ONE_CONTAINER) as pool,
+        SandboxPool(
+            LocalBackend(tmp_path / "data", sandbox_settings(slots_per_container=2)), ONE_CONTAINER
+        ) as other_pool,
+    ):
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("survivor"), ttl_s=60, wait_s=0)
         await pool.lease(lease).execute("write", WriteFileOp(path="notes.txt", content="kept"))
@@ -70,7 +85,7 @@ async def test_a_killed_server_is_restarted_in_place_by_the_next_request_and_by_
 
 
 async def test_a_container_that_cannot_restart_is_removed_and_its_leases_reported(backend):
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("stranded"), ttl_s=60, wait_s=0)
         kill_server(info.pid)
@@ -87,7 +102,7 @@ async def test_a_container_that_cannot_restart_is_removed_and_its_leases_reporte
 
 @pytest.mark.slow
 async def test_a_hung_server_surfaces_as_unreachable_instead_of_hanging(backend):
-    async with SandboxPool(backend, client_timeout_s=1.0) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=1, request_timeout_s=1.0)) as pool:
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(holder("patient"), ttl_s=60, wait_s=0)
         os.kill(info.pid, signal.SIGSTOP)
@@ -154,7 +169,7 @@ async def test_the_registry_lock_excludes_other_processes(tmp_path):
 
 async def test_a_server_whose_starter_died_before_registering_it_is_stopped(backend):
     registered = await backend.start_container()
-    orphan = await backend._launch("local-orphan")  # started, but the starter "died" before registering it
+    orphan = await backend._launch("local-orphan", None)  # started, but the starter "died" before registering it
     assert [info.container_id for info in await backend.list_containers()] == [registered.container_id]
     assert await wait_until(lambda: gone(orphan.pid))
     assert not gone(registered.pid)

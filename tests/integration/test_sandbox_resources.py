@@ -26,7 +26,7 @@ from temporal_rollouts.core.errors import TransferTooLarge
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery
-from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
+from temporal_rollouts.sandbox_server.config import ContainerConfig, ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import (
     AcquireRequest,
     ExecOp,
@@ -38,6 +38,7 @@ from temporal_rollouts.sandbox_server.schema import (
     WriteFileOp,
 )
 from tests.support.sandbox import (
+    sandbox_settings,
     execute_in,
     holder,
     needs_bubblewrap,
@@ -153,7 +154,7 @@ FLOOD_INODES = (
 async def test_an_inode_flood_stays_in_its_slot(data_disk):
     """The issue's inode flood: every inode of the data folder's filesystem went to one slot; neighbours'
     writes failed, a fresh server's `echo` answered 500 and the slot could never be reset."""
-    backend = LocalBackend(data_disk, slots_per_container=SLOTS, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(data_disk, sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         attacker, neighbour = await take(client), await take(client)
         flood = await run(client, attacker, FLOOD_INODES, timeout_s=120)
@@ -168,7 +169,7 @@ async def test_an_inode_flood_stays_in_its_slot(data_disk):
 
 async def test_a_disk_flood_stays_in_its_slot(data_disk):
     """A one-shot command wrote 1.8 GiB into a 100 MiB slot until the filesystem was full."""
-    backend = LocalBackend(data_disk, slots_per_container=SLOTS, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(data_disk, sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         attacker, neighbour = await take(client), await take(client)
         flood = await run(client, attacker, "for i in $(seq 10); do head -c 50M /dev/zero > f$i; done; echo done")
@@ -188,7 +189,7 @@ BACKGROUND_WRITER = (
 
 async def test_a_background_writer_in_the_terminal_is_stopped_at_the_limit(data_disk):
     """A job the stateful terminal left running kept writing after its call returned: 1.23 GB in 12 s."""
-    backend = LocalBackend(data_disk, slots_per_container=SLOTS, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(data_disk, sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         attacker, neighbour = await take(client), await take(client)
         marker = f"writer-{uuid.uuid4().hex[:8]}"
@@ -218,7 +219,7 @@ TMPFS_HOG = "for i in 1 2 3; do head -c 200M /dev/zero > /tmp/fill$i; done; slee
 async def test_without_cgroups_memory_outside_rss_counts_against_the_slot(tmp_path, attack):
     """The watchdog mode (no cgroups: most remote backends' containers) let a 256 MiB slot hold 1.5 GiB of
     memfds for 8 s and exit 0: it added up resident sizes only."""
-    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=WATCHDOG)
+    backend = LocalBackend(tmp_path, sandbox_settings(WATCHDOG, slots_per_container=1, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         health = await client.send(HealthQuery())
         assert health.limits["memory"].startswith("watchdog"), health.limits
@@ -238,7 +239,7 @@ async def test_a_tree_deeper_than_the_walks_go_leaves_calls_working(tmp_path, vo
     stopped, snapshots failed and env.verify raised. A checked volume cannot count below that depth, so
     the slot is past what the server counts (its processes stopped, as for a limit); its calls go on."""
     server = SERVER if volume == "loop" else CHECKED
-    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=server)
+    backend = LocalBackend(tmp_path, sandbox_settings(server, slots_per_container=1, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         lease = await take(client)
         made = await run(client, lease, f"{deep_tree(2100)} && echo made")
@@ -260,7 +261,7 @@ async def test_a_tree_deeper_than_the_walks_go_leaves_calls_working(tmp_path, vo
 async def test_sparse_files_are_saved_as_sparse(tmp_path):
     """Four 1,000 MB files of 4 KB on disk took 63 s and about 40 CPU-s to snapshot, holding the slot's lock."""
     files_of_1000_mb = SERVER.model_copy(update={"limits": LIMITS.model_copy(update={"file_size_limit_mb": 2048})})
-    backend = LocalBackend(tmp_path, slots_per_container=2, sweep_interval_s=0.3, server=files_of_1000_mb)
+    backend = LocalBackend(tmp_path, sandbox_settings(files_of_1000_mb, slots_per_container=2, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         source, target = await take(client), await take(client)
         made = await run(
@@ -285,7 +286,7 @@ async def test_sparse_files_are_saved_as_sparse(tmp_path):
 
 async def test_whole_workspace_snapshots_under_a_link_swapper_never_fail_with_a_server_error(tmp_path):
     """A swapper left running made 4-5 % of whole-workspace snapshots answer 500."""
-    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path, sandbox_settings(SERVER, slots_per_container=1, sweep_interval_s=0.3))
     swapper = (
         "mkdir inner; echo w > inner/f; ln -s /etc swap; python3 -c 'import ctypes\nlibc = ctypes.CDLL(None)\n"
         'while True: libc.renameat2(-100, b"inner", -100, b"swap", 2)\' > /dev/null 2>&1 & echo started'
@@ -302,7 +303,7 @@ async def test_whole_workspace_snapshots_under_a_link_swapper_never_fail_with_a_
 async def test_a_restarted_server_keeps_a_leased_workspace_and_leaves_no_mount_behind(tmp_path):
     """A server killed with SIGKILL: the leased slot's files are there for the restarted one, and a stopped
     server leaves no filesystem mounted and no loop device attached."""
-    backend = LocalBackend(tmp_path, slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path, sandbox_settings(SERVER, slots_per_container=2, sweep_interval_s=0.3))
     info = await backend.start_container()
     async with SandboxClient(info.url, info.read_token(), timeout=30) as client:
         lease = await take(client)
@@ -329,7 +330,7 @@ async def test_a_checked_slot_that_filled_the_shared_disk_is_reset_and_handed_on
     """Where no filesystem per slot can be mounted the slots share the data folder's disk: the issue's reset
     failed (`mkdir` ENOSPC after the workspace was moved aside), the moved-aside tree was deleted only
     after a reset that never came, and 2 of 3 slots stayed quarantined."""
-    backend = LocalBackend(data_disk, slots_per_container=SLOTS, sweep_interval_s=0.3, server=CHECKED)
+    backend = LocalBackend(data_disk, sandbox_settings(CHECKED, slots_per_container=SLOTS, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         health = await client.send(HealthQuery())
         assert health.limits["files"].startswith("checked") and "files" in health.not_held
@@ -340,12 +341,12 @@ async def test_a_checked_slot_that_filled_the_shared_disk_is_reset_and_handed_on
         assert free_of(data_disk)[1] > DATA_DISK_INODES // 2, "the old tree was not deleted"
 
 
-async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_path, capsys):
+async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_path, capsys, monkeypatch):
     """A slot whose reset fails is never handed on; `rollouts slots` shows why, and it comes back by itself."""
     from temporal_rollouts.cli.main import cmd_slots
     from temporal_rollouts.core.settings import Settings
 
-    backend = LocalBackend(tmp_path, slots_per_container=2, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path, sandbox_settings(SERVER, slots_per_container=2, sweep_interval_s=0.3))
     async with running_container(backend) as (info, client):
         lease = await take(client)
         folder = backend.container_dir(info.container_id) / "root" / f"slot-{lease.slot}"
@@ -353,6 +354,7 @@ async def test_a_quarantined_slot_says_why_in_rollouts_slots_and_recovers(tmp_pa
         try:
             await client.send(release_of(lease))
             assert await eventually_quarantined(client, lease.slot)
+            monkeypatch.setenv("COLUMNS", "200")  # the reason whole on one line, not wrapped in its narrow column
             await cmd_slots(argparse.Namespace(json=False), Settings(data_dir=tmp_path))
             shown = capsys.readouterr().out
             assert "quarantined: reset failed" in " ".join(shown.split()), shown
@@ -378,7 +380,7 @@ async def eventually_quarantined(client: SandboxClient, slot: int) -> bool:
 async def test_a_lease_narrowed_to_a_smaller_disk_is_held_to_it(tmp_path, busy):
     """An env's `sandbox_limits` may lower the disk limit of its lease: a fresh lease's volume is made again at
     that size; one whose sandboxes already run is held to it by the check (its processes stopped past it)."""
-    backend = LocalBackend(tmp_path, slots_per_container=1, sweep_interval_s=0.3, server=SERVER)
+    backend = LocalBackend(tmp_path, sandbox_settings(SERVER, slots_per_container=1, sweep_interval_s=0.3))
     async with running_container(backend) as (_, client):
         lease = await take(client)
         if busy:
@@ -401,8 +403,8 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
     """300k files over the disk limit cost the server about 2 CPU-s per agent command: the walk ran on every
     call once the workspace was over its limit. A volume of its own is measured by statfs (no walk); a
     checked one is walked paced by the walk's cost, and no further than the file limit."""
-    from temporal_rollouts.sandbox_server import disk_watch
-    from temporal_rollouts.sandbox_server.slots import SlotManager
+    from temporal_rollouts.sandbox_server.volumes import disk_watch
+    from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
     walks = []
 
@@ -415,7 +417,9 @@ async def test_a_workspace_past_its_limits_is_not_walked_on_every_call(tmp_path,
     # (Written so that it also runs against the server before issue 39, which had neither setting.)
     limits = SlotLimits(disk_limit_mb=8, **({"max_files": 500} if "max_files" in SlotLimits.model_fields else {}))
     options = {"slot_volume": volume} if "slot_volume" in ServerOptions.model_fields else {}
-    async with SlotManager(tmp_path / "root", 1, "walks", limits=limits, **options) as manager:
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="walks", limits=limits, **options)
+    ) as manager:
         lease = await manager.acquire(holder("walks"), ttl_s=120, wait_s=5)
         fill = "mkdir many && cd many && for i in $(seq 3000); do head -c 4096 /dev/zero > $i; done"
         await manager.execute(execute_in(lease, "fill", ExecOp(command=fill, timeout_s=120)))
@@ -433,7 +437,7 @@ async def test_health_says_when_the_slots_filesystems_could_fill_the_data_folder
     """The loop volumes are sparse: 3 slots of 200 MiB on a 400 MiB disk are promised more than it has."""
     roomy = SERVER.model_copy(update={"limits": LIMITS.model_copy(update={"disk_limit_mb": 200})})
     for options, promised in ((SERVER, False), (roomy, True)):
-        backend = LocalBackend(data_disk / str(promised), slots_per_container=SLOTS, server=options)
+        backend = LocalBackend(data_disk / str(promised), sandbox_settings(options, slots_per_container=SLOTS))
         async with running_container(backend) as (_, client):
             health = await client.send(HealthQuery())
             assert health.limits["disk"].startswith("own filesystem per slot")

@@ -8,13 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox.requests import HealthQuery
-from temporal_rollouts.sandbox_server.lease_log import read_lease_events
+from temporal_rollouts.sandbox_server.state.lease_log import read_lease_events
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, DrainRequest, Holder, SlotLease
-from tests.support.sandbox import eventually, holder, local_backend, root_of
+from tests.support.sandbox import ONE_CONTAINER, eventually, holder, local_backend, root_of, sandbox_settings
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ async def all_waiting(pool: SandboxPool, count: int) -> bool:
 
 
 async def test_the_pool_scales_up_to_max_containers_then_waits(backend):
-    async with SandboxPool(backend, max_containers=2) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=2)) as pool:
         await pool.fleet.ensure_running()
         first = await pool.acquire(holder("first"), ttl_s=60, wait_s=0)
         second = await pool.acquire(holder("second"), ttl_s=60, wait_s=0)
@@ -45,8 +46,11 @@ async def test_the_pool_scales_up_to_max_containers_then_waits(backend):
 
 
 async def test_two_pools_scaling_at_once_start_one_container_between_them(backend, tmp_path):
-    other = LocalBackend(tmp_path / "data", slots_per_container=1)
-    async with SandboxPool(backend, max_containers=2) as pool, SandboxPool(other, max_containers=2) as rival:
+    other = LocalBackend(tmp_path / "data", sandbox_settings(slots_per_container=1))
+    async with (
+        SandboxPool(backend, PoolOptions(max_containers=2)) as pool,
+        SandboxPool(other, PoolOptions(max_containers=2)) as rival,
+    ):
         await pool.fleet.ensure_running()
         held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
         racing = [
@@ -62,7 +66,7 @@ async def test_two_pools_scaling_at_once_start_one_container_between_them(backen
 
 
 async def test_a_wait_on_every_container_takes_whichever_frees_first(backend):
-    async with SandboxPool(backend, max_containers=2) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=2)) as pool:
         await pool.fleet.ensure_running(min_containers=2)
         a = await pool.acquire(holder("a"), ttl_s=60, wait_s=0)
         b = await pool.acquire(holder("b"), ttl_s=60, wait_s=0)
@@ -87,7 +91,7 @@ async def wait_while_releasing(pool: SandboxPool, freed: SlotLease) -> SlotLease
 
 
 async def test_when_two_servers_grant_at_once_the_pool_keeps_one_and_releases_the_other(backend):
-    async with SandboxPool(backend, max_containers=2) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=2)) as pool:
         await pool.fleet.ensure_running(min_containers=2)
         leases = [await pool.acquire(holder(name), ttl_s=60, wait_s=0) for name in ("a", "b")]
         racer = holder("racer")
@@ -121,7 +125,7 @@ def release_both_while_the_pool_cannot_react(backend: LocalBackend, leases: list
 
 
 async def test_scale_down_stops_only_idle_containers_above_the_minimum(backend):
-    async with SandboxPool(backend, min_containers=0, max_containers=3) as pool:
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=3)) as pool:
         await pool.fleet.ensure_running(min_containers=3)
         busy = await pool.acquire(holder("busy"), ttl_s=60, wait_s=0)
         assert await pool.fleet.scale_down(min_containers=0, idle_s=60) == []
@@ -135,7 +139,7 @@ async def test_scale_down_stops_only_idle_containers_above_the_minimum(backend):
 
 
 async def test_a_drained_server_refuses_new_leases(backend):
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         (info,) = await pool.fleet.ensure_running()
         client = await pool.fleet.client(info.container_id)
         await asyncio.sleep(0.05)
@@ -146,7 +150,7 @@ async def test_a_drained_server_refuses_new_leases(backend):
 
 
 async def test_reap_frees_only_leases_of_closed_holders(backend):
-    async with SandboxPool(backend, max_containers=2) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=2)) as pool:
         await pool.fleet.ensure_running(min_containers=2)
         closed, running = holder("closed"), holder("running")
         gone = await pool.acquire(closed, ttl_s=60, wait_s=0)
@@ -174,12 +178,12 @@ def _exec(command: str):
 
 
 async def test_a_waiter_takes_a_slot_of_a_container_started_after_it_began_waiting(backend):
-    async with SandboxPool(backend, max_containers=1) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=1)) as pool:
         await pool.fleet.ensure_running()
         held = await pool.acquire(holder("held"), ttl_s=60, wait_s=0)
         waiting = asyncio.create_task(pool.acquire(holder("waiter"), ttl_s=60, wait_s=30, may_hold=False))
         assert await eventually(lambda: all_waiting(pool, 1))
-        pool.fleet.max_containers = 2  # room for one more (as an operator raising max_containers would)
+        pool.fleet.options.max_containers = 2  # room for one more (as an operator raising max_containers would)
         grower = await pool.acquire(holder("grower"), ttl_s=60, wait_s=0, may_hold=False)  # starts container 2
         assert grower.container_id != held.container_id
         await pool.release(grower)
@@ -189,7 +193,7 @@ async def test_a_waiter_takes_a_slot_of_a_container_started_after_it_began_waiti
 
 
 async def test_a_first_acquire_does_not_look_at_every_slot(backend, monkeypatch):
-    async with SandboxPool(backend, max_containers=1) as pool:
+    async with SandboxPool(backend, PoolOptions(max_containers=1)) as pool:
         await pool.fleet.ensure_running()
         await pool.release(await pool.acquire(holder("first"), ttl_s=60, wait_s=0))  # one full look, then hints
         looks = []

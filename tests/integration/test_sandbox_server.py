@@ -15,6 +15,7 @@ from temporal_rollouts.sandbox.client import SandboxClient
 from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
 from temporal_rollouts.sandbox_server.config import ServerOptions
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, ExecOp, Holder, ReadFileOp, SlotLease, WriteFileOp
+from tests.support.sandbox import sandbox_settings
 from tests.support.sandbox import (
     execute_in,
     host_listener,
@@ -37,9 +38,11 @@ async def backend(tmp_path_factory) -> LocalBackend:
     # told otherwise; this container says so, for the test of what network on and off mean.
     return LocalBackend(
         tmp_path_factory.mktemp("data"),
-        slots_per_container=3,
-        sweep_interval_s=0.3,
-        server=ServerOptions(max_output_chars=OUTPUT_CAP, allow_network_unprotected=True),
+        sandbox_settings(
+            ServerOptions(max_output_chars=OUTPUT_CAP, allow_network_unprotected=True),
+            slots_per_container=3,
+            sweep_interval_s=0.3,
+        ),
     )
 
 
@@ -51,7 +54,9 @@ async def multi(backend):
 
 @pytest.fixture(scope="module")
 async def single(tmp_path_factory):
-    backend = LocalBackend(tmp_path_factory.mktemp("single"), slots_per_container=1, sweep_interval_s=0.3)
+    backend = LocalBackend(
+        tmp_path_factory.mktemp("single"), sandbox_settings(slots_per_container=1, sweep_interval_s=0.3)
+    )
     async with running_container(backend) as (info, client):
         yield backend, info, client
 

@@ -13,6 +13,7 @@ import pytest
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder, SessionOp
+from tests.support.sandbox import ONE_CONTAINER
 from tests.support.sandbox import (
     needs_bubblewrap,
     processes_running,
@@ -36,7 +37,7 @@ def run(text: str, timeout_s: float = 30.0) -> SessionOp:
 
 @pytest.fixture
 async def leased(backend):
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="sessions"), ttl_s=120, wait_s=5)
         yield pool, pool.lease(lease), info
@@ -99,7 +100,7 @@ async def test_a_retried_call_is_answered_from_its_stored_result_not_typed_again
 
 async def test_the_sessions_processes_are_gone_after_release(backend):
     marker = unique_sleep()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="released"), ttl_s=120, wait_s=5)
         await pool.lease(lease).execute("bg", run(f"sleep {marker} &"))
@@ -114,7 +115,7 @@ async def test_the_sessions_processes_are_gone_after_release(backend):
 
 async def test_a_crashed_containers_session_is_reported_not_replayed(backend):
     marker = unique_sleep()
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="crash"), ttl_s=120, wait_s=5)
         slot = LeasedSlot(pool, lease, "rollout/verify")

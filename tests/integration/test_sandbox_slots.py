@@ -8,8 +8,9 @@ import time
 import pytest
 
 from temporal_rollouts.core.errors import BadToolRequest, LeaseLost, SandboxRequired
-from temporal_rollouts.sandbox_server import isolation, slotbook
-from temporal_rollouts.sandbox_server.persistence import (
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.slots import slotbook
+from temporal_rollouts.sandbox_server.state.persistence import (
     LEASE_FILE,
     LeaseStore,
     ResultJournal,
@@ -26,13 +27,18 @@ from temporal_rollouts.sandbox_server.schema import (
     ToolOutput,
     WriteFileOp,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.config import ContainerConfig
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.sandbox import needs_bubblewrap, processes_running, runs_of, unique_sleep
 
 
 @pytest.fixture
 async def manager(tmp_path):
-    async with SlotManager(tmp_path / "root", 2, "test-container", max_output_chars=5_000) as slots:
+    async with SlotManager(
+        ContainerConfig(
+            root=tmp_path / "root", slots_per_container=2, container_id="test-container", max_output_chars=5_000
+        )
+    ) as slots:
         yield slots
 
 
@@ -87,7 +93,7 @@ async def test_paths_outside_the_workspace_are_refused(manager, lease, path, tmp
     with pytest.raises(BadToolRequest):
         await manager.execute(call(lease, f"s{path}", SearchOp(pattern="root", path=path)))
     assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "root" / "escape.txt").exists()
-    assert runs_of(manager.root, f"r{path}") == 0
+    assert runs_of(manager.config.root, f"r{path}") == 0
 
 
 async def test_symlinks_planted_in_the_workspace_cannot_reach_out(manager, lease, tmp_path):
@@ -122,15 +128,15 @@ async def test_concurrent_repeats_of_a_call_id_run_once(manager, lease):
     third = await manager.execute(request)
     assert sorted([first.replayed, second.replayed]) == [False, True] and third.replayed
     assert first.output == second.output == third.output == "1\n"
-    assert runs_of(manager.root, "dup") == 1
+    assert runs_of(manager.config.root, "dup") == 1
 
 
 async def test_stored_results_survive_a_new_manager_on_the_same_root(tmp_path):
     root = tmp_path / "root"
-    async with SlotManager(root, 1, "c") as first:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=1, container_id="c")) as first:
         lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=60, wait_s=1)
         original = await first.execute(call(lease, "once", ExecOp(command="echo x >> f; wc -l < f")))
-    async with SlotManager(root, 1, "c") as second:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=1, container_id="c")) as second:
         replay = await second.execute(call(lease, "once", ExecOp(command="echo x >> f; wc -l < f")))
         files = await second.execute(call(lease, "cat", ReadFileOp(path="f")))
     assert replay.replayed and replay.output == original.output == "1\n"
@@ -139,7 +145,9 @@ async def test_stored_results_survive_a_new_manager_on_the_same_root(tmp_path):
 
 
 async def test_journal_keeps_only_the_most_recent_results(tmp_path):
-    async with SlotManager(tmp_path / "root", 1, "c", journal_limit=3) as slots:
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="c", results_kept=3)
+    ) as slots:
         lease = await slots.acquire(Holder(workflow_id="wf"), ttl_s=60, wait_s=1)
         for n in range(5):
             await slots.execute(call(lease, f"c{n}", WriteFileOp(path=f"f{n}", content="x")))
@@ -158,7 +166,7 @@ async def test_release_kills_running_commands_and_empties_the_workspace(manager,
     with pytest.raises(LeaseLost):
         await running
     assert time.monotonic() - started < 2
-    assert list((manager.root / f"slot-{lease.slot}" / "volume" / "workspace").iterdir()) == []
+    assert list((manager.config.root / f"slot-{lease.slot}" / "volume" / "workspace").iterdir()) == []
     assert processes_running(marker) == []
 
 
@@ -188,8 +196,10 @@ async def test_health_reports_bubblewrap(manager):
 
 
 async def test_without_bubblewrap_the_manager_reports_it_and_can_refuse(tmp_path, monkeypatch):
-    monkeypatch.setattr(isolation, "bubblewrap_path", lambda: None)
-    async with SlotManager(tmp_path / "strict", 1, "c", require_isolation=True) as strict:
+    monkeypatch.setattr(bubblewrap, "bubblewrap_path", lambda: None)
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "strict", slots_per_container=1, container_id="c", require_isolation=True)
+    ) as strict:
         lease = await strict.acquire(Holder(workflow_id="wf"), ttl_s=60, wait_s=1)
         with pytest.raises(SandboxRequired):
             await strict.execute(call(lease, "e", ExecOp(command="touch ran")))
@@ -201,7 +211,7 @@ async def test_without_bubblewrap_the_manager_reports_it_and_can_refuse(tmp_path
 
 
 async def test_a_cancelled_waiter_leaves_the_line_without_taking_a_slot(tmp_path):
-    async with SlotManager(tmp_path / "root", 1, "c") as slots:
+    async with SlotManager(ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="c")) as slots:
         holder_lease = await slots.acquire(Holder(workflow_id="first"), ttl_s=60, wait_s=0)
         gone = asyncio.create_task(slots.acquire(Holder(workflow_id="gone"), ttl_s=60, wait_s=10))
         await asyncio.sleep(0.05)
@@ -215,7 +225,9 @@ async def test_a_cancelled_waiter_leaves_the_line_without_taking_a_slot(tmp_path
 
 
 async def test_operations_keep_a_lease_alive(tmp_path):
-    async with SlotManager(tmp_path / "root", 1, "c", sweep_interval_s=0.1) as slots:
+    async with SlotManager(
+        ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="c", sweep_interval_s=0.1)
+    ) as slots:
         lease = await slots.acquire(Holder(workflow_id="busy"), ttl_s=0.5, wait_s=0)
         for n in range(6):
             await asyncio.sleep(0.2)
@@ -266,7 +278,9 @@ async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_l
 
     monkeypatch.setattr(LeaseStore, "put", counted_put)
     root = tmp_path / "root"
-    async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as first:
+    async with SlotManager(
+        ContainerConfig(root=root, slots_per_container=2, container_id="c", sweep_interval_s=0.05)
+    ) as first:
         lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=2.0, wait_s=0)
         for n in range(20):
             await first.execute(call(lease, f"renewing-{n}", ExecOp(command="true")))
@@ -276,7 +290,9 @@ async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_l
         assert len(writes) < 10, f"{len(writes)} lease journal writes for 40 renewals"
         assert [s.lease.lease_id for s in stored] == [lease.lease_id]
         assert real_expiry <= stored[0].lease.expires_at <= real_expiry + 0.25 * 2.0 + 0.01
-    async with SlotManager(root, 2, "c", sweep_interval_s=0.05) as restarted:
+    async with SlotManager(
+        ContainerConfig(root=root, slots_per_container=2, container_id="c", sweep_interval_s=0.05)
+    ) as restarted:
         again = await restarted.execute(call(lease, "after-restart", ExecOp(command="echo alive")))
         await restarted.release(lease.slot, lease.lease_id)
         assert LeaseStore(root / LEASE_FILE).load() == []
@@ -286,7 +302,7 @@ async def test_renewals_write_the_lease_journal_rarely_and_a_restart_keeps_the_l
 async def test_the_lease_journal_survives_many_grants_and_a_torn_line(tmp_path, monkeypatch):
     monkeypatch.setattr(slotbook, "COMPACT_LINES", 8)
     root = tmp_path / "root"
-    async with SlotManager(root, 2, "c") as first:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=2, container_id="c")) as first:
         for n in range(10):  # grants and releases past the compaction threshold
             passing = await first.acquire(Holder(workflow_id=f"passing-{n}"), ttl_s=60, wait_s=0)
             await first.release(passing.slot, passing.lease_id)
@@ -295,16 +311,16 @@ async def test_the_lease_journal_survives_many_grants_and_a_torn_line(tmp_path, 
     assert len(journal.read_text().splitlines()) < 8
     with journal.open("a") as file:
         file.write('{"drop": "half-writ')  # a crash in the middle of a write
-    async with SlotManager(root, 2, "c") as restarted:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=2, container_id="c")) as restarted:
         assert [s.lease.lease_id for s in restarted.slot_states() if s.lease] == [kept.lease_id]
 
 
 async def test_a_lease_that_lapsed_before_a_restart_is_not_restored(tmp_path):
     root = tmp_path / "root"
-    async with SlotManager(root, 1, "c") as first:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=1, container_id="c")) as first:
         lease = await first.acquire(Holder(workflow_id="wf"), ttl_s=0.2, wait_s=0)
     await asyncio.sleep(0.4)  # past the real expiry and the saved one (a quarter TTL later)
-    async with SlotManager(root, 1, "c") as restarted:
+    async with SlotManager(ContainerConfig(root=root, slots_per_container=1, container_id="c")) as restarted:
         assert [state.lease for state in restarted.slot_states()] == [None]
         with pytest.raises(LeaseLost):
             await restarted.execute(call(lease, "too-late", ExecOp(command="true")))

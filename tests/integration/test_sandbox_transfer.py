@@ -15,7 +15,7 @@ from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import Holder
 from temporal_rollouts.storage.objects import LocalObjectClient
-from tests.support.sandbox import root_of, runs_of, workspace_of
+from tests.support.sandbox import ONE_CONTAINER, root_of, runs_of, workspace_of
 
 BIG_BYTES = 50 * 1024 * 1024
 RSS_GROWTH_LIMIT = 24 * 1024 * 1024
@@ -39,7 +39,7 @@ def digest(path: Path) -> str:
 
 @pytest.fixture
 async def leased(backend):
-    async with SandboxPool(backend) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         (info,) = await pool.fleet.ensure_running()
         lease = await pool.acquire(Holder(workflow_id="transfer"), ttl_s=120, wait_s=5)
         yield pool, lease, info

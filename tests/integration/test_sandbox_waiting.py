@@ -11,21 +11,30 @@ import pytest
 from temporal_rollouts.core.errors import SlotUnavailable
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.requests import HealthQuery, SlotsQuery
-from temporal_rollouts.sandbox_server.app import _acquire_while_connected
-from temporal_rollouts.sandbox_server.lease_log import (
+from temporal_rollouts.sandbox_server.http.app import _acquire_while_connected
+from temporal_rollouts.sandbox_server.state.lease_log import (
     hand_over_latencies,
     idle_while_waiting,
     read_lease_events,
     utilisation,
 )
 from temporal_rollouts.sandbox_server.schema import AcquireRequest, WithdrawRequest
-from temporal_rollouts.sandbox_server.slots import SlotManager
-from tests.support.sandbox import eventually, holder, release_of, root_of, running_container, spawn_waiting_client
+from temporal_rollouts.sandbox_server.config import ContainerConfig
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
+from tests.support.sandbox import (
+    eventually,
+    holder,
+    release_of,
+    root_of,
+    running_container,
+    sandbox_settings,
+    spawn_waiting_client,
+)
 
 
 @pytest.fixture
 async def one_slot(tmp_path):
-    backend = LocalBackend(tmp_path / "data", slots_per_container=1, sweep_interval_s=0.3)
+    backend = LocalBackend(tmp_path / "data", sandbox_settings(slots_per_container=1, sweep_interval_s=0.3))
     async with running_container(backend) as (info, client):
         yield backend, info, client
 
@@ -96,7 +105,7 @@ async def test_a_slot_granted_as_the_client_leaves_is_given_back(tmp_path):
         async def receive(self) -> dict:
             return {"type": "http.disconnect"}
 
-    async with SlotManager(tmp_path / "root", 1, "c") as manager:
+    async with SlotManager(ContainerConfig(root=tmp_path / "root", slots_per_container=1, container_id="c")) as manager:
         body = AcquireRequest(holder=holder("vanishing"), ttl_s=60, wait_s=5)
         with pytest.raises(SlotUnavailable):
             await _acquire_while_connected(manager, Gone(), body)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.lease import Lease
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import CacheEntry, CacheQuery, SlotLease
-from tests.support.sandbox import holder, needs_bubblewrap
+from tests.support.sandbox import holder, needs_bubblewrap, ONE_CONTAINER
 
 pytestmark = [pytest.mark.slow, needs_bubblewrap]
 
@@ -76,7 +76,7 @@ async def test_two_slots_share_the_repository_once_and_keep_their_own_edits(
     first, second = env.instance(Item(id=FIRST)), env.instance(Item(id=SECOND))
     assert first.repo == second.repo
     name = first.checkout_name
-    async with SandboxPool(backend, slots_per_container=2) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         shares = record_shares(monkeypatch)
         one = await pool.acquire(holder("cache-one"), ttl_s=600, wait_s=60)
         two = await pool.acquire(holder("cache-two"), ttl_s=600, wait_s=60)
@@ -127,7 +127,7 @@ async def test_two_slots_share_the_repository_once_and_keep_their_own_edits(
 
 async def test_a_slot_cannot_write_the_cache(backend: LocalBackend) -> None:
     env = swe_env()
-    async with SandboxPool(backend, slots_per_container=2) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         lease = await pool.acquire(holder("cache-write"), ttl_s=600, wait_s=60)
         await env.setup_workspace(Item(id=FIRST), slot_of(pool, lease, "setup"))
         cache = cache_folder(backend, lease)
@@ -155,7 +155,7 @@ async def test_a_slot_cannot_write_the_cache(backend: LocalBackend) -> None:
 
 async def test_concurrent_setups_of_one_repository_both_succeed(backend: LocalBackend, tmp_path: Path) -> None:
     env = swe_env()
-    async with SandboxPool(backend, slots_per_container=2) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         one = await pool.acquire(holder("race-one"), ttl_s=600, wait_s=60)
         two = await pool.acquire(holder("race-two"), ttl_s=600, wait_s=60)
         assert one.container_id == two.container_id

@@ -23,7 +23,7 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import SlotLease
-from tests.support.sandbox import holder, needs_bubblewrap
+from tests.support.sandbox import holder, needs_bubblewrap, ONE_CONTAINER
 
 pytestmark = [pytest.mark.slow, needs_bubblewrap, pytest.mark.timeout(600)]
 
@@ -227,7 +227,7 @@ async def play(
     terminal), and grade it (the env built with `config`)."""
     env = swe_env(config)
     item = Item(id=INSTANCE)
-    async with SandboxPool(backend, slots_per_container=1) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         lease = await pool.acquire(holder("attack"), ttl_s=900, wait_s=60)
         try:
             meta = await env.setup_workspace(item, slot_of(pool, lease, "setup"))

@@ -26,7 +26,7 @@ from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.schema import SlotLease
-from tests.support.sandbox import holder, needs_bubblewrap, workspace_of
+from tests.support.sandbox import holder, needs_bubblewrap, ONE_CONTAINER, workspace_of
 
 pytestmark = [pytest.mark.slow, needs_bubblewrap]
 
@@ -94,7 +94,7 @@ async def play(
 ) -> Verdict:
     """Set up the task in a fresh slot, run the agent's one-shot then stateful commands, verify."""
     item = Item(id=task_id)
-    async with SandboxPool(backend, slots_per_container=1) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         lease = await pool.acquire(holder("terminal-attack"), ttl_s=600, wait_s=60)
         try:
             meta = await env.setup_workspace(item, slot_of(pool, lease, "setup"))
@@ -151,7 +151,7 @@ async def test_every_process_of_the_slots_uid_is_stopped_before_a_check(backend:
     probe = TerminalTask(id="probe", prompt="keep ticking", check=grows, solution=())
     env.tasks = lambda: {"probe": probe}  # type: ignore[method-assign]
     item = Item(id="probe")
-    async with SandboxPool(backend, slots_per_container=1) as pool:
+    async with SandboxPool(backend, ONE_CONTAINER) as pool:
         lease = await pool.acquire(holder("terminal-attack"), ttl_s=600, wait_s=60)
         tick = workspace_of(backend, lease.container_id, lease.slot) / "tick"
         uid = str(tick.parent.stat().st_uid)

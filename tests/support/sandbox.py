@@ -13,17 +13,28 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from temporal_rollouts.core.settings import PoolOptions, SandboxSettings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.client import SandboxClient
-from temporal_rollouts.sandbox_server.isolation import bubblewrap_path
+from temporal_rollouts.sandbox_server.config import ServerOptions
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import bubblewrap_path
 from temporal_rollouts.sandbox_server.schema import ExecuteRequest, Holder, Operation, ReleaseRequest, SlotRef
 from tests.support import REPO
 
 needs_bubblewrap = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap cannot build a sandbox here")
+
+ONE_CONTAINER = PoolOptions(max_containers=1)
+"""A test pool that never starts a second container (a pool's default is the settings' own)."""
+
+
+def sandbox_settings(server: ServerOptions | None = None, **fields: Any) -> SandboxSettings:
+    """A test backend's `[sandbox]` settings: `server`'s options (the defaults if None), `fields` over them."""
+    return SandboxSettings(**{**(server or ServerOptions()).model_dump(), **fields})
 
 
 def unique_sleep() -> str:
@@ -107,7 +118,7 @@ async def local_backend(
     folder: Path, slots: int, backend_class: type[LocalBackend] = LocalBackend
 ) -> AsyncIterator[LocalBackend]:
     """A local sandbox backend in a test's own folder; every container it registered is stopped at the end."""
-    backend = backend_class(folder, slots_per_container=slots, sweep_interval_s=0.3)
+    backend = backend_class(folder, sandbox_settings(slots_per_container=slots, sweep_interval_s=0.3))
     try:
         yield backend
     finally:

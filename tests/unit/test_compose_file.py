@@ -83,7 +83,7 @@ def test_the_worker_environment_is_valid_settings(monkeypatch, tmp_path) -> None
         assert environment(name)["SANDBOX_CONTAINER_ID"] == name and listed[name].startswith(f"http://{name}:")
         assert environment(name)["ROLLOUTS_SANDBOX_SECRET"] == environment("worker")[backend.secret_env]
         served = ServerConfig.from_argv([*SERVICES[name]["command"], "--token-env", "SANDBOX_TOKEN"], environment(name))
-        assert served.slots == settings.sandbox.slots_per_container
+        assert served.slots_per_container == settings.sandbox.slots_per_container
         assert listed[name].endswith(f":{served.port}")
         assert served.options() == settings.sandbox.options(), "a sandbox service runs what the workers' settings say"
     assert settings.sandbox.max_containers == len(listed)

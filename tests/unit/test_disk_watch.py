@@ -8,10 +8,11 @@ import subprocess
 
 import pytest
 
-from temporal_rollouts.sandbox_server import isolation, syscall_filter
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.isolation import syscall_filter
 from temporal_rollouts.sandbox_server.config import SlotLimits
-from temporal_rollouts.sandbox_server.disk_watch import PACE, DiskWatch
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.volumes.disk_watch import PACE, DiskWatch
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 KIB = 1024
 LIMITS = SlotLimits(disk_limit_mb=1024, max_files=1000)
@@ -141,13 +142,13 @@ async def test_where_the_bits_are_not_refused_the_walk_strips_them(volume):
 
 def test_a_filter_bubblewrap_cannot_load_is_left_out_and_the_bits_are_stripped_instead(monkeypatch):
     """A platform that refuses seccomp filters must not lose every command: the probe finds out once."""
-    if isolation.bubblewrap_strategy() is None:
+    if bubblewrap.bubblewrap_strategy() is None:
         pytest.skip("bubblewrap cannot build a sandbox here")
     monkeypatch.setattr(syscall_filter, "compiled", lambda: b"\x06\x00\x00\x00")  # half an instruction
-    isolation.setuid_bits_refused.cache_clear()
+    bubblewrap.setuid_bits_refused.cache_clear()
     try:
-        assert not isolation.setuid_bits_refused()
+        assert not bubblewrap.setuid_bits_refused()
     finally:
         monkeypatch.undo()
-        isolation.setuid_bits_refused.cache_clear()
-    assert isolation.setuid_bits_refused()
+        bubblewrap.setuid_bits_refused.cache_clear()
+    assert bubblewrap.setuid_bits_refused()

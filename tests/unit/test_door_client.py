@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from temporal_rollouts.door import server
-from temporal_rollouts.sandbox_server.keys import KeyRequired
+from temporal_rollouts.sandbox_server.http.keys import KeyRequired
 from temporal_rollouts.door.client import DoorClient, DoorClientError, door_metrics
 
 GROUP = {

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from temporal_rollouts.sandbox_server import persistence
-from temporal_rollouts.sandbox_server.persistence import ExecutionLog, LeaseStore, ResultJournal, StoredResult
+from temporal_rollouts.sandbox_server.state import persistence
+from temporal_rollouts.sandbox_server.state.persistence import ExecutionLog, LeaseStore, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import Holder, SlotLease, ToolOutput
 
 

@@ -8,7 +8,7 @@ import resource
 
 import pytest
 
-from temporal_rollouts.sandbox_server.launcher import _readable
+from temporal_rollouts.sandbox_server.isolation.launcher import _readable
 
 
 def test_a_pidfd_check_works_past_fd_1023():

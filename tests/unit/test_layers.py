@@ -125,9 +125,9 @@ def resolve(name: str, modules: dict[str, Path]) -> str | None:
 
 
 SHARED_IMPORTS = {
-    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.hosts"): "the Host-header guard every "
+    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.http.hosts"): "the Host-header guard every "
     "server of the project shares lives in the sandbox server, the one program that may import nothing else",
-    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.keys"): "so does the key every server "
+    ("temporal_rollouts.policy_servers", "temporal_rollouts.sandbox_server.http.keys"): "so does the key every server "
     "of the project asks for beyond loopback, for the same reason",
 }
 
@@ -393,6 +393,57 @@ def test_the_sandbox_server_imports_nothing_else_of_the_project() -> None:
             assert outside == [], f"{module} imports {outside}"
 
 
+SERVER = "temporal_rollouts.sandbox_server"
+SERVER_SHARED = ("config", "errors", "schema")
+SERVER_ROOMS: dict[str, int] = {
+    "shared": 0,
+    "files": 1,
+    "limits": 2,
+    "state": 2,
+    "volumes": 3,
+    "isolation": 4,
+    "calls": 5,
+    "harness": 5,
+    "slots": 6,
+    "http": 7,
+    "__main__": 8,
+}
+"""The sandbox server's rooms, bottom up (its package docstring draws them). What every room shares
+(`SERVER_SHARED`) sits at the package's root; `__main__` starts the HTTP app."""
+
+
+def room_of(module: str) -> str:
+    first = module.removeprefix(SERVER + ".").split(".")[0]
+    return "shared" if first in SERVER_SHARED else first
+
+
+def server_room_imports() -> list[str]:
+    """Imports inside the sandbox server that run up its rooms or across two rooms of one floor."""
+    modules = project_modules()
+    problems = []
+    for module, path in modules.items():
+        if module == SERVER or not module.startswith(SERVER + "."):
+            continue
+        here = room_of(module)
+        for name, _ in imports_of(module, path):
+            target = resolve(name, modules)
+            if target is None or target == SERVER or not target.startswith(SERVER + "."):
+                continue
+            there = room_of(target)
+            if there != here and SERVER_ROOMS[there] >= SERVER_ROOMS[here]:
+                problems.append(f"{module} (room {SERVER_ROOMS[here]}) imports {target} (room {SERVER_ROOMS[there]})")
+    return sorted(set(problems))
+
+
+def test_every_sandbox_server_module_is_in_a_room() -> None:
+    rooms = {room_of(m) for m in project_modules() if m.startswith(SERVER + ".")}
+    assert rooms <= set(SERVER_ROOMS), f"add {sorted(rooms - set(SERVER_ROOMS))} to SERVER_ROOMS"
+
+
+def test_the_sandbox_servers_rooms_import_only_downward() -> None:
+    assert server_room_imports() == []
+
+
 def test_the_benchmarks_and_the_examples_import_nothing_of_the_top_floor() -> None:
     """They start and read runs through the control layer and the runtime, as a user's own script would."""
     assert script_imports_of_the_top_floor() == []
@@ -419,6 +470,9 @@ def main() -> None:
     modules = project_modules()
     print("upward imports:", len(upward_imports()))
     for line in upward_imports():
+        print("  ", line)
+    print("sandbox server imports up or across its rooms:", len(server_room_imports()))
+    for line in server_room_imports():
         print("  ", line)
     print("bench/ and examples/ importing the top floor:", len(script_imports_of_the_top_floor()))
     for line in script_imports_of_the_top_floor():

@@ -10,9 +10,9 @@ import tarfile
 
 import pytest
 
-from temporal_rollouts.sandbox_server import archive
-from temporal_rollouts.sandbox_server.archive import pack_folder, unpack_archive
-from temporal_rollouts.sandbox_server.files import Trash
+from temporal_rollouts.sandbox_server.files import archive
+from temporal_rollouts.sandbox_server.files.archive import pack_folder, unpack_archive
+from temporal_rollouts.sandbox_server.files.workspace import Trash
 
 MIB = 1024 * 1024
 

@@ -14,7 +14,7 @@ import pytest
 from temporal_rollouts.core.errors import ConfigError
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime import preflight
-from temporal_rollouts.sandbox_server import isolation
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
 from tests.support import REPO
 
 ROLLOUTS = Path(sys.executable).with_name("rollouts")
@@ -71,7 +71,7 @@ def test_the_worker_stops_before_anything_starts_with_the_same_line(no_bubblewra
 
 def test_without_required_isolation_or_local_sandboxes_there_is_nothing_to_check(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    isolation.bubblewrap_strategy.cache_clear()
+    bubblewrap.bubblewrap_strategy.cache_clear()
     try:
         with pytest.raises(ConfigError, match="needs bubblewrap"):
             preflight.check_local_sandboxes(Settings())
@@ -80,7 +80,7 @@ def test_without_required_isolation_or_local_sandboxes_there_is_nothing_to_check
         static = {"type": "static", "servers": [{"container_id": "s0", "url": "http://10.0.0.9:8080"}]}
         preflight.check_local_sandboxes(Settings(sandbox={"backend": static}))
     finally:
-        isolation.bubblewrap_strategy.cache_clear()
+        bubblewrap.bubblewrap_strategy.cache_clear()
 
 
 def test_bubblewrap_that_cannot_build_a_sandbox_names_the_switch(monkeypatch) -> None:

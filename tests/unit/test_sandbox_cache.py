@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
 
 

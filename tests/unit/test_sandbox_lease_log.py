@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from temporal_rollouts.sandbox_server.lease_log import (
+from temporal_rollouts.sandbox_server.state.lease_log import (
     LeaseLog,
     hand_over_latencies,
     idle_while_waiting,

@@ -1,5 +1,5 @@
 """Every HTTP server the project ships refuses to start beyond loopback without a key, checks the key in
-constant time, and takes it from the environment, never the command line (`sandbox_server/keys.py`).
+constant time, and takes it from the environment, never the command line (`sandbox_server/http/keys.py`).
 The CPU policy server also loads weights only from its weights folder.
 
 The servers: the sandbox server (which always needs its token: tests/unit/test_sandbox_server*.py),
@@ -20,8 +20,8 @@ from starlette.testclient import TestClient
 from temporalio.converter import DataConverter
 
 from temporal_rollouts.policy_servers import cpu_generate, demo
-from temporal_rollouts.sandbox_server import keys
-from temporal_rollouts.sandbox_server.keys import KEY_QUERY, KeyRequired, key_from_env, require_key
+from temporal_rollouts.sandbox_server.http import keys
+from temporal_rollouts.sandbox_server.http.keys import KEY_QUERY, KeyRequired, key_from_env, require_key
 from temporal_rollouts.view.app import KEY_COOKIE
 from temporal_rollouts.view.app import create_app as view_app
 

@@ -11,9 +11,9 @@ import pwd
 
 import pytest
 
-from temporal_rollouts.sandbox_server import uids
+from temporal_rollouts.sandbox_server.isolation import uids
 from temporal_rollouts.sandbox_server.errors import SandboxRequired
-from temporal_rollouts.sandbox_server.uids import UidClaims
+from temporal_rollouts.sandbox_server.isolation.uids import UidClaims
 
 FIRST = 61_000
 

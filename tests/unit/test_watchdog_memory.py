@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from temporal_rollouts.sandbox_server.shared_memory import FDS_PER_PASS, Held, MountCache, held_by
-from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog, _Watched
+from temporal_rollouts.sandbox_server.limits.shared_memory import FDS_PER_PASS, Held, MountCache, held_by
+from temporal_rollouts.sandbox_server.limits.watchdog import SlotRule, Watchdog, _Watched
 
 MIB = 1024 * 1024
 
@@ -35,7 +35,7 @@ def test_memfds_held_or_mapped_count_though_no_rss_shows_them():
 def test_a_shared_object_leaves_the_total_with_the_last_process_that_held_it(monkeypatch):
     killed = []
     monkeypatch.setattr(
-        "temporal_rollouts.sandbox_server.watchdog._signal", lambda pid, signum: killed.append(pid) or True
+        "temporal_rollouts.sandbox_server.limits.watchdog._signal", lambda pid, signum: killed.append(pid) or True
     )
     watchdog = Watchdog(lambda slot: SlotRule(uid=None, memory_bytes=300 * MIB, cpus=0))
     memfd = (1, 99)

@@ -14,12 +14,13 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
+from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.sandbox_server.schema import SlotLease
 
 ContainerState = Literal["healthy", "unresponsive", "dead", "unknown"]
@@ -54,6 +55,18 @@ class ContainerInfo(BaseModel):
 
 class SandboxBackend(ABC):
     name: ClassVar[str]
+    sandbox: SandboxSettings
+    """The `[sandbox]` settings it was built from, whole: its own config (`sandbox.backend`) and what every
+    server it starts is given (`ServerOptions`: slots per container, isolation, limits, caps)."""
+
+    @property
+    def slots_per_container(self) -> int:
+        return self.sandbox.slots_per_container
+
+    @property
+    def start_containers(self) -> bool:
+        """Whether a pool over it may start and restart containers (never for `static`)."""
+        return self.sandbox.start_containers
 
     @abstractmethod
     async def start_container(self, container_id: str | None = None, image: BuiltImage | None = None) -> ContainerInfo:
@@ -121,3 +134,11 @@ class SandboxBackend(ABC):
         lock = self.__dict__.setdefault("_exclusive_lock", asyncio.Lock())
         async with lock:
             yield
+
+
+def backend_config(sandbox: SandboxSettings, kind: str) -> Any:
+    """The `sandbox.backend` config, which must be of this kind."""
+    config = sandbox.backend
+    if config.type != kind:
+        raise ConfigError(f"sandbox.backend is {config.type!r}, not {kind!r}")
+    return config

@@ -34,13 +34,13 @@ import httpx
 
 from temporal_rollouts.core.errors import SandboxError, SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
+from temporal_rollouts.core.sandbox_backends import LocalBackendConfig
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend, backend_config
 from temporal_rollouts.sandbox.backends.processes import server_alive, stop_process, tail, terminate
 from temporal_rollouts.sandbox.backends.registry import ContainerRegistry
 from temporal_rollouts.sandbox.images.builder import ImageBuilder
-from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore
-from temporal_rollouts.sandbox_server.config import ServerOptions
+from temporal_rollouts.sandbox_server.state.persistence import LEASE_FILE, LeaseStore
 from temporal_rollouts.sandbox_server.schema import SlotLease
 
 log = logging.getLogger(__name__)
@@ -56,22 +56,13 @@ class LocalBackend(SandboxBackend):
     name = "local"
 
     def __init__(
-        self,
-        data_dir: Path,
-        slots_per_container: int = 8,
-        host: str = "127.0.0.1",
-        server: ServerOptions | None = None,
-        start_timeout_s: float = 30.0,
-        sweep_interval_s: float = 2.0,
-        images: ImageBuilder | None = None,
+        self, data_dir: Path, sandbox: SandboxSettings | None = None, images: ImageBuilder | None = None
     ) -> None:
+        """Containers under `data_dir/sandboxes`, started as `sandbox` says (the default settings if None;
+        its `backend` must be the local one); `images` builds and stores item images for them (None: none)."""
+        self.sandbox = sandbox if sandbox is not None else SandboxSettings()
+        self.config: LocalBackendConfig = backend_config(self.sandbox, "local")
         self.directory = Path(data_dir).resolve() / "sandboxes"
-        self.slots_per_container = slots_per_container
-        self.host = host
-        self.server = server or ServerOptions()
-        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
-        self.start_timeout_s = start_timeout_s
-        self.sweep_interval_s = sweep_interval_s
         self.registry = ContainerRegistry(self.directory / "containers.json")
         self.images = images
         """Builds item images into this host's store and mounts them for servers; None: no item images."""
@@ -79,15 +70,7 @@ class LocalBackend(SandboxBackend):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LocalBackend:
-        sandbox = settings.sandbox
-        host = sandbox.backend.host if sandbox.backend.type == "local" else "127.0.0.1"
-        return cls(
-            settings.data_dir,
-            slots_per_container=sandbox.slots_per_container,
-            host=host,
-            server=sandbox.options(),
-            images=ImageBuilder.from_settings(settings),
-        )
+        return cls(settings.data_dir, settings.sandbox, images=ImageBuilder.from_settings(settings))
 
     def container_dir(self, container_id: str) -> Path:
         return self.directory / container_id
@@ -233,7 +216,7 @@ class LocalBackend(SandboxBackend):
 
     async def _image_options(self, image: BuiltImage) -> dict[str, Any]:
         """What a server running its slots on `image` is given: the image's layer folders in this host's
-        store, topmost first, its WORKDIR and ENV (`sandbox_server.image_root`)."""
+        store, topmost first, its WORKDIR and ENV (`sandbox_server.files.image_root`)."""
         if self.images is None:
             raise SandboxError(f"this local backend has no image store for image {image.name}")
         return {
@@ -246,14 +229,12 @@ class LocalBackend(SandboxBackend):
     def _spawn_server(
         self, container_id: str, directory: Path, token_file: Path, ready_file: Path, on_image: dict[str, Any]
     ) -> subprocess.Popen[bytes]:
-        config = self.server.for_container(
+        config = self.sandbox.for_container(
             root=directory / "root",
-            slots=self.slots_per_container,
             container_id=container_id,
-            host=self.host,
+            host=self.config.host,
             port=0,
             token_file=token_file,
-            sweep_interval_s=self.sweep_interval_s,
             ready_file=ready_file,
             **on_image,
         )
@@ -275,7 +256,7 @@ class LocalBackend(SandboxBackend):
         return process
 
     async def _wait_until_ready(self, process: subprocess.Popen[bytes], ready_file: Path, log_path: Path) -> dict:
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise SandboxError(
@@ -286,7 +267,9 @@ class LocalBackend(SandboxBackend):
                 return json.loads(ready_file.read_text(encoding="utf-8"))
             await asyncio.sleep(0.05)
         terminate(process.pid, signal.SIGKILL)
-        raise SandboxUnreachable(f"sandbox server did not start within {self.start_timeout_s:g}s; see {log_path}")
+        raise SandboxUnreachable(
+            f"sandbox server did not start within {self.config.start_timeout_s:g}s; see {log_path}"
+        )
 
 
 SERVER_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")

@@ -45,20 +45,19 @@ from typing import Any
 from temporal_rollouts.core.errors import ConfigError, ImageBuildFailed, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.sandbox_backends import ModalBackendConfig
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
-from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, backend_config
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 from temporal_rollouts.sandbox.images import server_layer
 from temporal_rollouts.sandbox.images.builder import slug
 from temporal_rollouts.sandbox.images.context import context_key
-from temporal_rollouts.sandbox_server.config import ServerOptions
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "SANDBOX_TOKEN"
 TUNNEL_DOMAIN = ".modal.host"
-"""Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.hosts`)."""
+"""Modal's tunnels are named <id>.<region>.modal.host: the server answers to those (`sandbox_server.http.hosts`)."""
 POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
 
@@ -75,23 +74,12 @@ class ModalBackend(RemoteBackend):
     name = "modal"
 
     def __init__(
-        self,
-        config: ModalBackendConfig,
-        secret: PoolSecret,
-        *,
-        slots_per_container: int = 8,
-        max_containers: int = 4,
-        server: ServerOptions | None = None,
-        modal_api: ModuleType | Any | None = None,
+        self, sandbox: SandboxSettings, secret: PoolSecret, *, modal_api: ModuleType | Any | None = None
     ) -> None:
         if modal_api is None:
             import modal as modal_api  # the `cluster` extra
-        super().__init__(secret)
-        self.config = config
-        self.slots_per_container = slots_per_container
-        self.max_containers = max_containers
-        self.server = server or ServerOptions()
-        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
+        super().__init__(sandbox, secret)
+        self.config: ModalBackendConfig = backend_config(sandbox, "modal")
         self.modal = modal_api
         self._app: Any = None
         self._seen: dict[str, _Seen] = {}
@@ -100,13 +88,8 @@ class ModalBackend(RemoteBackend):
 
     @classmethod
     def from_settings(cls, settings: Settings, modal_api: Any = None) -> ModalBackend:
-        config = backend_config(settings, "modal")
-        return cls(
-            config,
-            PoolSecret.from_env(config.secret_env),
-            **server_options(settings),
-            modal_api=modal_api,
-        )
+        config = backend_config(settings.sandbox, "modal")
+        return cls(settings.sandbox, PoolSecret.from_env(config.secret_env), modal_api=modal_api)
 
     def container_name(self, index: int, image: BuiltImage | None = None) -> str:
         return f"{self.config.app_name}-{image.short + '-' if image else ''}{index}"
@@ -156,9 +139,8 @@ class ModalBackend(RemoteBackend):
             return self._built[key]
 
     def command(self, container_id: str) -> list[str]:
-        config = self.server.for_container(
+        config = self.sandbox.for_container(
             root=f"{self.config.workspace_base}/root",
-            slots=self.slots_per_container,
             container_id=container_id,
             host="0.0.0.0",
             port=self.config.port,
@@ -289,10 +271,10 @@ class ModalBackend(RemoteBackend):
                 if sandbox is not None:
                     return await self._wait_healthy(sandbox, starting[0])
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
-            names = [self.container_name(i, image) for i in range(2 * self.max_containers)]
+            names = [self.container_name(i, image) for i in range(2 * self.sandbox.max_containers)]
             free = [name for name in names if name not in taken]
             if not free:
-                raise SandboxError(f"all {2 * self.max_containers} Modal sandbox names are in use")
+                raise SandboxError(f"all {2 * self.sandbox.max_containers} Modal sandbox names are in use")
             container_id = free[0]
         try:
             sandbox = await self._modal_call(

@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 from temporal_rollouts.core.errors import ConfigError, SandboxError, SandboxUnreachable
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.sandbox_backends import NomadBackendConfig
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
-from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config, server_options
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, backend_config
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 from temporal_rollouts.sandbox.images.builder import ImageBuilder
 from temporal_rollouts.sandbox_server.config import ServerOptions
@@ -57,12 +57,11 @@ Result = TypeVar("Result")
 
 
 def job_spec(
-    config: NomadBackendConfig, server: ServerOptions, job_id: str, slots: int, image: BuiltImage | None = None
+    config: NomadBackendConfig, server: ServerOptions, job_id: str, image: BuiltImage | None = None
 ) -> dict[str, Any]:
     """The Nomad job (JSON API form) that runs one sandbox server, started with `server`'s options; with
     `image`, inside that item image (pushed with the server's layer, whose entrypoint is the server)."""
     where = {
-        "slots": slots,
         "container_id": job_id,
         "root": "${NOMAD_ALLOC_DIR}/data",
         "token_file": "${NOMAD_SECRETS_DIR}/token",
@@ -88,7 +87,7 @@ def job_spec(
             "privileged": config.privileged,
             "args": server_config.argv(),
         }
-        # Every server of the host claims slot uids from one folder (sandbox_server/uids.py).
+        # Every server of the host claims slot uids from one folder (sandbox_server/isolation/uids.py).
         if config.share_uid_claims:
             claims = str(server_config.uid_claims_dir)
             task_config["volumes"] = [f"{claims}:{claims}"]
@@ -148,49 +147,44 @@ class NomadBackend(RemoteBackend):
 
     def __init__(
         self,
-        config: NomadBackendConfig,
+        sandbox: SandboxSettings,
         secret: PoolSecret,
         *,
-        slots_per_container: int = 8,
-        max_containers: int = 4,
-        server: ServerOptions | None = None,
         acl_token: str | None = None,
         images: ImageBuilder | None = None,
-        registry: str | None = None,
     ) -> None:
+        """Jobs as `sandbox` says (its `backend` must be the Nomad one); `images` builds item images here and
+        pushes them to its `images.registry` for the clients to pull (None: no item images)."""
         import nomad  # python-nomad, the `cluster` extra
 
-        super().__init__(secret)
-        self.config = config
-        self.slots_per_container = slots_per_container
-        self.max_containers = max_containers
-        self.server = server or ServerOptions()
-        """What every server it starts is given (isolation, slot uids, limits, network, caps)."""
+        super().__init__(sandbox, secret)
+        self.config: NomadBackendConfig = backend_config(sandbox, "nomad")
         self._nomad = nomad
         self._client = nomad.Nomad(
-            address=config.address, token=acl_token, namespace=config.namespace, region=config.region, timeout=10
+            address=self.config.address,
+            token=acl_token,
+            namespace=self.config.namespace,
+            region=self.config.region,
+            timeout=10,
         )
         self.images = images
-        """Builds item images on this worker (buildah), adds the server's layer and pushes them."""
-        self.registry = registry
-        """Where item images are pushed for the Nomad clients to pull (`images.registry`)."""
+        """Builds item images on this worker (buildah), adds the server's layer and pushes them where the
+        Nomad clients pull from (its settings' `registry`)."""
         self._ports: dict[str, str] = {}
         self._images: dict[tuple[str, int], BuiltImage | None] = {}
         self._checked = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NomadBackend:
-        config = backend_config(settings, "nomad")
+        config = backend_config(settings.sandbox, "nomad")
         acl_token = None
         if config.token_env is not None:
             acl_token = os.environ.get(config.token_env) or None
         return cls(
-            config,
+            settings.sandbox,
             PoolSecret.from_env(config.secret_env),
-            **server_options(settings),
             acl_token=acl_token,
             images=ImageBuilder.from_settings(settings),
-            registry=settings.images.registry,
         )
 
     def job_id(self, index: int, image: BuiltImage | None = None) -> str:
@@ -203,16 +197,17 @@ class NomadBackend(RemoteBackend):
                 f"{wanted_by} names {spec.describe()}: item images on Nomad run under the docker driver "
                 '(sandbox.backend.driver = "docker")'
             )
-        if self.images is None or not self.registry:
+        registry = self.images.settings.registry if self.images is not None else None
+        if self.images is None or not registry:
             raise ConfigError(
                 f"{wanted_by} names {spec.describe()}: set images.registry to a registry the Nomad clients pull "
                 "from (docs/images.md says how to build and push by hand)"
             )
-        registry = self.registry.rstrip("/") + "/"
-        if spec.reference is not None and spec.reference.startswith(registry):  # published ahead, layer and all
+        published = spec.reference is not None and spec.reference.startswith(registry.rstrip("/") + "/")
+        if published:  # pushed there ahead, the server's layer and all
             key = hashlib.sha256(f"reference\0{spec.reference}".encode()).hexdigest()
             return BuiltImage(key=key, name=spec.reference, remote=spec.reference)
-        return await self.images.publish(await self.images.ready(spec, wanted_by), self.registry)
+        return await self.images.publish(await self.images.ready(spec, wanted_by), registry)
 
     async def _nomad_call(self, call: Callable[[], Result]) -> Result:
         """One python-nomad call in a thread; a refused token is a configuration error, anything else
@@ -331,14 +326,16 @@ class NomadBackend(RemoteBackend):
             if starting := sorted(taken - healthy - dead):
                 # Another worker is starting one (or Nomad is restarting it): it is the one more we need.
                 return await self._wait_healthy(starting[0])
-            free = [self.job_id(i, image) for i in range(self.max_containers) if self.job_id(i, image) not in taken]
+            free = [
+                self.job_id(i, image) for i in range(self.sandbox.max_containers) if self.job_id(i, image) not in taken
+            ]
             if not free:
-                raise SandboxError(f"all {self.max_containers} Nomad sandbox jobs exist already")
+                raise SandboxError(f"all {self.sandbox.max_containers} Nomad sandbox jobs exist already")
             container_id = free[0]
         elif _index_of(container_id, self.config.job_prefix + "-") is None:
             raise SandboxError(f"{container_id!r} is not a job of this pool ({self.config.job_prefix}-<index>)")
         await self._put_token(container_id)
-        spec = job_spec(self.config, self.server, container_id, self.slots_per_container, image)
+        spec = job_spec(self.config, self.sandbox, container_id, image)
         try:
             await self._nomad_call(
                 lambda: self._client.job.register_job(
@@ -356,7 +353,7 @@ class NomadBackend(RemoteBackend):
         """Re-register a dead job under an index check: one worker does it, the others wait for it."""
         job = await self._nomad_call(lambda: self._client.job.get_job(container_id))
         if job.get("Status") == "dead" and not job.get("Stop"):
-            spec = job_spec(self.config, self.server, container_id, self.slots_per_container, _image_of(job))
+            spec = job_spec(self.config, self.sandbox, container_id, _image_of(job))
             body = {"Job": spec, "EnforceIndex": True, "JobModifyIndex": job["JobModifyIndex"]}
             try:
                 await self._nomad_call(lambda: self._client.job.register_job(container_id, body))

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from temporal_rollouts.core.errors import SandboxUnreachable
 from temporal_rollouts.sandbox.backends.base import ContainerInfo
-from temporal_rollouts.sandbox_server.persistence import write_json_atomically
+from temporal_rollouts.sandbox_server.state.persistence import write_json_atomically
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,10 @@ server they start is given."""
 
 from __future__ import annotations
 
-from typing import Any
 
 import httpx
 
-from temporal_rollouts.core.errors import ConfigError
-from temporal_rollouts.core.settings import Settings
+from temporal_rollouts.core.settings import SandboxSettings
 from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, SandboxBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 
@@ -45,7 +43,8 @@ class HealthProbe:
 class RemoteBackend(SandboxBackend):
     """A backend whose servers present tokens derived from the pool secret."""
 
-    def __init__(self, secret: PoolSecret) -> None:
+    def __init__(self, sandbox: SandboxSettings, secret: PoolSecret) -> None:
+        self.sandbox = sandbox
         self.secret = secret
         self.probe = HealthProbe()
 
@@ -54,21 +53,3 @@ class RemoteBackend(SandboxBackend):
 
     async def aclose(self) -> None:
         await self.probe.aclose()
-
-
-def backend_config(settings: Settings, kind: str) -> Any:
-    """The `sandbox.backend` config, which must be of this kind."""
-    config = settings.sandbox.backend
-    if config.type != kind:
-        raise ConfigError(f"sandbox.backend is {config.type!r}, not {kind!r}")
-    return config
-
-
-def server_options(settings: Settings) -> dict[str, Any]:
-    """What every sandbox server a backend starts is given, from the pool settings."""
-    sandbox = settings.sandbox
-    return {
-        "slots_per_container": sandbox.slots_per_container,
-        "max_containers": sandbox.max_containers,
-        "server": sandbox.options(),
-    }

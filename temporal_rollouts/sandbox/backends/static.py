@@ -15,31 +15,31 @@ import time
 
 from temporal_rollouts.core.errors import ConfigError, SandboxError
 from temporal_rollouts.core.images import BuiltImage
-from temporal_rollouts.core.settings import Settings
-from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState
-from temporal_rollouts.sandbox.backends.remote import RemoteBackend, backend_config
+from temporal_rollouts.core.sandbox_backends import StaticBackendConfig
+from temporal_rollouts.core.settings import SandboxSettings, Settings
+from temporal_rollouts.sandbox.backends.base import ContainerInfo, ContainerState, backend_config
+from temporal_rollouts.sandbox.backends.remote import RemoteBackend
 from temporal_rollouts.sandbox.backends.tokens import PoolSecret
 
 
 class StaticBackend(RemoteBackend):
     name = "static"
 
-    def __init__(self, servers: dict[str, str], secret: PoolSecret) -> None:
-        if not servers:
+    def __init__(self, sandbox: SandboxSettings, secret: PoolSecret) -> None:
+        config: StaticBackendConfig = backend_config(sandbox, "static")
+        ids = [server.container_id for server in config.servers]
+        if not ids:
             raise ConfigError("the static sandbox backend needs at least one server")
-        super().__init__(secret)
-        self.servers = {container_id: url.rstrip("/") for container_id, url in servers.items()}
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"sandbox.backend.servers repeats a container id: {ids}")
+        super().__init__(sandbox, secret)
+        self.servers = {server.container_id: server.url.rstrip("/") for server in config.servers}
         self._started_at = time.time()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StaticBackend:
-        config = backend_config(settings, "static")
-        ids = [server.container_id for server in config.servers]
-        if len(set(ids)) != len(ids):
-            raise ConfigError(f"sandbox.backend.servers repeats a container id: {ids}")
-        return cls(
-            {server.container_id: server.url for server in config.servers}, PoolSecret.from_env(config.secret_env)
-        )
+        config = backend_config(settings.sandbox, "static")
+        return cls(settings.sandbox, PoolSecret.from_env(config.secret_env))
 
     def _info(self, container_id: str) -> ContainerInfo:
         return ContainerInfo(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import HarnessGone
 from temporal_rollouts.sandbox_server.harness.process import SlotHarness, start_harness, stop_harness
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox
 from temporal_rollouts.sandbox_server.schema import (
     HarnessAnswered,
     HarnessAnswerRequest,
@@ -24,8 +24,7 @@ __all__ = ["SlotHarnesses"]
 class SlotHarnesses:
     """The harnesses of one server's slots, by slot index; the caller has checked each request's lease."""
 
-    def __init__(self, require_isolation: bool) -> None:
-        self.require_isolation = require_isolation
+    def __init__(self) -> None:
         self._harnesses: dict[int, SlotHarness] = {}
         self._starting: dict[int, asyncio.Lock] = {}
 
@@ -34,12 +33,11 @@ class SlotHarnesses:
         request: HarnessStartRequest,
         *,
         folder: Path,
-        workspace: Path,
-        allow_network: bool,
-        confinement: Confinement | None,
+        sandbox: SlotSandbox,
         bundle: Path | None,
     ) -> HarnessState:
-        """Start it, or answer the state of the one this id already started (a retried start)."""
+        """Start it in `sandbox` (the lease's), or answer the state of the one this id already started (a
+        retried start)."""
         async with self._starting.setdefault(request.slot, asyncio.Lock()):
             current = self._harnesses.get(request.slot)
             if (
@@ -52,10 +50,7 @@ class SlotHarnesses:
             harness = await start_harness(
                 request,
                 folder=folder,
-                workspace=workspace,
-                allow_network=allow_network,
-                require_isolation=self.require_isolation,
-                confinement=confinement,
+                sandbox=sandbox,
                 bundle=bundle,
             )
             self._harnesses[request.slot] = harness

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.harness.endpoint import ModelEndpoint
-from temporal_rollouts.sandbox_server.isolation import isolation_mode, start_sandboxed
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, isolation_mode, start_sandboxed
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 from temporal_rollouts.sandbox_server.schema import HarnessExit, HarnessStartRequest, HarnessState
 
 RUN_DIR = "/run/rollouts"
@@ -87,14 +87,13 @@ async def start_harness(
     request: HarnessStartRequest,
     *,
     folder: Path,
-    workspace: Path,
-    allow_network: bool,
-    require_isolation: bool,
-    confinement: Confinement | None,
+    sandbox: SlotSandbox,
     bundle: Path | None,
 ) -> SlotHarness:
-    """Start the harness `request` names in the slot, its endpoint first; `folder`: the server's own folder for
-    it (bound into the slot read-only), never in the slot's volume."""
+    """Start the harness `request` names in the slot, its endpoint first, in `sandbox` (the lease's, taken
+    whole, as every command of the slot); `folder`: the server's own folder for it (bound into the slot
+    read-only), never in the slot's volume."""
+    confinement = sandbox.confinement
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     os.chmod(folder, 0o755)
@@ -105,7 +104,7 @@ async def start_harness(
     key = secrets.token_urlsafe(32)
     endpoint = ModelEndpoint(folder / "model.sock", key, request.model)
     await endpoint.start()
-    isolated = isolation_mode(require_isolation) == "bubblewrap"
+    isolated = isolation_mode(sandbox.require_isolation) == "bubblewrap"
     run = RUN_DIR if isolated else str(folder)  # unisolated, nothing is bound: the command sees the host's paths
     environment = {
         **request.env,
@@ -122,14 +121,10 @@ async def start_harness(
     try:
         process = await start_sandboxed(
             ["bash", "-c", WRAPPER.format(run=run, command=_with_path(request.command, bundle is not None))],
-            workspace,
+            sandbox,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            allow_network=allow_network,
-            require_isolation=require_isolation,
-            confinement=confinement,
-            slot=request.slot,
             cache=[bundle] if bundle is not None else [],
             part=HARNESS_PART,
             filtered=True,
@@ -147,10 +142,10 @@ async def start_harness(
         process=process,
         tail_chars=request.tail_chars,
         confinement=confinement,
-        slot=request.slot,
+        slot=sandbox.slot,
     )
     if confinement is not None:
-        harness.watching.enter_context(confinement.watched(request.slot, process.pid))
+        harness.watching.enter_context(confinement.watched(sandbox.slot, process.pid))
     assert process.stdout is not None and process.stderr is not None
     harness.pumps = [
         asyncio.create_task(_pump(process.stdout, harness.stdout, 4 * harness.tail_chars + READ_CHUNK)),

@@ -31,8 +31,8 @@ from collections.abc import AsyncIterable, Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from temporal_rollouts.sandbox_server import sparse
-from temporal_rollouts.sandbox_server.beneath import (
+from temporal_rollouts.sandbox_server.files import sparse
+from temporal_rollouts.sandbox_server.files.beneath import (
     MAX_DEPTH,
     chmod_at,
     describe,
@@ -42,7 +42,7 @@ from temporal_rollouts.sandbox_server.beneath import (
     walk,
 )
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
-from temporal_rollouts.sandbox_server.files import Trash
+from temporal_rollouts.sandbox_server.files.workspace import Trash
 
 PERMISSION_BITS = 0o777
 OPAQUE_XATTR = "trusted.overlay.opaque"

@@ -1,6 +1,6 @@
 """The seccomp filter the agent's sandboxes run under: no process of theirs can set a setuid or setgid bit.
 
-Stripping the bits after each command (`files.settle`) left them on the host's disk while the
+Stripping the bits after each command (`workspace.settle`) left them on the host's disk while the
 command ran, and cost a walk of the whole workspace per command: on an SWE checkout of a few
 thousand files that walk is 10-20 CPU-ms of stat calls, several times the rest of a tool call.
 Refused at the syscall, the bits never exist, so after the agent's commands the walk is needed
@@ -15,7 +15,7 @@ cannot read (openat2 keeps it in a struct; io_uring submits opens from a ring) a
 libraries fall back to the calls above. Syscalls of another ABI (i386 or x32 on x86_64) answer
 ENOSYS too, so the filter cannot be stepped around. mkdir needs no rule: the kernel drops those bits
 from its mode. The filter is built with libseccomp (through `pyseccomp`) once per server. Where
-libseccomp is missing or bwrap cannot load the filter (`isolation.setuid_bits_refused` tries it
+libseccomp is missing or bwrap cannot load the filter (`bubblewrap.setuid_bits_refused` tries it
 once), sandboxes run without it and the server strips the bits after every command.
 """
 

@@ -29,7 +29,7 @@ import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from temporal_rollouts.sandbox_server.shared_memory import FDS_PER_PASS, Held, Key, MountCache, held_by
+from temporal_rollouts.sandbox_server.limits.shared_memory import FDS_PER_PASS, Held, Key, MountCache, held_by
 
 log = logging.getLogger(__name__)
 

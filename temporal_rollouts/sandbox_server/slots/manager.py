@@ -7,7 +7,7 @@ moment a slot is handed back. A waiter can be withdrawn by ticket, or leaves whe
 its caller goes away, so a dead client never keeps a place in line nor receives a
 slot. Leases that are not renewed lapse (checked on every operation and by a
 background sweeper) and their slot is reset and handed on. Every change is written
-to the lease event log (see `temporal_rollouts.sandbox_server.lease_log`).
+to the lease event log (see `temporal_rollouts.sandbox_server.state.lease_log`).
 
 Each slot's files live in its volume (`slot_volume`), held to its disk and file limits; a check
 that finds a slot past one (after a call, or the disk guard between calls) stops every process
@@ -28,30 +28,22 @@ import os
 import time
 import uuid
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from temporal_rollouts.sandbox_server import isolation
-from temporal_rollouts.sandbox_server.reaper import reap_orphans
-from temporal_rollouts.sandbox_server.cache import SharedCache
-from temporal_rollouts.sandbox_server.disk_guard import guard_disks
-from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.isolation import bubblewrap
+from temporal_rollouts.sandbox_server.isolation.reaper import reap_orphans
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
+from temporal_rollouts.sandbox_server.slots.disk_guard import guard_disks
+from temporal_rollouts.sandbox_server.files.disk_usage import Passed, describe_passed
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, LeaseLost, SandboxRequired, SlotUnavailable
-from temporal_rollouts.sandbox_server.execution import CallRunner, Slot
-from temporal_rollouts.sandbox_server.files import give_tree, remove_tree
-from temporal_rollouts.sandbox_server.config import (
-    DEFAULT_UID_BASE,
-    DEFAULT_UID_CLAIMS,
-    DEFAULT_UID_COUNT,
-    ServerConfig,
-    SlotLimits,
-)
-from temporal_rollouts.sandbox_server.image_root import ImageRoot, SlotRoot
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.calls.execution import CallRunner, Slot
+from temporal_rollouts.sandbox_server.files.workspace import give_tree, remove_tree
+from temporal_rollouts.sandbox_server.config import ContainerConfig, SlotLimits
+from temporal_rollouts.sandbox_server.files.image_root import ImageRoot, SlotRoot
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 from temporal_rollouts.sandbox_server.harness import SlotHarnesses
 from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_MAX_OUTPUT_CHARS,
     DrainResult,
     ExecuteRequest,
     HarnessAnswered,
@@ -70,11 +62,16 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotState,
     ToolOutput,
 )
-from temporal_rollouts.sandbox_server.slot_volume import Leftover, SlotVolume, SlotVolumes, VolumeChoice, slot_folder
-from temporal_rollouts.sandbox_server.slotbook import SlotBook
-from temporal_rollouts.sandbox_server.uids import UidClaims, save_uid, saved_uid
-from temporal_rollouts.sandbox_server.waitline import Waiter, WaitLine
-from temporal_rollouts.sandbox_server.watchdog import SlotRule, Watchdog
+from temporal_rollouts.sandbox_server.volumes.slot_volume import (
+    Leftover,
+    SlotVolume,
+    SlotVolumes,
+    slot_folder,
+)
+from temporal_rollouts.sandbox_server.slots.slotbook import SlotBook
+from temporal_rollouts.sandbox_server.isolation.uids import UidClaims, save_uid, saved_uid
+from temporal_rollouts.sandbox_server.slots.waitline import Waiter, WaitLine
+from temporal_rollouts.sandbox_server.limits.watchdog import SlotRule, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -90,60 +87,37 @@ class Grant(NamedTuple):
 
 
 class SlotManager:
+    config: ContainerConfig
+    """What this container's slots start with, whole: nothing here copies its fields."""
     cache: SharedCache
-    """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.cache`)."""
+    """Shared by the slots, read-only to them; survives reset and release (`sandbox_server.files.cache`)."""
 
-    def __init__(
-        self,
-        root: Path,
-        slots: int,
-        container_id: str,
-        *,
-        require_isolation: bool = True,
-        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        sweep_interval_s: float = 2.0,
-        journal_limit: int = 10_000,
-        limits: SlotLimits | None = None,
-        uid_base: int = DEFAULT_UID_BASE,
-        allow_network_unprotected: bool = False,
-        use_cgroups: bool = True,
-        uid_count: int = DEFAULT_UID_COUNT,
-        uid_claims_dir: Path = DEFAULT_UID_CLAIMS,
-        slot_volume: VolumeChoice = "auto",
-        image: ImageRoot | None = None,
-    ) -> None:
-        if slots < 1:
-            raise ValueError("a sandbox container needs at least one slot")
-        self.root = root
-        self.container_id = container_id
-        self.require_isolation = require_isolation
-        self.allow_network_unprotected = allow_network_unprotected
-        self.sweep_interval_s = sweep_interval_s
+    def __init__(self, config: ContainerConfig) -> None:
+        self.config = config
         # Cgroups are named after the container and its slot folder: a server restarted in place finds its
         # own (and kills what was left in them), two servers never share one.
-        cgroup_name = f"{container_id}-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]}"
+        cgroup_name = f"{config.container_id}-{hashlib.sha256(str(config.root.resolve()).encode()).hexdigest()[:8]}"
         self.confinement = Confinement.detect(
-            limits if limits is not None else SlotLimits(), uid_base, cgroup_name, use_cgroups, uid_count
+            config.limits, config.slot_uid_base, cgroup_name, config.use_cgroups, config.slot_uid_count
         )
-        self.confinement.image = image
-        self.uid_claims_dir = uid_claims_dir
+        self.confinement.image = ImageRoot.from_config(config)
         self._claims: UidClaims | None = None
         self._line = WaitLine()
-        self.volume_choice: VolumeChoice = slot_volume
         self.volumes = SlotVolumes("checked", "not chosen yet")  # `start` chooses the best this host allows
-        volumes = [SlotVolume(slot_folder(root, index), "checked", self.confinement.limits) for index in range(slots)]
-        self._book = SlotBook(root, volumes, container_id, self._line)
+        volumes = [
+            SlotVolume(slot_folder(config.root, index), "checked", self.confinement.limits)
+            for index in range(config.slots_per_container)
+        ]
+        self._book = SlotBook(config.root, volumes, config.container_id, self._line)
         self._slots = self._book.slots
-        if image is not None:  # every slot's root is the image with its own layer over it (`image_root`)
+        if (image := self.confinement.image) is not None:  # every slot's root is the image with its own layer over it
             for slot in self._slots:
                 slot.root = SlotRoot(image, slot.folder)
                 slot.volume.layered = True
-        self.cache = SharedCache(root)
-        self._runner = CallRunner(
-            root, max_output_chars, require_isolation, journal_limit, self.confinement, self.cache
-        )
+        self.cache = SharedCache(config.root)
+        self._runner = CallRunner(config, self.confinement, self.cache)
         self._runner.over_limit = self.over_limit
-        self.harnesses = SlotHarnesses(require_isolation)
+        self.harnesses = SlotHarnesses()
         self._quarantine_retry: dict[int, tuple[float, float]] = {}
         """slot -> (when its reset is tried again, the wait before that)."""
         self._background: set[asyncio.Task[Any]] = set()
@@ -154,47 +128,28 @@ class SlotManager:
         self._closing = False
         self._draining = False
 
-    @classmethod
-    def from_config(cls, config: ServerConfig) -> SlotManager:
-        return cls(
-            config.root,
-            config.slots,
-            config.container_id,
-            require_isolation=config.require_isolation,
-            max_output_chars=config.max_output_chars,
-            sweep_interval_s=config.sweep_interval_s,
-            limits=config.limits,
-            uid_base=config.slot_uid_base,
-            uid_count=config.slot_uid_count,
-            uid_claims_dir=config.uid_claims_dir,
-            allow_network_unprotected=config.allow_network_unprotected,
-            use_cgroups=config.use_cgroups,
-            slot_volume=config.slot_volume,
-            image=ImageRoot.from_config(config),
-        )
-
     async def start(self) -> None:
         """Claim the slots' uids, reset workspaces no live lease owns (left by an earlier process) and
         start the sweeper.
 
         A slot that cannot be reset is quarantined; it never stops the server from starting."""
         if self.isolation_mode == "none":
-            if self.require_isolation:
+            if self.config.require_isolation:
                 log.error("bubblewrap is missing and isolation is required: every command will be refused")
             else:
-                isolation.warn_unisolated()  # on every start, not once per process
-        if self.allow_network_unprotected:
+                bubblewrap.warn_unisolated()  # on every start, not once per process
+        if self.config.allow_network_unprotected:
             log.warning(
                 "slots leased with network on share this host's network: they can reach every service it "
                 "can (Temporal, sandbox servers, storage, policy servers). allow_network_unprotected is set."
             )
-        if self.confinement.dedicated_uids and isolation.bubblewrap_strategy() == "userns":
-            top = self.root.resolve()
+        if self.confinement.dedicated_uids and bubblewrap.bubblewrap_strategy() == "userns":
+            top = self.config.root.resolve()
             blocked = [str(p) for p in [top, *top.parents] if not os.stat(p).st_mode & 0o001]
             if blocked:
                 log.error("slots run bubblewrap as their own uid, but others cannot search %s: commands fail", blocked)
         if self.isolation_mode == "bubblewrap":  # tried once now, so a refused filter is logged at start
-            await asyncio.to_thread(isolation.setuid_bits_refused)
+            await asyncio.to_thread(bubblewrap.setuid_bits_refused)
         if self.confinement.image is not None and (problem := self.confinement.image.problem()):
             raise SandboxRequired(problem)
         moved = await asyncio.to_thread(self._claim_uids) if self.confinement.dedicated_uids else {}
@@ -203,7 +158,7 @@ class SlotManager:
             self.confinement.watchdog = Watchdog(self._watch_rule)
             self.confinement.watchdog.start()
         self.volumes = await asyncio.to_thread(
-            SlotVolumes.choose, self.root, self.confinement.limits, len(self._slots), self.volume_choice
+            SlotVolumes.choose, self.config.root, self.confinement.limits, len(self._slots), self.config.slot_volume
         )
         for slot in self._slots:
             slot.volume.kind = self.volumes.kind
@@ -233,7 +188,7 @@ class SlotManager:
         """One uid per slot that no other slot on this host holds, the one it had before where it can.
         Returns the leased slots whose uid changed, with the uid their workspace still belongs to."""
         c = self.confinement
-        self._claims = UidClaims(self.uid_claims_dir, c.uid_base, c.uid_count)
+        self._claims = UidClaims(self.config.uid_claims_dir, c.uid_base, c.uid_count)
         moved = {}
         for slot in self._slots:
             before = saved_uid(slot.folder)
@@ -361,7 +316,7 @@ class SlotManager:
             task.cancel()
         await asyncio.gather(*running, *(t for t in [self._sweeper, self._guard] if t), return_exceptions=True)
         await asyncio.gather(*self._clearing, return_exceptions=True)
-        await self._runner.sessions.close({slot.index: slot.workspace for slot in self._slots})
+        await self._runner.sessions.close()
         await self._runner.launchers.close()
         await self.harnesses.close()
         if self.confinement.watchdog is not None:
@@ -386,30 +341,32 @@ class SlotManager:
         await self.close()
 
     @property
-    def isolation_mode(self) -> isolation.IsolationMode:
-        return "bubblewrap" if isolation.bubblewrap_path() else "none"
+    def isolation_mode(self) -> bubblewrap.IsolationMode:
+        return "bubblewrap" if bubblewrap.bubblewrap_path() else "none"
 
     def health(self) -> HealthStatus:
         self._expire_lapsed()
         return HealthStatus(
-            container_id=self.container_id,
+            container_id=self.config.container_id,
             slots=len(self._slots),
             free=sum(slot.free for slot in self._slots),
             waiters=len(self._line),
             isolation=self.isolation_mode,
             idle_since=self._book.idle_since,
             draining=self._draining,
-            require_isolation=self.require_isolation,
+            require_isolation=self.config.require_isolation,
             quarantined={s.index: s.quarantined for s in self._slots if s.quarantined},
             limits={
-                **self.confinement.in_force(isolation.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
+                **self.confinement.in_force(bubblewrap.bubblewrap_sizes_tmpfs() and self.isolation_mode != "none"),
                 **self.volumes.describe(self.confinement.limits),
                 "setuid_bits": "refused-in-agent-sandboxes"
-                if isolation.setuid_bits_refused()
+                if bubblewrap.setuid_bits_refused()
                 else "stripped-after-command",
             },
             not_held={**self.confinement.not_held(), **self.volumes.not_held(self.confinement.limits)},
-            network="refused" if not self.allow_network_unprotected else "host network (control plane reachable)",
+            network="refused"
+            if not self.config.allow_network_unprotected
+            else "host network (control plane reachable)",
             slot_limits=self.confinement.limits,
             slot_uids=dict(self.confinement.slot_uids),
             uid_range=(c.uid_base, c.uid_base + c.uid_count - 1) if (c := self.confinement).dedicated_uids else None,
@@ -437,8 +394,8 @@ class SlotManager:
         if ttl_s <= 0 or wait_s < 0:
             raise BadToolRequest("ttl_s must be positive and wait_s not negative")
         if self._draining or self._closing:
-            raise SlotUnavailable(f"sandbox {self.container_id} is draining to stop and takes no new leases")
-        if allow_network and not self.allow_network_unprotected:
+            raise SlotUnavailable(f"sandbox {self.config.container_id} is draining to stop and takes no new leases")
+        if allow_network and not self.config.allow_network_unprotected:
             raise SandboxRequired(
                 "a slot with network on would share the sandbox host's network and could reach the control "
                 "plane (Temporal, sandbox servers, storage, policy servers); this server refuses network-on "
@@ -450,12 +407,12 @@ class SlotManager:
         if not len(self._line) and (slot := next((s for s in self._slots if s.free), None)):
             return Grant(self._grant(slot, holder, ttl_s, allow_network), True)
         if wait_s == 0:
-            raise SlotUnavailable(f"no slot of sandbox {self.container_id} is free")
+            raise SlotUnavailable(f"no slot of sandbox {self.config.container_id} is free")
         served = await self._line.wait(
             holder, ttl_s, allow_network, wait_s, give_back=self.give_back, ticket=ticket, notify=self._waiter_moved
         )
         if served is None:
-            raise SlotUnavailable(f"no slot of sandbox {self.container_id} became free within {wait_s:g}s")
+            raise SlotUnavailable(f"no slot of sandbox {self.config.container_id} became free within {wait_s:g}s")
         return Grant(served.granted.result(), not served.reused)
 
     def withdraw(self, ticket: str, reason: str = "withdrawn") -> bool:
@@ -472,7 +429,7 @@ class SlotManager:
         idle_since = self._book.idle_since
         if not self._draining and idle_since is not None and time.time() - idle_since >= idle_s:
             self._draining = True
-            self._line.turn_away(SlotUnavailable(f"sandbox {self.container_id} is draining to stop"))
+            self._line.turn_away(SlotUnavailable(f"sandbox {self.config.container_id} is draining to stop"))
         return DrainResult(draining=self._draining, idle_since=idle_since)
 
     def renew(self, slot: int, lease_id: str, ttl_s: float) -> SlotLease:
@@ -533,9 +490,7 @@ class SlotManager:
         return await self.harnesses.start(
             request,
             folder=slot.folder / "harness",
-            workspace=slot.workspace,
-            allow_network=slot.allow_network,
-            confinement=self.confinement.with_limits(slot.limits),
+            sandbox=self._runner.sandbox_of(slot),
             bundle=self.cache.path(request.bundle) if request.bundle else None,
         )
 
@@ -566,7 +521,7 @@ class SlotManager:
 
     def _leased(self, index: int, lease_id: str, ttl_s: float | None = None) -> Slot:
         if not 0 <= index < len(self._slots):
-            raise BadToolRequest(f"sandbox {self.container_id} has no slot {index}")
+            raise BadToolRequest(f"sandbox {self.config.container_id} has no slot {index}")
         slot = self._slots[index]
         # This slot's lease only: a pass over every slot on each call cost 80-150 us at 2,000 slots; the
         # sweeper (and every acquire) still retires the others' lapsed leases.
@@ -585,7 +540,7 @@ class SlotManager:
 
     def _grant(self, slot: Slot, holder: Holder, ttl_s: float, allow_network: bool, reuse: bool = False) -> SlotLease:
         slot.lease = SlotLease(
-            container_id=self.container_id,
+            container_id=self.config.container_id,
             slot=slot.index,
             lease_id=slot.lease.lease_id if reuse and slot.lease else uuid.uuid4().hex,
             holder=holder,
@@ -637,7 +592,7 @@ class SlotManager:
             for task in list(slot.running):
                 task.cancel()
             await asyncio.gather(*slot.running, return_exceptions=True)
-            await self._runner.sessions.stop(slot.index, slot.workspace)  # the lease ended: so does its terminal
+            await self._runner.sessions.stop(slot.index)  # the lease ended: so does its terminal
             await self._runner.launchers.stop(slot.index)  # and its launcher
             await self.harnesses.stop_slot(slot.index)  # and its harness
             if reset:
@@ -669,7 +624,7 @@ class SlotManager:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.sweep_interval_s)
+            await asyncio.sleep(self.config.sweep_interval_s)
             try:
                 self._expire_lapsed()
                 reap_orphans()  # a sandbox's init that ended after its command did

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, SlotLimits
-from temporal_rollouts.sandbox_server.image_root import ImageRoot
-from temporal_rollouts.sandbox_server.watchdog import Watchdog
+from temporal_rollouts.sandbox_server.files.image_root import ImageRoot
+from temporal_rollouts.sandbox_server.limits.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 

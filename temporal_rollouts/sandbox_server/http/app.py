@@ -36,10 +36,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from temporal_rollouts.sandbox_server import transfer
-from temporal_rollouts.sandbox_server.reaper import adopt_orphans
-from temporal_rollouts.sandbox_server.beneath import describe
-from temporal_rollouts.sandbox_server.hosts import AllowedHosts, HostGuard
+from temporal_rollouts.sandbox_server.calls import transfer
+from temporal_rollouts.sandbox_server.isolation.reaper import adopt_orphans
+from temporal_rollouts.sandbox_server.files.beneath import describe
+from temporal_rollouts.sandbox_server.http.hosts import AllowedHosts, HostGuard
 from temporal_rollouts.sandbox_server.errors import (
     BadToolRequest,
     HarnessGone,
@@ -54,11 +54,10 @@ from temporal_rollouts.sandbox_server.errors import (
     SnapshotTooLarge,
     TransferTooLarge,
 )
-from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S, ServerConfig
-from temporal_rollouts.sandbox_server.mount_namespace import enter_own_mount_namespace
-from temporal_rollouts.sandbox_server.persistence import write_json_atomically
+from temporal_rollouts.sandbox_server.config import ServerConfig
+from temporal_rollouts.sandbox_server.volumes.mount_namespace import enter_own_mount_namespace
+from temporal_rollouts.sandbox_server.state.persistence import write_json_atomically
 from temporal_rollouts.sandbox_server.schema import (
-    DEFAULT_MAX_TRANSFER_BYTES,
     AcquireRequest,
     CacheQuery,
     CopyRequest,
@@ -77,7 +76,7 @@ from temporal_rollouts.sandbox_server.schema import (
     WithdrawRequest,
     WithdrawResult,
 )
-from temporal_rollouts.sandbox_server.slots import SlotManager
+from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +99,11 @@ Model = TypeVar("Model", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[BaseModel | list[BaseModel] | Response]]
 
 
-def create_app(
-    manager: SlotManager,
-    token: str,
-    max_transfer_bytes: int = DEFAULT_MAX_TRANSFER_BYTES,
-    allowed_hosts: AllowedHosts | None = None,
-    max_pack_s: float = DEFAULT_MAX_PACK_S,
-) -> Starlette:
-    """The server's routes; requests for another host than `allowed_hosts` (by default a loopback
-    server's names) are refused (`hosts`)."""
+def create_app(manager: SlotManager, token: str, allowed_hosts: AllowedHosts | None = None) -> Starlette:
+    """The server's routes, with the transfer caps of the manager's config; requests for another host
+    than `allowed_hosts` (by default a loopback server's names) are refused (`hosts`)."""
     expected = token.encode()
+    max_transfer_bytes, max_pack_s = manager.config.max_transfer_bytes, manager.config.max_pack_s
 
     def authorize(request: Request) -> None:
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
@@ -329,13 +323,11 @@ def read_token(token_file: Path | None = None, token_env: str | None = None) -> 
 
 async def serve(config: ServerConfig) -> None:
     adopt_orphans()  # bubblewrap's orphaned inits come to this process, which reaps them (`reaper`)
-    manager = SlotManager.from_config(config)
+    manager = SlotManager(config)
     app = create_app(
         manager,
         read_token(config.token_file, config.token_env),
-        config.max_transfer_bytes,
         AllowedHosts.for_bind(config.host, config.allowed_hosts),
-        config.max_pack_s,
     )
     listener = _tcp_listener(config.host, config.port)
     uvicorn_config = uvicorn.Config(
@@ -386,7 +378,7 @@ async def _announce_when_started(server: uvicorn.Server, listener: socket.socket
     port = listener.getsockname()[1]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "") else config.host
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    log.info("sandbox %s serving %d slots at %s", config.container_id, config.slots, url)
+    log.info("sandbox %s serving %d slots at %s", config.container_id, config.slots_per_container, url)
     if config.ready_file:
         write_json_atomically(config.ready_file, {"url": url, "pid": os.getpid(), "container_id": config.container_id})
 

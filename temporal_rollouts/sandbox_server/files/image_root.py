@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.beneath import folder_beneath, open_root
-from temporal_rollouts.sandbox_server.config import ServerConfig
+from temporal_rollouts.sandbox_server.files.beneath import folder_beneath, open_root
+from temporal_rollouts.sandbox_server.config import ContainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ class ImageRoot:
     name: str = ""
 
     @classmethod
-    def from_config(cls, config: ServerConfig) -> ImageRoot | None:
-        """The image a `ServerConfig` names (`image_layers`), or None for the server's own root."""
+    def from_config(cls, config: ContainerConfig) -> ImageRoot | None:
+        """The image a `ContainerConfig` names (`image_layers`), or None for the server's own root."""
         if not config.image_layers:
             return None
         return cls(tuple(config.image_layers), config.image_workdir, tuple(config.image_env), config.image_name or "")

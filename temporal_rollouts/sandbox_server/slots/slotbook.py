@@ -5,7 +5,7 @@ change of state is written down the same way: persisted leases survive a restart
 of the process, the event log feeds measurements, and `idle_since` tells the pool
 when a container may be stopped.
 
-Leases are kept in an append-only journal (`temporal_rollouts.sandbox_server.persistence.LeaseStore`): a
+Leases are kept in an append-only journal (`temporal_rollouts.sandbox_server.state.persistence.LeaseStore`): a
 grant or a release appends one line instead of rewriting every live lease. Renewals
 are the frequent change (every operation renews its lease), so the journal holds
 each lease with an expiry written ahead of the real one, by a quarter of its TTL, and
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from temporal_rollouts.sandbox_server.execution import Slot
-from temporal_rollouts.sandbox_server.lease_log import LeaseLog
-from temporal_rollouts.sandbox_server.persistence import LEASE_FILE, LeaseStore, StoredLease
+from temporal_rollouts.sandbox_server.calls.execution import Slot
+from temporal_rollouts.sandbox_server.state.lease_log import LeaseLog
+from temporal_rollouts.sandbox_server.state.persistence import LEASE_FILE, LeaseStore, StoredLease
 from temporal_rollouts.sandbox_server.schema import Holder, LeaseEvent, LeaseEventKind, SlotLease
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
-from temporal_rollouts.sandbox_server.waitline import WaitLine
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.slots.waitline import WaitLine
 
 SAVE_AHEAD = 0.25
 """How far ahead of a lease's real expiry its saved expiry lies, as a share of its TTL."""

@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.archive import pack_folder, spool_body, unpack_archive
-from temporal_rollouts.sandbox_server.beneath import (
+from temporal_rollouts.sandbox_server.files.archive import pack_folder, spool_body, unpack_archive
+from temporal_rollouts.sandbox_server.files.beneath import (
     ToolPath,
     describe,
     folder_beneath,
@@ -41,8 +41,8 @@ from temporal_rollouts.sandbox_server.beneath import (
 )
 from temporal_rollouts.sandbox_server.config import DEFAULT_MAX_PACK_S
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, TransferTooLarge
-from temporal_rollouts.sandbox_server.execution import Slot
-from temporal_rollouts.sandbox_server.files import Trash
+from temporal_rollouts.sandbox_server.calls.execution import Slot
+from temporal_rollouts.sandbox_server.files.workspace import Trash
 from temporal_rollouts.sandbox_server.schema import (
     FileEntry,
     FileListing,

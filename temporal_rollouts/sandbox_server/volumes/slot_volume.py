@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from temporal_rollouts.sandbox_server import loop_fs
+from temporal_rollouts.sandbox_server.volumes import loop_fs
 from temporal_rollouts.sandbox_server.config import MIB, SlotLimits
-from temporal_rollouts.sandbox_server.disk_usage import DiskUsage
-from temporal_rollouts.sandbox_server.files import TRASH_PREFIX, prepare_workspace, remove_tree
+from temporal_rollouts.sandbox_server.files.disk_usage import DiskUsage
+from temporal_rollouts.sandbox_server.files.workspace import TRASH_PREFIX, prepare_workspace, remove_tree
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server import loop_device
+from temporal_rollouts.sandbox_server.volumes import loop_device
 
 INODE_BYTES = 256
 BLOCK_BYTES = 4096

@@ -16,17 +16,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.cache import SharedCache
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
-from temporal_rollouts.sandbox_server.beneath import ToolPath, describe, refused
-from temporal_rollouts.sandbox_server.disk_usage import Passed, describe_passed
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
-from temporal_rollouts.sandbox_server.files import read_text, write_text
-from temporal_rollouts.sandbox_server.isolation import isolation_mode, run_command
-from temporal_rollouts.sandbox_server.launcher import Launcher
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.files.beneath import ToolPath, describe, refused
+from temporal_rollouts.sandbox_server.files.disk_usage import Passed, describe_passed
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.files.workspace import read_text, write_text
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, isolation_mode, run_command
+from temporal_rollouts.sandbox_server.isolation.launcher import Launcher
 from temporal_rollouts.sandbox_server.schema import ExecOp, Operation, ReadFileOp, SearchOp, ToolOutput, WriteFileOp
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 OverLimit = Callable[[int, Passed], Awaitable[None]]
 """(slot index, the limit it passed): what to do when a check finds a slot past a limit."""
@@ -36,12 +35,10 @@ SEARCH_LINE_CHARS = 400
 
 @dataclass(frozen=True)
 class SlotContext:
-    workspace: Path
-    allow_network: bool
+    """What one operation works with: the slot's sandbox, taken whole, and what the server adds to it."""
+
+    sandbox: SlotSandbox
     max_output_chars: int
-    require_isolation: bool
-    confinement: Confinement | None = None
-    slot: int = 0
     cache: SharedCache | None = None
     launcher: Launcher | None = None
     """The slot's resident launcher (`launcher`), for an ExecOp or a SearchOp that asked for it."""
@@ -55,10 +52,14 @@ class SlotContext:
     """A tool's path in this slot (`Slot.tool_path`): under /workspace, or on an item image under `/`."""
 
     @property
+    def workspace(self) -> Path:
+        return self.sandbox.workspace
+
+    @property
     def owner(self) -> tuple[int, int] | None:
         """Who host-side writes must leave files to: the slot's uid when the server runs as root."""
-        c = self.confinement
-        return (c.uid(self.slot), c.gid(self.slot)) if c is not None and c.dedicated_uids else None
+        c, slot = self.sandbox.confinement, self.sandbox.slot
+        return (c.uid(slot), c.gid(slot)) if c is not None and c.dedicated_uids else None
 
 
 async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -> ToolOutput:
@@ -83,18 +84,14 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
         raise BadToolRequest("timeout_s must be positive")
     if op.cache and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache")
-    if op.read_only and isolation_mode(slot.require_isolation) != "bubblewrap":
+    if op.read_only and isolation_mode(slot.sandbox.require_isolation) != "bubblewrap":
         raise BadToolRequest("a read-only workspace needs bubblewrap, and this server runs commands unisolated")
     cache = [slot.cache.path(name) for name in dict.fromkeys(op.cache)] if slot.cache is not None else []
     result = await run_command(
         op.command,
-        slot.workspace,
+        slot.sandbox,
         timeout_s=op.timeout_s,
         max_output_chars=slot.max_output_chars,
-        allow_network=slot.allow_network,
-        require_isolation=slot.require_isolation,
-        confinement=slot.confinement,
-        slot=slot.slot,
         cache=cache,
         launcher=slot.launcher,
         read_only=op.read_only,
@@ -157,12 +154,9 @@ async def _search(call_id: str, op: SearchOp, slot: SlotContext) -> ToolOutput:
     argv = ["grep", "-rnHIsP", "--color=never", "-e", op.pattern, "--", *where]
     result = await run_command(
         shlex.join(argv),
-        slot.workspace,
+        dataclasses.replace(slot.sandbox, allow_network=False),  # grep needs no network, whatever the lease allows
         timeout_s=SEARCH_TIMEOUT_S,
         max_output_chars=slot.max_output_chars,
-        require_isolation=slot.require_isolation,
-        confinement=slot.confinement,
-        slot=slot.slot,
         launcher=slot.launcher,
     )
     if result.timed_out:
@@ -184,24 +178,24 @@ async def settle_after_command(slot: SlotContext, ran_s: float, bits_refused: bo
     processes are then stopped, `SlotManager.over_limit`), else "". A volume of its own is measured (one
     statfs); a checked one is walked when a walk is due, and the walk strips setuid and setgid bits after
     every command that could set them (`bits_refused` False): `disk_watch` says when."""
-    if slot.volume is None or slot.confinement is None:
+    if slot.volume is None or slot.sandbox.confinement is None:
         return ""
     watch = slot.disk if slot.disk is not None else DiskWatch()
-    limits = slot.confinement.limits
+    limits = slot.sandbox.confinement.limits
     usage = await watch.after(slot.volume, ran_s, bits_refused=bits_refused, limits=limits)
     passed, stop = watch.judge(usage, slot.volume, limits)
     if passed is None:
         return ""
     if stop and slot.over_limit is not None:
-        await slot.over_limit(slot.slot, passed)
+        await slot.over_limit(slot.sandbox.slot, passed)
     return _limit_notice(slot, passed)
 
 
 async def _over_disk(slot: SlotContext, adding: int) -> str:
     """A notice when the workspace, with `adding` more bytes and one more file, would be past a limit, else ""."""
-    if slot.volume is None or slot.confinement is None:
+    if slot.volume is None or slot.sandbox.confinement is None:
         return ""
-    limits = slot.confinement.limits
+    limits = slot.sandbox.confinement.limits
     watch = slot.disk if slot.disk is not None else DiskWatch()
     usage = await watch.after(slot.volume, 0.0, bits_refused=True, limits=limits)  # the server writes no such bits
     grown = dataclasses.replace(
@@ -215,8 +209,8 @@ async def _over_disk(slot: SlotContext, adding: int) -> str:
 
 
 def _limit_notice(slot: SlotContext, passed: Passed) -> str:
-    assert slot.volume is not None and slot.confinement is not None
-    limits = slot.confinement.limits
+    assert slot.volume is not None and slot.sandbox.confinement is not None
+    limits = slot.sandbox.confinement.limits
     limit = describe_passed(passed, limits, slot.volume.files_limit(limits))
     return f"\n[sandbox: the workspace is past {limit}; delete files before writing more]"
 

@@ -15,14 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.cache import SharedCache
-from temporal_rollouts.sandbox_server.disk_watch import DiskWatch
+from temporal_rollouts.sandbox_server.files.cache import SharedCache
+from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
-from temporal_rollouts.sandbox_server.isolation import setuid_bits_refused
-from temporal_rollouts.sandbox_server.launcher import SlotLaunchers
-from temporal_rollouts.sandbox_server.limits import Confinement, SlotLimits
-from temporal_rollouts.sandbox_server.operations import OverLimit, SlotContext, run_operation, settle_after_command
-from temporal_rollouts.sandbox_server.persistence import ExecutionLog, ResultJournal, StoredResult
+from temporal_rollouts.sandbox_server.config import ContainerConfig
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, setuid_bits_refused
+from temporal_rollouts.sandbox_server.isolation.launcher import SlotLaunchers
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement, SlotLimits
+from temporal_rollouts.sandbox_server.calls.operations import (
+    OverLimit,
+    SlotContext,
+    run_operation,
+    settle_after_command,
+)
+from temporal_rollouts.sandbox_server.state.persistence import ExecutionLog, ResultJournal, StoredResult
 from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
     ExecuteRequest,
@@ -32,10 +38,10 @@ from temporal_rollouts.sandbox_server.schema import (
     StopProcessesOp,
     ToolOutput,
 )
-from temporal_rollouts.sandbox_server.sessions import SlotSessions
-from temporal_rollouts.sandbox_server.beneath import ToolPath
-from temporal_rollouts.sandbox_server.image_root import SlotRoot
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.calls.sessions import SlotSessions
+from temporal_rollouts.sandbox_server.files.beneath import ToolPath
+from temporal_rollouts.sandbox_server.files.image_root import SlotRoot
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 
 @dataclass
@@ -91,27 +97,31 @@ class Slot:
 
 
 class CallRunner:
-    def __init__(
-        self,
-        root: Path,
-        max_output_chars: int,
-        require_isolation: bool,
-        journal_limit: int,
-        confinement: Confinement,
-        cache: SharedCache | None = None,
-    ) -> None:
+    config: ContainerConfig
+
+    def __init__(self, config: ContainerConfig, confinement: Confinement, cache: SharedCache | None = None) -> None:
+        self.config = config
         self.cache = cache
-        self.max_output_chars = max_output_chars
-        self.require_isolation = require_isolation
         self.confinement = confinement
         self.closing = False
         self.over_limit: OverLimit | None = None
         """Called when an operation finds the slot past its disk or file limit (`SlotManager` stops its processes)."""
-        self._journal = ResultJournal(root / "results.jsonl", limit=journal_limit)
-        self._executions = ExecutionLog(root / "executions.jsonl")
+        self._journal = ResultJournal(config.root / "results.jsonl", limit=config.results_kept)
+        self._executions = ExecutionLog(config.root / "executions.jsonl")
         self._inflight: dict[str, asyncio.Task[ToolOutput]] = {}
-        self.sessions = SlotSessions(max_output_chars, require_isolation, confinement, root)
-        self.launchers = SlotLaunchers(require_isolation)
+        self.sessions = SlotSessions(config)
+        self.launchers = SlotLaunchers()
+
+    def sandbox_of(self, slot: Slot) -> SlotSandbox:
+        """Where and as whom the slot's commands run now: its workspace (its root on an item image), the
+        server's confinement narrowed to this lease's limits, the lease's network."""
+        return SlotSandbox(
+            slot.workspace,
+            slot.index,
+            self.confinement.with_limits(slot.limits),
+            slot.allow_network,
+            self.config.require_isolation,
+        )
 
     def close_files(self) -> None:
         self._journal.close()
@@ -140,22 +150,16 @@ class CallRunner:
         async with slot.lock:
             async with slot.stopping:  # a stop for a limit in progress ends before anything of the slot starts
                 pass
-            confinement = self.confinement.with_limits(slot.limits)
+            sandbox = self.sandbox_of(slot)
             operation, launcher = request.operation, None
             resident = (
                 isinstance(operation, ExecOp) and operation.resident and not operation.cache and not operation.read_only
             ) or (isinstance(operation, SearchOp) and operation.resident)
             if resident:  # the agent's own commands (its terminal calls, its searches); hooks' get their own sandboxes
-                launcher = await self.launchers.for_command(
-                    slot.index, slot.workspace, request.lease_id, slot.allow_network, confinement
-                )
+                launcher = await self.launchers.for_command(sandbox, request.lease_id)
             context = SlotContext(
-                slot.workspace,
-                slot.allow_network,
-                self.max_output_chars,
-                self.require_isolation,
-                confinement,
-                slot.index,
+                sandbox,
+                self.config.max_output_chars,
                 self.cache,
                 launcher,
                 slot.disk,
@@ -165,20 +169,12 @@ class CallRunner:
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):
-                output = await self.sessions.run(
-                    slot.index,
-                    slot.workspace,
-                    request.lease_id,
-                    slot.allow_network,
-                    request.call_id,
-                    request.operation,
-                    context.confinement,
-                )
+                output = await self.sessions.run(sandbox, request.lease_id, request.call_id, request.operation)
                 ran_s, refused = time.monotonic() - clock, setuid_bits_refused()
                 if over_disk := await settle_after_command(context, ran_s, refused):
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             elif isinstance(request.operation, StopProcessesOp):
-                output = await self._stop_processes(slot, request.call_id, confinement)
+                output = await self._stop_processes(slot, request.call_id, sandbox.confined)
             else:
                 output = await run_operation(request.call_id, request.operation, context)
             if notices := slot.take_notices():
@@ -199,7 +195,7 @@ class CallRunner:
     async def _stop_processes(self, slot: Slot, call_id: str, confinement: Confinement) -> ToolOutput:
         """End every process of the slot (`StopProcessesOp`); the slot's lock is held, so none of its
         operations runs meanwhile, and the next command starts in a sandbox of its own."""
-        await self.sessions.stop(slot.index, slot.workspace)
+        await self.sessions.stop(slot.index)
         await self.launchers.stop(slot.index)
         left = await asyncio.to_thread(confinement.kill_slot, slot.index)
         left += await asyncio.to_thread(confinement.kill_uid, slot.index)

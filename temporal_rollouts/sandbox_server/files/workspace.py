@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.beneath import (
+from temporal_rollouts.sandbox_server.files.beneath import (
     ToolPath,
     chmod_at,
     folder_beneath,
@@ -25,8 +25,8 @@ from temporal_rollouts.sandbox_server.beneath import (
     open_root,
     walk,
 )
-from temporal_rollouts.sandbox_server.disk_usage import DiskUsage
-from temporal_rollouts.sandbox_server.output import BYTES_PER_CHAR, BoundedOutput
+from temporal_rollouts.sandbox_server.files.disk_usage import DiskUsage
+from temporal_rollouts.sandbox_server.files.output import BYTES_PER_CHAR, BoundedOutput
 
 TRASH_PREFIX = "trash-"
 REMOVE_TIMEOUT_S = 600.0

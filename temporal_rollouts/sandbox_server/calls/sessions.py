@@ -1,10 +1,10 @@
 """The stateful terminal: one long-lived shell per slot whose directory, variables and background processes last.
 
-One-shot commands kill everything they started when they end (`isolation`). Agent
+One-shot commands kill everything they started when they end (`bubblewrap`). Agent
 tasks also need a shell that stays: a server started in the background that a later
 call talks to, a `cd`, an activated venv. So a slot may have one session: bash in a
 pseudo-terminal (util-linux `script` provides it, so Ctrl-C and job control work as
-at a keyboard), started through `isolation.command_launch` like every command, hence
+at a keyboard), started through `bubblewrap.command_launch` like every command, hence
 inside the same sandbox, limits and network policy; only its lifetime differs.
 
 The server reads the session's output all the time into a bounded buffer with
@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from temporal_rollouts.sandbox_server.errors import BadToolRequest, SandboxLaunchFailed
-from temporal_rollouts.sandbox_server.isolation import start_sandboxed
-from temporal_rollouts.sandbox_server.limits import Confinement
-from temporal_rollouts.sandbox_server.output import BoundedOutput
+from temporal_rollouts.sandbox_server.config import ContainerConfig
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, start_sandboxed
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
+from temporal_rollouts.sandbox_server.files.output import BoundedOutput
 from temporal_rollouts.sandbox_server.schema import SessionOp, ToolOutput
-from temporal_rollouts.sandbox_server.slot_volume import slot_folder
+from temporal_rollouts.sandbox_server.volumes.slot_volume import slot_folder
 
 log = logging.getLogger(__name__)
 
@@ -144,49 +145,35 @@ class Session:
 class SlotSessions:
     """The sessions of one server's slots, by slot index. A session is only ever used under its slot's lock."""
 
-    def __init__(
-        self,
-        max_output_chars: int,
-        require_isolation: bool,
-        confinement: Confinement | None = None,
-        root: Path | None = None,
-    ) -> None:
-        self.max_output_chars = max_output_chars
-        self.require_isolation = require_isolation
-        self.confinement = confinement
-        self.root = root
-        """The server's root: each session's record is kept in its slot's folder, never in the slot's volume
-        (where a full disk would keep it from being written)."""
+    config: ContainerConfig
+    """Its output cap, and the server's root: each session's record is kept in its slot's folder, never in
+    the slot's volume (where a full disk would keep it from being written)."""
+
+    def __init__(self, config: ContainerConfig) -> None:
+        self.config = config
         self._sessions: dict[int, Session] = {}
 
-    def _where(self) -> str:
+    @staticmethod
+    def _where(sandbox: SlotSandbox) -> str:
         """Where a new session starts: /workspace, or on an item image its WORKDIR."""
-        image = self.confinement.image if self.confinement is not None else None
+        image = sandbox.confinement.image if sandbox.confinement is not None else None
         return image.workdir if image is not None else "/workspace"
 
-    def _record(self, index: int, workspace: Path) -> Path:
-        return (slot_folder(self.root, index) if self.root is not None else workspace.parent) / SESSION_FILE
+    def _record(self, index: int) -> Path:
+        return slot_folder(self.config.root, index) / SESSION_FILE
 
-    async def run(
-        self,
-        index: int,
-        workspace: Path,
-        lease_id: str,
-        allow_network: bool,
-        call_id: str,
-        op: SessionOp,
-        confinement: Confinement | None = None,
-    ) -> ToolOutput:
-        """One action of the slot's session; `confinement`: this lease's (narrowed) limits, for a new session."""
+    async def run(self, sandbox: SlotSandbox, lease_id: str, call_id: str, op: SessionOp) -> ToolOutput:
+        """One action of the slot's session; `sandbox`: this lease's, with its (narrowed) limits, for a new session."""
+        index = sandbox.slot
         started = time.monotonic()
         session = self._sessions.get(index)
-        record = self._record(index, workspace)
+        record = self._record(index)
         if session is not None and session.lease_id != lease_id:  # a release that never reached us
-            await self.stop(index, workspace)
+            await self.stop(index)
             session = None
         if session is not None and not session.alive:
             code = session.process.returncode
-            await self.stop(index, workspace)
+            await self.stop(index)
             if op.action != "start":
                 return _failed(
                     call_id,
@@ -202,18 +189,18 @@ class SlotSessions:
                 return _failed(call_id, lost)
         if op.action == "stop":
             stopped = session is not None
-            await self.stop(index, workspace)
+            await self.stop(index)
             return ToolOutput(
                 call_id=call_id,
                 ok=True,
                 output="stopped the terminal session" if stopped else "no terminal session was running",
             )
         if session is None:
-            session = await self._start(index, workspace, lease_id, allow_network, confinement or self.confinement)
+            session = await self._start(sandbox, lease_id)
             if op.action == "start":
                 note = f"{lost}\n" if lost else ""
                 return ToolOutput(
-                    call_id=call_id, ok=True, output=f"{note}started a terminal session in {self._where()}"
+                    call_id=call_id, ok=True, output=f"{note}started a terminal session in {self._where(sandbox)}"
                 )
         elif op.action == "start":
             return ToolOutput(call_id=call_id, ok=True, output="the terminal session is already running")
@@ -230,7 +217,7 @@ class SlotSessions:
             output = ToolOutput(call_id=call_id, ok=True, output=await asyncio.to_thread(_screen, shown))
         if not session.alive:  # the command ended the shell (`exit`): say so now, start afresh next time
             code = session.process.returncode
-            await self.stop(index, workspace)
+            await self.stop(index)
             note = f"[the shell exited with status {code}: the session is over; the next call starts a new one]"
             output.output = f"{output.output.rstrip()}\n{note}".lstrip()
             if op.action == "run":
@@ -238,12 +225,12 @@ class SlotSessions:
         output.duration_s = time.monotonic() - started
         return output
 
-    async def stop(self, index: int, workspace: Path, *, forget: bool = True) -> None:
+    async def stop(self, index: int, *, forget: bool = True) -> None:
         """Kill the session's sandbox and everything in it. `forget=False` keeps its record, so a server
         that comes back (this one is shutting down) reports the session as lost instead of unknown."""
         session = self._sessions.pop(index, None)
         if forget:
-            self._record(index, workspace).unlink(missing_ok=True)
+            self._record(index).unlink(missing_ok=True)
         if session is None:
             return
         _kill_group(session.process.pid)
@@ -256,23 +243,18 @@ class SlotSessions:
             session.pump.cancel()
             await asyncio.gather(session.pump, return_exceptions=True)
 
-    async def close(self, workspaces: dict[int, Path]) -> None:
+    async def close(self) -> None:
         for index in list(self._sessions):
-            await self.stop(index, workspaces[index], forget=False)
+            await self.stop(index, forget=False)
 
-    async def _start(
-        self, index: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement | None
-    ) -> Session:
+    async def _start(self, sandbox: SlotSandbox, lease_id: str) -> Session:
+        index, confinement = sandbox.slot, sandbox.confinement
         process = await start_sandboxed(
             ["bash", "-c", LAUNCH],
-            workspace,
+            sandbox,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            allow_network=allow_network,
-            require_isolation=self.require_isolation,
-            confinement=confinement,
-            slot=index,
             part=SESSION_PART,
             filtered=True,
         )
@@ -285,11 +267,11 @@ class SlotSessions:
         session.write(f"{SETUP}; printf '\\036%s:%d\\036' {nonce} 0\n")
         if not await _wait_for_marker(session, 0, nonce, START_TIMEOUT_S):
             text, _ = session.take(0)
-            await self.stop(index, workspace)
+            await self.stop(index)
             raise SandboxLaunchFailed(f"the terminal session did not start: {text.decode(errors='replace')[-500:]}")
         session.read_mark = session.screen_from = session.end
         record = {"lease_id": lease_id, "server_pid": os.getpid(), "started_at": time.time()}
-        self._record(index, workspace).write_text(json.dumps(record))
+        self._record(index).write_text(json.dumps(record))
         return session
 
     async def _run_command(self, session: Session, call_id: str, op: SessionOp) -> ToolOutput:
@@ -344,9 +326,9 @@ class SlotSessions:
     async def _capped(self, taken: tuple[bytes, bool]) -> tuple[str, bool]:
         data, lost = taken
         if len(data) > OFF_LOOP_BYTES:  # up to a megabyte of output: rendered in a thread, the server keeps answering
-            text, truncated = await asyncio.to_thread(_render_capped, data, self.max_output_chars)
+            text, truncated = await asyncio.to_thread(_render_capped, data, self.config.max_output_chars)
         else:
-            text, truncated = _render_capped(data, self.max_output_chars)
+            text, truncated = _render_capped(data, self.config.max_output_chars)
         if lost:
             text = "[... earlier output dropped ...]\n" + text
         return text, truncated or lost

@@ -12,7 +12,7 @@ last argument (the ones before it name it for `ps`), and runs one command at a t
     launcher -> server   b"exit <code>" (128 + n: killed by signal n), b"fail <why>" (not started)
                          or b"lost" (its status was lost: the server replaces the launcher)
 
-The argv is the server's (`isolation.bash_script`): bash reports, waits for the go byte and
+The argv is the server's (`bubblewrap.bash_script`): bash reports, waits for the go byte and
 closes fds 5 and 6 before it reads the command. The command starts with posix_spawn, which
 copies nothing of the launcher's memory (a fork of it costs more than the bash it starts),
 in a new session, with fd 0 from /dev/null, 1 and 2 the output, 3 the script, 4 the started

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable
 
 from temporal_rollouts.sandbox_server.config import SlotLimits
-from temporal_rollouts.sandbox_server.execution import Slot
-from temporal_rollouts.sandbox_server.operations import OverLimit
+from temporal_rollouts.sandbox_server.calls.execution import Slot
+from temporal_rollouts.sandbox_server.calls.operations import OverLimit
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The slot's workspace is the only writable place the command sees (at /workspace)
 private, size-limited /tmp (and, read-only, the container cache entries the command named); the
 system directories are read-only and nothing else of the host is visible. Every mount is
 nosuid,nodev, and the command runs as an unprivileged uid with no capabilities (see
-`temporal_rollouts.sandbox_server.limits.Confinement`). Every command gets its own process group
+`temporal_rollouts.sandbox_server.limits.confinement.Confinement`). Every command gets its own process group
 and session, and its own cgroup under the slot's where the host has one, so when it exits or
 times out everything it started dies with it: no background process outlives the command that
 started it, and nothing else of the slot (its stateful terminal, another command) dies with it.
@@ -31,21 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from temporal_rollouts.sandbox_server.beneath import WORKSPACE_MOUNT
+from temporal_rollouts.sandbox_server.files.beneath import WORKSPACE_MOUNT
 from temporal_rollouts.sandbox_server.errors import SandboxLaunchFailed, SandboxRequired
 from temporal_rollouts.sandbox_server.config import DEFAULT_UID_BASE, SlotLimits
-from temporal_rollouts.sandbox_server.limits import Confinement, running_as_root
-from temporal_rollouts.sandbox_server.output import BoundedOutput
-from temporal_rollouts.sandbox_server import syscall_filter
-from temporal_rollouts.sandbox_server.reaper import reap_orphans
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement, running_as_root
+from temporal_rollouts.sandbox_server.files.output import BoundedOutput
+from temporal_rollouts.sandbox_server.isolation import syscall_filter
+from temporal_rollouts.sandbox_server.isolation.reaper import reap_orphans
 
 if TYPE_CHECKING:
-    from temporal_rollouts.sandbox_server.launcher import Launcher
+    from temporal_rollouts.sandbox_server.isolation.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
 CACHE_MOUNT = "/cache"
-"""Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.cache`)."""
+"""Where a command sees the container's cache entries it named (`temporal_rollouts.sandbox_server.files.cache`)."""
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_ONLY_DIRS = ("/usr", "/etc")
 SYSTEM_LINK_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -73,6 +73,24 @@ class CommandResult:
     duration_s: float
     bits_refused: bool = False
     """Whether it ran under `syscall_filter` (forked from the resident launcher), so it set no setuid bit."""
+
+
+@dataclass(frozen=True)
+class SlotSandbox:
+    """Where and as whom one slot's commands run: its workspace, its uid and limits (`confinement`), its
+    network, and whether running unisolated is refused. Every way a command starts (one-shot, the
+    resident launcher, the terminal) takes it whole."""
+
+    workspace: Path
+    slot: int = 0
+    confinement: Confinement | None = None
+    """None: the default one (an unprivileged uid, no limits), for callers that name none."""
+    allow_network: bool = False
+    require_isolation: bool = True
+
+    @property
+    def confined(self) -> Confinement:
+        return self.confinement if self.confinement is not None else default_confinement()
 
 
 def sandbox_environment(home: str) -> dict[str, str]:
@@ -306,12 +324,8 @@ def isolation_mode(require_isolation: bool) -> IsolationMode:
 
 def command_launch(
     script: list[str],
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
-    allow_network: bool,
-    require_isolation: bool,
-    confinement: Confinement | None = None,
-    slot: int = 0,
     cache: Sequence[Path] = (),
     part: str = "command",
     as_pid_1: bool = False,
@@ -323,7 +337,7 @@ def command_launch(
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
     within its limits: the one launch path shared by one-shot commands (`run_command`) and the stateful
     terminal's shell (`sessions`), so both get the same isolation and limits. Start it with
-    `start_new_session=True` and `cwd=workspace`. `cache`: host folders of cache entries the command
+    `start_new_session=True` and `cwd=sandbox.workspace`. `cache`: host folders of cache entries the command
     sees read-only at /cache/<name> ($SANDBOX_CACHE); unisolated, it sees the host's folder itself.
     `part`: the command's own cgroup under the slot's (`Confinement.end_part` ends it alone).
     `as_pid_1`: `script` is its sandbox's pid 1 (`bubblewrap_argv`), and must reap what its children
@@ -331,13 +345,12 @@ def command_launch(
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
     socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
     make it so. `binds`: host folders bound read-only inside (bubblewrap only); `environment`: more variables."""
-    mode = isolation_mode(require_isolation)
+    mode = isolation_mode(sandbox.require_isolation)
     if read_only and mode != "bubblewrap":
         raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
-    if confinement is None:
-        confinement = default_confinement()
+    confinement, slot, workspace = sandbox.confined, sandbox.slot, sandbox.workspace
     if running_as_root() and not confinement.dedicated_uids:
-        if require_isolation:
+        if sandbox.require_isolation:
             raise SandboxRequired("the sandbox server runs as root but cannot drop slots to an unprivileged uid")
         warn_root_once()
     prefix = confinement.join_cgroups(slot, part) + confinement.rlimits()
@@ -349,7 +362,7 @@ def command_launch(
             workspace,
             confinement.image.workdir,
             script,
-            allow_network=allow_network,
+            allow_network=sandbox.allow_network,
             tmp_bytes=confinement.limits.tmp_bytes,
             cache=cache,
             as_pid_1=as_pid_1,
@@ -375,7 +388,7 @@ def command_launch(
                 bwrap,
                 workspace,
                 inner + script,
-                allow_network=allow_network,
+                allow_network=sandbox.allow_network,
                 as_root=as_root,
                 tmp_bytes=confinement.limits.tmp_bytes,
                 cache=cache,
@@ -396,7 +409,7 @@ def command_launch(
 
 async def start_sandboxed(
     script: list[str],
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
     stdin: int,
     stdout: int,
@@ -411,13 +424,13 @@ async def start_sandboxed(
     bubblewrap loads it; the agent's own sandboxes (its launcher, its terminal) ask for it."""
     filter_fd = syscall_filter.descriptor() if filtered and setuid_bits_refused() else None
     try:
-        argv, env = command_launch(script, workspace, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
+        argv, env = command_launch(script, sandbox, seccomp_fd=filter_fd, **launch)  # type: ignore[arg-type]
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
-            cwd=workspace,
+            cwd=sandbox.workspace,
             env=env,
             start_new_session=True,
             pass_fds=(*pass_fds, *([] if filter_fd is None else [filter_fd])),
@@ -435,14 +448,10 @@ def _with_cache(environment: dict[str, str], folder: str | None) -> dict[str, st
 
 async def run_command(
     command: str,
-    workspace: Path,
+    sandbox: SlotSandbox,
     *,
     timeout_s: float,
     max_output_chars: int,
-    allow_network: bool = False,
-    require_isolation: bool = True,
-    confinement: Confinement | None = None,
-    slot: int = 0,
     cache: Sequence[Path] = (),
     launcher: Launcher | None = None,
     read_only: bool = False,
@@ -450,12 +459,11 @@ async def run_command(
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
     The command travels in a memory file that bash reads and evaluates, never on an argv, so a
-    command of any length runs. It runs as the slot's uid within its limits (`confinement`; the
-    default one, with no limits, for callers that name none), in a sandbox of its own, or forked
+    command of any length runs. It runs as the slot's uid within its limits (`sandbox.confinement`;
+    the default one, with no limits, for callers that name none), in a sandbox of its own, or forked
     from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails).
     `read_only`: in a sandbox of its own whose workspace is mounted read-only (never the launcher's)."""
-    if confinement is None:
-        confinement = default_confinement()
+    confinement, slot = sandbox.confined, sandbox.slot
     part = f"command-{uuid.uuid4().hex[:12]}"
     stops = confinement.stops(slot)
     output = BoundedOutput(max_output_chars)
@@ -474,15 +482,11 @@ async def run_command(
         if running is None:
             process = await start_sandboxed(
                 bash_script(script_fd, started_write),
-                workspace,
+                sandbox,
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
                 pass_fds=(script_fd, started_write),
-                allow_network=allow_network,
-                require_isolation=require_isolation,
-                confinement=confinement,
-                slot=slot,
                 cache=cache,
                 part=part,
                 read_only=read_only,

@@ -3,7 +3,7 @@
 A volume that is a filesystem of its own (`slot_volume`) is measured with one statfs, after every
 operation and by the disk guard a few times a second: no walk, whatever the agent made. Its
 setuid bits mean nothing (it is mounted nosuid on the host, and every sandbox binds it nosuid),
-but the walk that strips them (`files.settle`) still runs after each command that could set them
+but the walk that strips them (`workspace.settle`) still runs after each command that could set them
 (hooks, or any command where `syscall_filter` is not loaded), as on every volume.
 
 A `checked` volume is walked to be counted: one stat per entry, by descriptor, about 4 us each
@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 from temporal_rollouts.sandbox_server.config import MIB, SlotLimits
-from temporal_rollouts.sandbox_server.disk_usage import DiskUsage, Passed
-from temporal_rollouts.sandbox_server.files import settle
-from temporal_rollouts.sandbox_server.slot_volume import SlotVolume
+from temporal_rollouts.sandbox_server.files.disk_usage import DiskUsage, Passed
+from temporal_rollouts.sandbox_server.files.workspace import settle
+from temporal_rollouts.sandbox_server.volumes.slot_volume import SlotVolume
 
 PACE = 20.0
 """A walk is due once the slot's operations (or, in the background, the clock) ran this many times as long as it took."""

@@ -22,7 +22,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from temporal_rollouts.sandbox_server.hosts import is_loopback
+from temporal_rollouts.sandbox_server.http.hosts import is_loopback
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

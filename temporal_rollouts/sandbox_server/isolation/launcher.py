@@ -3,7 +3,7 @@
 Building a slot's sandbox for one command (the cgroup join, prlimit, setpriv, bubblewrap and
 its namespaces) costs the server about ten CPU-ms; starting bash about two. So the first
 `resident` one-shot command of a lease starts a small launcher (`resident.py`) inside the slot's
-sandbox, through `isolation.command_launch` like every command (same uid, limits, mounts and
+sandbox, through `bubblewrap.command_launch` like every command (same uid, limits, mounts and
 network policy), and each resident command after it is a bash the launcher starts.
 
 What holds as for a sandbox of its own: the command runs as the slot's uid with no capabilities
@@ -12,7 +12,7 @@ slot's it has to itself (COMMAND_PART: the server moves it there before it may s
 waits on a pipe only the server writes). When it ends or times out everything it started is
 killed: by the launcher, which as its sandbox's pid 1 kills every other process in it once the
 command's bash has ended (the server kills that bash at a timeout), and through the cgroup part.
-Timeouts, output bounds and the launch-failure check are `isolation.run_command`'s, shared. The
+Timeouts, output bounds and the launch-failure check are `bubblewrap.run_command`'s, shared. The
 command's pid comes from the kernel (SCM_CREDENTIALS), never from what the sandbox says.
 
 What differs: the resident commands of one lease share the launcher's /tmp and pid namespace,
@@ -43,17 +43,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.beneath import folder_beneath, lstat_at, open_root
+from temporal_rollouts.sandbox_server.files.beneath import folder_beneath, lstat_at, open_root
 from temporal_rollouts.sandbox_server.config import SlotLimits
-from temporal_rollouts.sandbox_server.image_root import IMAGE_PYTHON
-from temporal_rollouts.sandbox_server.isolation import (
+from temporal_rollouts.sandbox_server.files.image_root import IMAGE_PYTHON
+from temporal_rollouts.sandbox_server.isolation.bubblewrap import (
     READ_ONLY_DIRS,
     SYSTEM_LINK_DIRS,
     LauncherBroken,
-    start_sandboxed,
+    SlotSandbox,
     isolation_mode,
+    start_sandboxed,
 )
-from temporal_rollouts.sandbox_server.limits import Confinement
+from temporal_rollouts.sandbox_server.limits.confinement import Confinement
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +168,9 @@ class Launcher:
         asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
 
     @classmethod
-    async def start(
-        cls, slot: int, workspace: Path, key: LauncherKey, confinement: Confinement, require_isolation: bool
-    ) -> Launcher:
-        python = image_python(workspace) if confinement.image is not None else sandbox_python()
+    async def start(cls, sandbox: SlotSandbox, key: LauncherKey) -> Launcher:
+        slot, confinement = sandbox.slot, sandbox.confined
+        python = image_python(sandbox.workspace) if confinement.image is not None else sandbox_python()
         if python is None:
             raise LauncherBroken(
                 "the image has no /usr/bin/python3"
@@ -183,15 +183,11 @@ class Launcher:
             ours.setblocking(False)
             process = await start_sandboxed(
                 launcher_argv(python, slot, theirs.fileno()),
-                workspace,
+                sandbox,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 pass_fds=(theirs.fileno(), program_fd()),
-                allow_network=key.allow_network,
-                require_isolation=require_isolation,
-                confinement=confinement,
-                slot=slot,
                 part=LAUNCHER_PART,
                 as_pid_1=True,
                 filtered=True,
@@ -250,7 +246,7 @@ class Launcher:
             return await self._messages.get()
 
     async def spawn(self, argv: list[str], fds: list[int], confinement: Confinement) -> LaunchedCommand:
-        """Start `argv` (`isolation.bash_script` with `report`) from the launcher with `fds` (output, script,
+        """Start `argv` (`bubblewrap.bash_script` with `report`) from the launcher with `fds` (output, script,
         started) once it sits in COMMAND_PART of the slot's cgroups. Raises LauncherBroken if it cannot."""
         if not self.usable:
             raise LauncherBroken("the launcher has ended")
@@ -409,19 +405,17 @@ class LaunchedCommand:
 class SlotLaunchers:
     """The launchers of one server's slots, by slot index; a launcher is only used under its slot's lock."""
 
-    def __init__(self, require_isolation: bool) -> None:
-        self.require_isolation = require_isolation
+    def __init__(self) -> None:
         self._launchers: dict[int, tuple[Launcher, Confinement]] = {}
         self._failed: dict[int, str] = {}
         """Slot -> the lease under which its launcher failed to start: not tried again for that lease."""
 
-    async def for_command(
-        self, slot: int, workspace: Path, lease_id: str, allow_network: bool, confinement: Confinement
-    ) -> Launcher | None:
+    async def for_command(self, sandbox: SlotSandbox, lease_id: str) -> Launcher | None:
         """The slot's launcher for this lease, started if need be; None where commands need sandboxes of their own."""
-        if isolation_mode(self.require_isolation) != "bubblewrap":  # its pid namespace holds all a command starts
+        if isolation_mode(sandbox.require_isolation) != "bubblewrap":  # its pid namespace holds all a command starts
             return None
-        key = LauncherKey(lease_id, allow_network, confinement.limits)
+        slot, confinement = sandbox.slot, sandbox.confined
+        key = LauncherKey(lease_id, sandbox.allow_network, confinement.limits)
         current = self._launchers.get(slot)
         if current is not None and current[0].key == key and current[0].usable:
             return current[0]
@@ -430,7 +424,7 @@ class SlotLaunchers:
             return None
         stops = confinement.stops(slot)
         try:
-            launcher = await Launcher.start(slot, workspace, key, confinement, self.require_isolation)
+            launcher = await Launcher.start(sandbox, key)
         except LauncherBroken as err:
             if confinement.stops(slot) != stops:  # killed by a stop for a limit: the next command starts another
                 return None

@@ -36,10 +36,10 @@ import tempfile
 from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
 
-from temporal_rollouts.sandbox_server.archive import spool_body, unpack_archive
-from temporal_rollouts.sandbox_server.beneath import open_root
+from temporal_rollouts.sandbox_server.files.archive import spool_body, unpack_archive
+from temporal_rollouts.sandbox_server.files.beneath import open_root
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
-from temporal_rollouts.sandbox_server.files import Trash
+from temporal_rollouts.sandbox_server.files.workspace import Trash
 from temporal_rollouts.sandbox_server.schema import CACHE_NAME_PATTERN, CacheEntry
 
 CACHE_FOLDER = "cache"
