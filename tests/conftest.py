@@ -46,6 +46,9 @@ def _host_locks(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if (scratch := sys.modules.get("envs.swe_smith.scratch")) is not None:
         scratch.PROCESS_FOLDER.remove()  # what this process removes at its exit, which comes after this check
+    from envs.swe_smith.scratch import sweep
+
+    sweep(SESSION_TEMP.folder)  # what the next worker would sweep: build folders of processes a test SIGKILLed
     leftovers = SESSION_TEMP.leftovers()
     if (sent := getattr(session.config, "workeroutput", None)) is not None:  # an xdist worker: its controller tells
         sent[WORKER_TEMP] = {"folder": SESSION_TEMP.folder.name, "leftovers": leftovers}

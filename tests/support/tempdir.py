@@ -6,8 +6,9 @@ process pile up in the host's temp dir run after run (a swe_smith cache entry le
 repository per worker, 45 of them after an afternoon), unseen. The session sets `TMPDIR` (and
 `tempfile.tempdir`) before any test runs, so the processes tests start inherit it. Not counted:
 pytest's own `tmp_path` folders (`pytest-of-<user>`), the caches other libraries keep on purpose
-across runs (torch's compile cache, pointed into `library-caches/`), and folders the test process
-itself removes at its exit, after this check (a `tempfile.TemporaryDirectory` a library holds for
+across runs (torch's compile cache, pointed into `library-caches/`), wandb's own temp folders of
+processes a test killed (`KILLED_LIBRARY_TEMP`), and folders the test process itself removes at its exit,
+after this check (a `tempfile.TemporaryDirectory` a library holds for
 the life of the process, as wandb does once imported). The folder is removed at the
 end either way (`tmp_path` folders with it: pass `--basetemp DIR` to keep them), so a leftover
 costs one failed run, not the disk.
@@ -23,6 +24,10 @@ from pathlib import Path
 
 KEPT_BY_PYTEST = "pytest-of-"
 LIBRARY_CACHES = "library-caches"
+KILLED_LIBRARY_TEMP = ("wandb-media", "wandb-artifacts")
+"""Endings of the temp folders wandb makes when it is imported and removes when its process exits: a process
+a test SIGKILLs on purpose (the Atropos env's kill test, the crash tests) leaves them, and no other process may
+remove a folder that may be a live one's. What our own code leaves is still counted."""
 LISTED = 20
 HOST_TEMP = "ROLLOUTS_TESTS_HOST_TEMP"
 """The host's temp dir as the first test process of a run found it (each session, and each xdist worker, moves
@@ -45,7 +50,14 @@ class SessionTemp:
         except FileNotFoundError:
             return []
         at_exit = self.removed_at_exit()
-        return [n for n in names if not n.startswith(KEPT_BY_PYTEST) and n != LIBRARY_CACHES and n not in at_exit]
+        return [
+            n
+            for n in names
+            if not n.startswith(KEPT_BY_PYTEST)
+            and n != LIBRARY_CACHES
+            and n not in at_exit
+            and not n.endswith(KILLED_LIBRARY_TEMP)
+        ]
 
     def removed_at_exit(self) -> set[str]:
         """Entries a pending `weakref.finalize` of this process removes when it exits (what

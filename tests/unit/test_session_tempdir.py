@@ -25,10 +25,12 @@ def test_leftovers_are_listed_and_what_is_removed_elsewhere_is_not(tmp_path: Pat
     (tmp_path / "stray.log").write_text("x")
     (tmp_path / "pytest-of-root").mkdir()  # pytest's own tmp_path folders
     (tmp_path / LIBRARY_CACHES).mkdir()  # torch's compile cache, pointed here on purpose
+    (tmp_path / "tmpq1w2e3r4wandb-media").mkdir()  # wandb's, left by a process a test SIGKILLed
+    (tmp_path / "wandb-notes").mkdir()  # anything else named after wandb still counts
     held = tempfile.TemporaryDirectory(dir=tmp_path)  # removed by this process at its exit
     try:
-        assert temp.leftovers() == ["stray.log", "swe-cache-abc"]
-        assert "2 entries" in report(temp.leftovers(), tmp_path)
+        assert temp.leftovers() == ["stray.log", "swe-cache-abc", "wandb-notes"]
+        assert "3 entries" in report(temp.leftovers(), tmp_path)
     finally:
         held.cleanup()
     temp.remove()
