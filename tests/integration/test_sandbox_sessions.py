@@ -167,4 +167,6 @@ async def test_the_worst_output_at_the_cap_never_stalls_another_clients_health_c
     assert pairs.ok and pairs.output.endswith("y")
     assert bounds.ok and bounds.output.rstrip().endswith(" x x")
     assert words.output == "hello there\n"
-    assert len(latencies) > 5 and max(latencies) < 0.1, f"slowest /health: {max(latencies):.3f}s"
+    # A stall is seconds (the rendering ran on the event loop before); the bound leaves room for the suite's
+    # parallel workers on two cores, which delayed one answer by 224 ms in CI. Quiet, it stays under 100 ms.
+    assert len(latencies) > 5 and max(latencies) < 1.0, f"slowest /health: {max(latencies):.3f}s"
