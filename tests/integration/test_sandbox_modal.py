@@ -99,6 +99,23 @@ async def test_a_killed_server_ends_its_sandbox_and_the_pool_starts_another(pool
     assert (await pool.lease(fresh).execute("c1", ExecOp(command="echo again"))).output.strip() == "again"
 
 
+async def test_a_killed_sandbox_still_listed_is_not_waited_on_as_one_starting(pool, fake_modal) -> None:
+    """A sandbox whose server was killed stays listed for a moment until Modal marks it finished. A pool that
+    needs one more took it for another worker's start and failed the acquire with "exited while starting" (seen
+    in CI on a loaded host, where the fake's own window is that moment): it starts a new one instead."""
+    await pool.fleet.ensure_running()
+    lease = await pool.acquire(Holder(workflow_id="wf-k", run_id="r"), wait_s=10)
+    killed = fake_modal.by_name(lease.container_id)
+    killed.listed_after_exit = True
+    killed.process.kill()
+    killed.process.wait()
+    with pytest.raises(SandboxUnreachable):
+        await pool.lease(lease).execute("c1", ExecOp(command="true"))
+    fresh = await pool.acquire(Holder(workflow_id="wf-k2", run_id="r"), wait_s=15)
+    assert fresh.container_id != killed.name
+    assert (await pool.lease(fresh).execute("c1", ExecOp(command="echo again"))).output.strip() == "again"
+
+
 @pytest.mark.slow
 async def test_a_sandbox_near_its_lifetime_drains_and_is_replaced(tmp_path, fake_modal) -> None:
     settings = modal_settings(tmp_path, max_lifetime_s=120, drain_margin_s=116)

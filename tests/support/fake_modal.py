@@ -155,6 +155,10 @@ class FakeSandbox:
         self.fake, self.object_id, self.app, self.name, self.tags = fake, object_id, app, name, dict(tags)
         self.process, self.port_map = process, port_map
         self.ends_at = time.monotonic() + timeout if timeout else None
+        self.listed_after_exit = False
+        """Stay listed and found by name after the server exited (until terminated), as a sandbox does for a
+        moment until Modal marks it finished; `poll` still gives its exit code."""
+        self.terminated = False
         real = modal.Sandbox
         self.get_tags = _Method(fake, "Sandbox.get_tags", real.get_tags, lambda: dict(self.tags), bound_self=True)
         self.tunnels = _Method(fake, "Sandbox.tunnels", real.tunnels, self._tunnels, bound_self=True)
@@ -166,7 +170,7 @@ class FakeSandbox:
 
     @property
     def running(self) -> bool:
-        return self.process.poll() is None
+        return self.process.poll() is None or (self.listed_after_exit and not self.terminated)
 
     def _tunnels(self, timeout: int = 50) -> dict[int, FakeTunnel]:
         if self.fake.tunnel_error is not None:
@@ -174,7 +178,8 @@ class FakeSandbox:
         return {inner: FakeTunnel(f"http://127.0.0.1:{outer}") for inner, outer in self.port_map.items()}
 
     def _terminate(self, *, wait: bool = False) -> int | None:
-        if self.running:
+        self.terminated = True
+        if self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(10)

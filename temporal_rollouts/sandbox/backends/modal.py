@@ -62,6 +62,11 @@ POOL_TAG = "rollouts_pool"
 TUNNEL_WAIT_S = 5
 
 
+class _ExitedWhileStarting(SandboxError):
+    """A sandbox whose server exited before it answered. Waited on as another worker's start, it was not one
+    (killed, and still listed until Modal marks it finished): a new sandbox is made instead."""
+
+
 @dataclass(frozen=True)
 class _Seen:
     container_id: str
@@ -263,13 +268,18 @@ class ModalBackend(RemoteBackend):
             described = [seen for seen in described if (seen.image and seen.image.key) == (image and image.key)]
             taken = {seen.container_id for seen in described}
             states = await asyncio.gather(*(self.probe(seen.url, seen.container_id) for seen in described))
-            if starting := sorted(
+            for name in sorted(
                 seen.container_id for seen, state in zip(described, states, strict=True) if state != "healthy"
             ):
-                # Another worker is starting one: it is the one more we need.
-                sandbox = await self._by_name(starting[0])
-                if sandbox is not None:
-                    return await self._wait_healthy(sandbox, starting[0])
+                # Another worker is starting one: it is the one more we need. One whose server has already exited
+                # (killed, and still listed until Modal marks it finished) is not starting: a new one is made.
+                sandbox = await self._by_name(name)
+                if sandbox is None:
+                    continue
+                try:
+                    return await self._wait_healthy(sandbox, name)
+                except _ExitedWhileStarting:
+                    continue
             # twice max_containers names: a sandbox draining before its lifetime ends still holds its name
             names = [self.container_name(i, image) for i in range(2 * self.sandbox.max_containers)]
             free = [name for name in names if name not in taken]
@@ -323,7 +333,7 @@ class ModalBackend(RemoteBackend):
                 return self._info(seen)
             if await self._modal_call("poll a sandbox", sandbox.poll.aio()) is not None:
                 self._seen.pop(sandbox.object_id, None)
-                raise SandboxError(f"Modal sandbox {container_id} exited while starting; see its logs in Modal")
+                raise _ExitedWhileStarting(f"Modal sandbox {container_id} exited while starting; see its logs in Modal")
             if time.monotonic() > deadline:
                 await self._modal_call("terminate a sandbox", sandbox.terminate.aio())  # never leave a paid one behind
                 raise SandboxUnreachable(
