@@ -43,6 +43,7 @@ from temporal_rollouts.sandbox_server.schema import (
     SlotRef,
     StopProcessesOp,
     ToolOutput,
+    VerifierMounts,
     WriteFileOp,
 )
 
@@ -97,6 +98,14 @@ class LeasedSlot(Lease):
         return await self._run(
             key, ExecOp(command=command, timeout_s=timeout_s, cache=list(cache), read_only=read_only)
         )
+
+    async def verifier(
+        self, command: str, mounts: VerifierMounts, *, timeout: float = VERIFY_TIMEOUT_S, key: str | None = None
+    ) -> ToolOutput:
+        """Run `command` as a verifier (`VerifierMounts`): with the tests (a `share`d entry) read-only at their
+        place, a fresh output folder whose files the server reads back into `collected`, and on an item image,
+        with `pristine`, the image as built instead of the root the agent changed. Call `stop_processes` first."""
+        return await self._run(key, ExecOp(command=command, timeout_s=timeout, verifier=mounts))
 
     async def read_file(self, *args: str, key: str | None = None) -> ToolOutput:
         """`read_file(path)`, or the older `read_file(key, path)`."""

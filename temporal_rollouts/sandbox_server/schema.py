@@ -6,9 +6,10 @@ HTTP client, so the three cannot drift apart.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from temporal_rollouts.sandbox_server.config import (  # noqa: F401  (shared names, re-exported)
     DEFAULT_MAX_OUTPUT_CHARS,
@@ -145,6 +146,66 @@ class ExecOp(BaseModel):
         "run beside the agent's programs it starts, sees it as the agent left it (nothing it runs can write, "
         "chmod or restore a file there). Refused where commands run unisolated.",
     )
+    verifier: VerifierMounts | None = Field(
+        default=None,
+        description="Run as a verifier with folders of its own (`VerifierMounts`); its output folder's files "
+        "come back in `ToolOutput.collected`. Refused where commands run unisolated.",
+    )
+
+
+CACHE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MOUNT_PATH_PATTERN = r"^(/[A-Za-z0-9_][A-Za-z0-9._-]{0,63}){1,8}$"
+"""Where a verifier's folders go inside the slot: an absolute path of plain names (no `.`, `..` or links)."""
+COLLECTED_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
+MAX_COLLECTED_BYTES = 64 * 1024
+"""A collected file larger than this is not read back (a reward is a number or a small JSON object)."""
+RESERVED_MOUNTS = ("/proc", "/dev", "/tmp", "/cache", "/run/rollouts")
+
+
+class VerifierMounts(BaseModel):
+    """What one verifier command gets of its own, after the agent is done (a Harbor task's `tests/test.sh`).
+
+    `tests` (an entry of the container's cache, see `files.cache`) is bound read-only at `tests_at`, so
+    nothing the tests run can change them; a fresh empty folder of the server's is bound writable at
+    `output_at`, and after the command the server itself reads back the files named in `collect` (regular
+    files only, never through a link, at most `MAX_COLLECTED_BYTES` each), so a verdict is never parsed out
+    of output that the code under test can print too. `pristine` (a slot on an item image): the command
+    runs on the image as it was built, under a writable layer of its own, with only the agent's WORKDIR
+    carried over: what the agent changed elsewhere (PATH, interpreters, site-packages, /etc) is not there.
+    On the server's own root every system folder is read-only to a slot already, so it changes nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tests: str | None = Field(default=None, pattern=CACHE_NAME_PATTERN)
+    tests_at: str = Field(default="/tests", pattern=MOUNT_PATH_PATTERN)
+    output_at: str = Field(default="/logs/verifier", pattern=MOUNT_PATH_PATTERN)
+    collect: list[str] = Field(default_factory=lambda: ["reward.txt", "reward.json"], max_length=16)
+    pristine: bool = False
+
+    @field_validator("collect")
+    @classmethod
+    def _plain_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.match(COLLECTED_NAME_PATTERN, name):
+                raise ValueError(f"collect: {name!r} is not a plain file name")
+        return names
+
+    @model_validator(mode="after")
+    def _apart(self) -> VerifierMounts:
+        for path in (self.tests_at, self.output_at):
+            if any(path == reserved or path.startswith(reserved + "/") for reserved in RESERVED_MOUNTS):
+                raise ValueError(f"{path} is the sandbox's own ({', '.join(RESERVED_MOUNTS)} are)")
+        a, b = self.tests_at + "/", self.output_at + "/"
+        if a.startswith(b) or b.startswith(a):
+            raise ValueError(f"tests_at {self.tests_at} and output_at {self.output_at} must not contain each other")
+        return self
+
+
+class CollectedFile(BaseModel):
+    """One file a verifier command left in its output folder, as the server read it."""
+
+    text: str | None = Field(default=None, description="Its content (UTF-8, bad bytes replaced), when readable.")
+    problem: str | None = Field(default=None, description="Why it was not read: not a regular file, too large.")
 
 
 class ReadFileOp(BaseModel):
@@ -215,6 +276,14 @@ class ToolOutput(BaseModel):
     replayed: bool = Field(
         default=False, description="True when answered from the stored result of an earlier attempt."
     )
+    collected: dict[str, CollectedFile] = Field(
+        default_factory=dict, description="A verifier command's output files (`VerifierMounts.collect`) that exist."
+    )
+    verifier_root: Literal["pristine", "shared"] | None = Field(
+        default=None,
+        description="A verifier command's root: `pristine`, the image as built (or the server's read-only system "
+        "folders) with the agent's working folder; `shared`, the root the agent changed.",
+    )
 
 
 TransferFormat = Literal["file", "tar", "tar.gz"]
@@ -234,9 +303,6 @@ class TransferQuery(LeaseRequest):
         description="The slot's whole state, for a snapshot and its restore: its workspace, or on an item image "
         "its writable layer (deletions of the image's files included); `path` is then ignored.",
     )
-
-
-CACHE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 class CacheQuery(BaseModel):

@@ -166,6 +166,7 @@ class CallRunner:
                 slot.volume,
                 self.over_limit,
                 slot.tool_path,
+                slot.root,
             )
             started, clock = time.time(), time.monotonic()
             if isinstance(request.operation, SessionOp):

@@ -20,6 +20,7 @@ from temporal_rollouts.sandbox_server.files.cache import SharedCache
 from temporal_rollouts.sandbox_server.errors import BadToolRequest
 from temporal_rollouts.sandbox_server.files.beneath import ToolPath, describe, refused
 from temporal_rollouts.sandbox_server.files.disk_usage import Passed, describe_passed
+from temporal_rollouts.sandbox_server.files.image_root import SlotRoot
 from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.files.workspace import read_text, write_text
 from temporal_rollouts.sandbox_server.isolation.bubblewrap import SlotSandbox, isolation_mode, run_command
@@ -50,6 +51,8 @@ class SlotContext:
     """Called when an operation finds the slot past a disk or file limit: it stops the slot's processes."""
     tool_path: Callable[[str], ToolPath] = ToolPath.parse
     """A tool's path in this slot (`Slot.tool_path`): under /workspace, or on an item image under `/`."""
+    root: SlotRoot | None = None
+    """The slot's root on an item image (`Slot.root`), for a verifier's pristine root; None: the server's own."""
 
     @property
     def workspace(self) -> Path:
@@ -82,6 +85,10 @@ async def run_operation(call_id: str, operation: Operation, slot: SlotContext) -
 async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
     if op.timeout_s <= 0:
         raise BadToolRequest("timeout_s must be positive")
+    if op.verifier is not None:
+        from temporal_rollouts.sandbox_server.calls.verifier import run_verifier  # it builds on this module
+
+        return await run_verifier(call_id, op, op.verifier, slot)
     if op.cache and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache")
     if op.read_only and isolation_mode(slot.sandbox.require_isolation) != "bubblewrap":

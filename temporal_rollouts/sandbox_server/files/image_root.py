@@ -54,7 +54,7 @@ IMAGE_PYTHON = "/usr/bin/python3"
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same on every architecture
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 _OPEN_TREE_CLONE = 0x1
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x00100000
 _MNT_DETACH = 2
 
@@ -161,6 +161,74 @@ class SlotRoot:
             if again is not None:
                 self.mount(*again)
 
+    @property
+    def pristine_path(self) -> Path:
+        """Where `mount_pristine` mounts the image as built, beside the slot's root."""
+        return self.path.with_name(self.path.name + "-pristine")
+
+    def mount_pristine(self, scratch: Path) -> Path | None:
+        """The image as it was built, for one verifier command: the slot's idmapped layers under a fresh writable
+        layer in `scratch` (a folder on the slot's volume, so what the command writes is held to the slot's
+        limits), with the slot's WORKDIR, as the agent left it, bound over the image's. What the agent changed
+        anywhere else (PATH, interpreters, site-packages, /etc) is not there. The slot's root must be mounted.
+        None when the image's WORKDIR is `/`: the agent's whole root would be carried, so nothing is pristine.
+        A WORKDIR the agent removed or replaced by a link is carried as an empty folder."""
+        if self._mounted_with is None:
+            raise OSError(errno.ENOENT, "the slot's root is not mounted")
+        parts = [part for part in self.image.workdir.split("/") if part]
+        if not parts:
+            return None
+        uid = self._mounted_with[2]
+        upper, work, empty = scratch / "upper", scratch / "work", scratch / "empty"
+        for folder in (upper, work, empty):
+            folder.mkdir(parents=True)
+            os.chown(folder, uid, uid)
+        self.unmount_pristine()
+        self.pristine_path.mkdir(mode=0o755, exist_ok=True)
+        lower = ":".join(str(self._layer_mount(index)) for index in range(len(self.image.layers)))
+        _mount_overlay(f"lowerdir={lower},upperdir={upper},workdir={work}", self.pristine_path)
+        try:
+            _carry_folder(self.path, self.pristine_path, parts, empty, uid)
+        except BaseException:
+            self.unmount_pristine()
+            raise
+        return self.pristine_path
+
+    def unmount_pristine(self) -> None:
+        """Unmount `mount_pristine`'s root and the WORKDIR carried into it (a detach takes both)."""
+        if os.path.ismount(self.pristine_path):
+            _umount(self.pristine_path)
+
+    @property
+    def exposed_path(self) -> Path:
+        return self.path.with_name(self.path.name + "-exposed")
+
+    def expose(self, folders: dict[str, Path]) -> dict[str, Path]:
+        """The server's `folders` bound where the slot's uid can reach them by path, beside its root (bwrap,
+        run as that uid on an image, opens every bind source by path; the server's folders are not
+        searchable to it). Each is bound by descriptor; the result maps the names to their new places."""
+        self.unexpose()
+        base = self.exposed_path
+        base.mkdir(mode=0o711, exist_ok=True)
+        placed = {}
+        for name, folder in folders.items():
+            target = base / name
+            target.mkdir(mode=0o755, exist_ok=True)
+            source, into = open_root(folder), open_root(target)
+            try:
+                _bind_by_descriptor(source, into)
+            finally:
+                os.close(source)
+                os.close(into)
+            placed[name] = target
+        return placed
+
+    def unexpose(self) -> None:
+        if self.exposed_path.is_dir():
+            for child in self.exposed_path.iterdir():
+                if os.path.ismount(child):
+                    _umount(child)
+
     def _make_workdir(self, uid: int) -> None:
         """The image's WORKDIR, made (as the slot's, so root's inside) where the image lacks it, as a container
         runtime makes it; never through a link: one on the way is left for the sandbox to follow in its own view."""
@@ -173,7 +241,10 @@ class SlotRoot:
             os.close(top)
 
     def unmount(self) -> None:
-        """Unmount the slot's root (its processes must be gone); the idmapped layers stay for the next one."""
+        """Unmount the slot's root (its processes must be gone), and a verifier's mounts beside it if a crash
+        left them; the idmapped layers stay for the next one."""
+        self.unmount_pristine()
+        self.unexpose()
         if self.mounted:
             _umount(self.path)
 
@@ -236,6 +307,45 @@ def _wait_for_new_namespace(pid: int) -> None:
             break
         os.sched_yield()
     raise OSError(errno.ECHILD, "the child that makes a user namespace did not make one")
+
+
+def _carry_folder(source_root: Path, target_root: Path, parts: list[str], empty: Path, uid: int) -> None:
+    """Bind the folder `parts` of `source_root` (the agent's root) at the same place in `target_root`, each
+    opened by descriptor and never through a link (an agent may have made its WORKDIR one, pointing anywhere
+    on the host as the server would resolve it); where it is no folder, `empty` is bound instead."""
+    source_top = open_root(source_root)
+    try:
+        try:
+            source = folder_beneath(source_top, parts, create=False)
+        except OSError:
+            source = open_root(empty)
+    finally:
+        os.close(source_top)
+    try:
+        target_top = open_root(target_root)
+        try:
+            target = folder_beneath(target_top, parts, owner=(uid, uid))
+        finally:
+            os.close(target_top)
+        try:
+            _bind_by_descriptor(source, target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def _bind_by_descriptor(source_fd: int, target_fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    tree = libc.syscall(_SYS_OPEN_TREE, source_fd, b"", _AT_EMPTY_PATH | _OPEN_TREE_CLONE | os.O_CLOEXEC)
+    if tree < 0:
+        raise OSError(ctypes.get_errno(), "open_tree of the slot's WORKDIR")
+    try:
+        flags = _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH
+        if libc.syscall(_SYS_MOVE_MOUNT, tree, b"", target_fd, b"", flags) != 0:
+            raise OSError(ctypes.get_errno(), "move_mount of the slot's WORKDIR into its pristine root")
+    finally:
+        os.close(tree)
 
 
 def mount_idmapped(source: Path, target: Path, userns_fd: int) -> None:

@@ -110,6 +110,7 @@ def bubblewrap_argv(
     seccomp_fd: int | None = None,
     read_only: bool = False,
     binds: Sequence[tuple[Path, str]] = (),
+    writable: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's argv around `command`. Run by root (`as_root`), bwrap needs no user namespace and the
     command must drop to the slot's uid itself (see `Confinement.drop_privileges`); run by anyone else,
@@ -118,7 +119,8 @@ def bubblewrap_argv(
     `as_pid_1`: the command is the pid namespace's init, with no bwrap init between it and the outer
     bwrap; the kernel shields it from signals sent inside the sandbox that it does not handle.
     `read_only`: the workspace is mounted read-only (a mount flag no process inside can lift).
-    `binds`: more host folders, each bound read-only where the pair names (a harness's `/run/rollouts`)."""
+    `binds`: more host folders, each bound read-only where the pair names (a harness's `/run/rollouts`);
+    `writable`: host folders bound writable (a verifier's output folder)."""
     as_root = running_as_root() if as_root is None else as_root
     argv = [bwrap, *_namespaces(allow_network, as_pid_1), *([] if as_root else ["--unshare-user", "--cap-drop", "ALL"])]
     for directory in READ_ONLY_DIRS:
@@ -134,7 +136,7 @@ def bubblewrap_argv(
             argv += ["--symlink", os.readlink(directory), directory]
         else:
             argv += ["--ro-bind-try", directory, directory]
-    argv += _scratch(tmp_bytes, cache, binds)
+    argv += _scratch(tmp_bytes, cache, binds, writable)
     argv += ["--ro-bind" if read_only else "--bind", str(workspace), WORKSPACE_MOUNT, "--chdir", WORKSPACE_MOUNT]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -154,15 +156,16 @@ def image_bubblewrap_argv(
     seccomp_fd: int | None = None,
     read_only: bool = False,
     binds: Sequence[tuple[Path, str]] = (),
+    writable: Sequence[tuple[Path, str]] = (),
 ) -> list[str]:
     """bwrap's argv around `command` in a slot on an item image (`image_root`): the slot's root (the image
     with the slot's own layer over it, mounted nosuid,nodev by the server) is `/`, with a fresh /proc, /dev
     and /tmp, and the command starts in the image's WORKDIR as root of a user namespace of its own whose
     only id is the caller's (the slot's uid), with no capability. `read_only`: the whole root is mounted
-    read-only (a check that must change nothing). `binds` as for `bubblewrap_argv`."""
+    read-only (a check that must change nothing). `binds` and `writable` as for `bubblewrap_argv`."""
     argv = [bwrap, *_namespaces(allow_network, as_pid_1), "--unshare-user", "--uid", "0", "--gid", "0"]
     argv += ["--cap-drop", "ALL", "--ro-bind" if read_only else "--bind", str(root), "/"]
-    argv += _scratch(tmp_bytes, cache, binds)
+    argv += _scratch(tmp_bytes, cache, binds, writable)
     argv += ["--chdir", workdir]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -178,9 +181,14 @@ def _namespaces(allow_network: bool, as_pid_1: bool) -> list[str]:
     return [*argv, "--hostname", "sandbox", "--die-with-parent", "--new-session"]
 
 
-def _scratch(tmp_bytes: int, cache: Sequence[Path], binds: Sequence[tuple[Path, str]] = ()) -> list[str]:
-    """A fresh /proc and /dev, a private sized /tmp, the cache entries read-only under /cache, and the
-    `binds` read-only where they say."""
+def _scratch(
+    tmp_bytes: int,
+    cache: Sequence[Path],
+    binds: Sequence[tuple[Path, str]] = (),
+    writable: Sequence[tuple[Path, str]] = (),
+) -> list[str]:
+    """A fresh /proc and /dev, a private sized /tmp, the cache entries read-only under /cache, the
+    `binds` read-only and the `writable` ones writable where they say."""
     argv = ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
     if tmp_bytes and bubblewrap_sizes_tmpfs():
         argv += ["--size", str(tmp_bytes)]
@@ -189,8 +197,11 @@ def _scratch(tmp_bytes: int, cache: Sequence[Path], binds: Sequence[tuple[Path, 
         argv += ["--perms", "0755", "--dir", CACHE_MOUNT]
     for entry in cache:
         argv += ["--ro-bind", str(entry), f"{CACHE_MOUNT}/{entry.name}"]
-    for host, inside in binds:  # its parent one every uid may search, as for the cache
-        argv += ["--perms", "0755", "--dir", os.path.dirname(inside), "--ro-bind", str(host), inside]
+    for flag, pairs in (("--ro-bind", binds), ("--bind", writable)):
+        for host, inside in pairs:  # its parent one every uid may search, as for the cache
+            if (parent := os.path.dirname(inside)) != "/":
+                argv += ["--perms", "0755", "--dir", parent]
+            argv += [flag, str(host), inside]
     return argv
 
 
@@ -332,6 +343,8 @@ def command_launch(
     seccomp_fd: int | None = None,
     read_only: bool = False,
     binds: Sequence[tuple[Path, str]] = (),
+    writable: Sequence[tuple[Path, str]] = (),
+    root: Path | None = None,
     environment: dict[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start `script` (an argv) in the slot's sandbox, as the slot's uid
@@ -344,10 +357,14 @@ def command_launch(
     orphan (the resident launcher does). A process that drops its uid inside bwrap loses the parent-death
     signal bwrap gave it, so it must also end by itself when the server goes (the launcher: when its
     socket closes). `read_only`: the workspace is mounted read-only; refused unisolated, where nothing can
-    make it so. `binds`: host folders bound read-only inside (bubblewrap only); `environment`: more variables."""
+    make it so. `binds`: host folders bound read-only inside, `writable`: bound writable (bubblewrap only);
+    `root`: on an item image, another root than the slot's (a verifier's pristine one); `environment`: more
+    variables."""
     mode = isolation_mode(sandbox.require_isolation)
     if read_only and mode != "bubblewrap":
         raise SandboxRequired("a command with a read-only workspace needs bubblewrap, and this server runs unisolated")
+    if (binds or writable) and mode != "bubblewrap":
+        raise SandboxRequired("a command with folders of its own needs bubblewrap, and this server runs unisolated")
     confinement, slot, workspace = sandbox.confined, sandbox.slot, sandbox.workspace
     if running_as_root() and not confinement.dedicated_uids:
         if sandbox.require_isolation:
@@ -359,7 +376,7 @@ def command_launch(
         assert bwrap is not None
         argv = image_bubblewrap_argv(
             bwrap,
-            workspace,
+            root or workspace,
             confinement.image.workdir,
             script,
             allow_network=sandbox.allow_network,
@@ -369,6 +386,7 @@ def command_launch(
             seccomp_fd=seccomp_fd,
             read_only=read_only,
             binds=binds,
+            writable=writable,
         )  # the uid is dropped first: bwrap makes the user namespace in which the slot's uid is root
         image_environment = _with_cache(confinement.image.environment(), CACHE_MOUNT if cache else None)
         return prefix + confinement.drop_privileges(slot) + argv, image_environment | (environment or {})
@@ -396,6 +414,7 @@ def command_launch(
                 seccomp_fd=seccomp_fd,
                 read_only=read_only,
                 binds=binds,
+                writable=writable,
             )
         )
         return argv, _with_cache(sandbox_environment(WORKSPACE_MOUNT), CACHE_MOUNT if cache else None) | (
@@ -455,6 +474,9 @@ async def run_command(
     cache: Sequence[Path] = (),
     launcher: Launcher | None = None,
     read_only: bool = False,
+    binds: Sequence[tuple[Path, str]] = (),
+    writable: Sequence[tuple[Path, str]] = (),
+    root: Path | None = None,
 ) -> CommandResult:
     """Run `command` with bash in the slot's workspace; its whole process tree dies when it ends.
 
@@ -462,7 +484,8 @@ async def run_command(
     command of any length runs. It runs as the slot's uid within its limits (`sandbox.confinement`;
     the default one, with no limits, for callers that name none), in a sandbox of its own, or forked
     from the slot's resident `launcher` when one is given (and in a sandbox of its own if that fails).
-    `read_only`: in a sandbox of its own whose workspace is mounted read-only (never the launcher's)."""
+    `read_only`: in a sandbox of its own whose workspace is mounted read-only (never the launcher's);
+    `binds`, `writable` and `root` (a sandbox of its own too) as `command_launch` has them."""
     confinement, slot = sandbox.confined, sandbox.slot
     part = f"command-{uuid.uuid4().hex[:12]}"
     stops = confinement.stops(slot)
@@ -473,7 +496,7 @@ async def run_command(
     started = time.monotonic()
     try:
         running: Running | None = None
-        if launcher is not None and not read_only:
+        if launcher is not None and not (read_only or binds or writable or root):
             try:  # fds as the launcher places them (`resident`); bash waits until the server lets it run
                 argv = bash_script(3, 4, report=(5, 6))
                 running = await launcher.spawn(argv, [write_fd, script_fd, started_write], confinement)
@@ -490,6 +513,9 @@ async def run_command(
                 cache=cache,
                 part=part,
                 read_only=read_only,
+                binds=binds,
+                writable=writable,
+                root=root,
             )
             running = OwnSandbox(process, confinement, slot, part)
     except BaseException:
