@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from envs import get_env
-from envs.base import with_images
+from envs.base import as_loaded
 from temporal_rollouts.core.errors import ConfigError, activity_boundary
 from temporal_rollouts.core.inputs import checked_input
 from temporal_rollouts.core.settings import Settings
@@ -81,7 +81,7 @@ class EnvActivities:
             item_count = env.item_count()
             if input.check is not None:
                 self._check_batch(input, item_count)
-            items = with_images(env, env.load_items(input.count, input.offset))
+            items = as_loaded(env, env.load_items(input.count, input.offset))
             return LoadedItems(items=items, allow_network=env.allow_network, item_count=item_count)
 
     def _check_batch(self, input: LoadItemsInput, item_count: int | None) -> None:

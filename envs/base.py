@@ -16,10 +16,10 @@ from temporal_rollouts.core.errors import BadItem
 from temporal_rollouts.core.images import ImageSpec
 from temporal_rollouts.core.harness import HarnessSpec
 from temporal_rollouts.core.messages import Message, ToolSpec
-from temporal_rollouts.core.tasks import Item, ScriptedCall, Verdict
+from temporal_rollouts.core.tasks import Item, ItemTimeouts, ScriptedCall, Verdict
 from temporal_rollouts.sandbox.handle import LeasedSlot as SlotHandle
 
-__all__ = ["Env", "ImageSpec", "Item", "ScriptedCall", "SlotHandle", "Verdict", "with_images"]
+__all__ = ["Env", "ImageSpec", "Item", "ItemTimeouts", "ScriptedCall", "SlotHandle", "Verdict", "as_loaded"]
 
 
 class Env(ABC):
@@ -66,6 +66,11 @@ class Env(ABC):
         except ValueError as err:
             raise BadItem(f"item {item.id!r} of {self.name} names a bad image: {err}") from None
 
+    def timeouts(self, item: Item) -> ItemTimeouts | None:
+        """The item's own agent and verifier timeouts (narrower than the batch's), or None; called on the
+        worker when the item is loaded. By default the item's own."""
+        return item.timeouts
+
     def slot_network(self, item: Item) -> bool:
         """Whether the item's slot gets network (the server must allow it too); by default `allow_network`."""
         return self.allow_network
@@ -111,9 +116,13 @@ class Env(ABC):
         return tool_specs(self.config.get("tools") or self.tool_names)
 
 
-def with_images(env: Env, items: list[Item]) -> list[Item]:
-    """The items with the image each runs in, as `env.image` names it, set on the item itself: the
-    workflow sees it (and builds it first) without loading env code."""
-    return [
-        item if (image := env.image(item)) == item.image else item.model_copy(update={"image": image}) for item in items
-    ]
+def as_loaded(env: Env, items: list[Item]) -> list[Item]:
+    """The items with the image each runs in and its own timeouts, as `env.image` and `env.timeouts` name
+    them, set on the item itself: the workflow sees them (and builds the image first) without env code."""
+    loaded = []
+    for item in items:
+        image, timeouts = env.image(item), env.timeouts(item)
+        if (image, timeouts) != (item.image, item.timeouts):
+            item = item.model_copy(update={"image": image, "timeouts": timeouts})
+        loaded.append(item)
+    return loaded

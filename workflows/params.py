@@ -79,6 +79,15 @@ NEXT_HARNESS_CALL = StepParams(start_to_close_s=HARNESS_WAIT_S + 60, heartbeat_s
 ANSWER_HARNESS_CALL = StepParams(start_to_close_s=30, heartbeat_s=None, retry=_retry(10, max_interval_s=10))
 STOP_HARNESS = StepParams(start_to_close_s=60, heartbeat_s=None, retry=_retry(5))
 VERIFY = StepParams(start_to_close_s=1200, heartbeat_s=10, retry=_retry(5))
+
+
+def verify(verify_s: float | None) -> StepParams:
+    """The verify step, outlasting an item's own verifier timeout (`ItemTimeouts.verify_s`) with room to spare."""
+    if verify_s is None or verify_s + 600 <= VERIFY.start_to_close_s:
+        return VERIFY
+    return StepParams(start_to_close_s=verify_s + 600, heartbeat_s=VERIFY.heartbeat_s, retry=VERIFY.retry)
+
+
 RELEASE_SLOT = StepParams(start_to_close_s=10, heartbeat_s=None, retry=_retry(20, max_interval_s=10))
 WRITE_GROUP = StepParams(start_to_close_s=15, heartbeat_s=None, retry=_retry(10))
 # A batch gathering again waits on a rollout that something else resumed.

@@ -82,6 +82,7 @@ class TrajectoryWorkflow:
     @workflow.run
     @checked_input
     async def run(self, input: TrajectoryInput) -> TrajectoryResult:
+        input = input.narrowed_by_item()
         info = workflow.info()
         rollout_key = f"{info.workflow_id}/{info.run_id}"
         result = self._result = TrajectoryResult(
@@ -162,7 +163,7 @@ class TrajectoryWorkflow:
                         transcript=result.transcript,
                         meta=result.setup_meta,
                     ),
-                    params.VERIFY,
+                    params.verify(input.item.timeouts.verify_s if input.item.timeouts else None),
                     StopReason.ENV_ERROR,
                     "verify",
                 )

@@ -225,6 +225,13 @@ class TrajectoryInput(BaseModel):
     snapshot_turns: bool = Field(default=False, description="Save the workspace after every turn (for later forks).")
     harness: HarnessSpec | None = Field(default=None, description="Run this harness as the agent instead of our loop.")
 
+    def narrowed_by_item(self) -> TrajectoryInput:
+        """This input with the item's own agent timeout (`Item.timeouts`) as its wall clock, where shorter."""
+        agent_s = self.item.timeouts.agent_s if self.item.timeouts is not None else None
+        if agent_s is None or agent_s >= self.limits.wall_clock_s:
+            return self
+        return self.model_copy(update={"limits": self.limits.model_copy(update={"wall_clock_s": agent_s})})
+
     @model_validator(mode="after")
     def _harness_alone(self) -> TrajectoryInput:
         if self.harness is not None and (self.fork is not None or self.branch is not None or self.snapshot_turns):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.base import Env, with_images
+from envs.base import Env, as_loaded
 from temporal_rollouts.core.errors import BadItem, ConfigError, ImageBuildFailed
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.tasks import Item, Verdict
@@ -157,7 +157,7 @@ class ImageEnv(Env):
 
 def test_an_env_names_an_image_per_item_through_its_data_or_its_hook() -> None:
     env = ImageEnv()
-    plain, data, named = with_images(env, env.load_items(3))
+    plain, data, named = as_loaded(env, env.load_items(3))
     assert plain.image is None, "an item that names none runs as before"
     assert data.image == ImageSpec(context="/tasks/data", build_timeout_s=60)
     assert named.image == ImageSpec(reference="localhost/x:1")
@@ -180,13 +180,13 @@ def test_the_image_tasks_each_name_a_build_context_and_the_plain_tasks_none() ->
     from envs import get_env
 
     image_tasks = get_env("image_tasks")
-    items = with_images(image_tasks, image_tasks.load_items(image_tasks.item_count() or 0))
+    items = as_loaded(image_tasks, image_tasks.load_items(image_tasks.item_count() or 0))
     assert {item.id for item in items} == {"sum-sales-by-region", "fix-median-with-pytest", "read-ledger-config"}
     for item in items:
         assert item.image is not None and item.image.name == item.id
         assert (Path(item.image.context or "") / "Dockerfile").is_file()
     plain = get_env("terminal_tasks")
-    assert all(item.image is None for item in with_images(plain, plain.load_items(plain.item_count() or 0)))
+    assert all(item.image is None for item in as_loaded(plain, plain.load_items(plain.item_count() or 0)))
 
 
 async def test_builds_take_turns_on_a_host(tmp_path: Path) -> None:

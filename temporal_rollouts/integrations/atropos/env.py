@@ -37,7 +37,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from envs import get_env
-from envs.base import with_images
+from envs.base import as_loaded
 from envs.sources import load_env_sources
 from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.errors import ConfigError, RolloutError
@@ -152,7 +152,7 @@ class TemporalRolloutsEnv(BaseEnv):
         self._sampled: str | None = None
 
     async def get_next_item(self) -> Item:
-        item = with_images(self.task_env, self.task_env.load_items(1, offset=self.next_item))[0]
+        item = as_loaded(self.task_env, self.task_env.load_items(1, offset=self.next_item))[0]
         self.next_item += 1
         return item
 
@@ -288,7 +288,7 @@ class TemporalRolloutsEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         started = time.time()
-        items = with_images(self.task_env, self.task_env.load_items(self.config.eval_items))
+        items = as_loaded(self.task_env, self.task_env.load_items(self.config.eval_items))
         runs = await asyncio.gather(*(self._rollouts(i, 1, self.config.eval_temperature, "eval") for i in items))
         finished = [r[0] for r in runs if r]
         scores = [r.score for r in finished]
