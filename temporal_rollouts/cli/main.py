@@ -47,9 +47,10 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     from temporal_rollouts.cli.envs import note_unknown_env
     from temporal_rollouts.client.batches import batch_input
 
-    known = note_unknown_env(args.env, settings)  # unknown here: the worker checks it in the first step
+    env, env_config = parsers.env_and_config(args)
+    known = note_unknown_env(env, settings)  # unknown here: the worker checks it in the first step
     fields = {
-        "env": args.env,
+        "env": env,
         "num_items": args.items,
         "group_size": args.group_size,
         "item_offset": args.offset,
@@ -59,7 +60,7 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
         "max_concurrency": args.max_concurrency,
         "start_rate": args.start_rate,
         "output": args.output,
-        "env_config": parsers.json_flag("--env-config", args.env_config) if args.env_config else {},
+        "env_config": env_config,
     }
     if args.harness:
         fields["harness"] = (
@@ -336,8 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
         description="Start a batch of rollouts.",
     )
-    batch.add_argument("--env", required=True, help="an env the workers know (`rollouts envs` lists them)")
-    parsers.add_env_module_flag(batch)
+    parsers.add_env_flags(batch)
     batch.add_argument("--items", type=positive_int, default=defaults.BATCH_ITEMS, help="items of the env's task set")
     batch.add_argument(
         "--group-size",
@@ -371,7 +371,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.BATCH_START_RATE,
         help="rollouts started per second at most; 0 starts them as fast as the batch can",
     )
-    batch.add_argument("--env-config", default=None, help="JSON object passed to the env")
     batch.add_argument(
         "--harness",
         default=None,

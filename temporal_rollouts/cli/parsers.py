@@ -33,6 +33,46 @@ def json_flag(flag: str, text: str) -> Any:
         raise InvalidInput(f"{flag}: not valid JSON ({err})") from None
 
 
+def add_env_flags(parser: argparse.ArgumentParser) -> None:
+    """`--env` or `--tasks` (a folder of Harbor tasks: env `harbor`), `--env-config` and `--env-module`."""
+    parser.add_argument("--env", default=None, help="an env the workers know (`rollouts envs` lists them)")
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        metavar="PATH",
+        help="a folder of Harbor task folders, or one task folder (the env `harbor`; docs/harbor.md): "
+        "checked here, then read by the workers at the same path",
+    )
+    parser.add_argument("--env-config", default=None, help="JSON object passed to the env")
+    add_env_module_flag(parser)
+
+
+def env_and_config(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The env and its config the flags name. `--tasks` is checked here, every task of it, so a broken
+    `task.toml` is refused before anything starts; what the tasks ask for that is not honoured is printed."""
+    import sys
+    from pathlib import Path
+
+    from temporal_rollouts.core.errors import InvalidInput
+
+    config = json_flag("--env-config", args.env_config) if args.env_config else {}
+    if not isinstance(config, dict):
+        raise InvalidInput("--env-config: must be a JSON object")
+    if args.tasks is None:
+        if not args.env:
+            raise InvalidInput("name the env: --env ENV, or --tasks PATH for a folder of Harbor tasks")
+        return args.env, config
+    if args.env not in (None, "harbor"):
+        raise InvalidInput(f"--tasks runs the env harbor, not {args.env!r}: drop --env")
+    from envs.harbor import HarborEnv
+
+    env = HarborEnv({**config, "path": str(Path(args.tasks).resolve())})
+    for task in env.check_all():
+        for note in env.task_notes(task):
+            print(f"harbor task {task.name}: {note}", file=sys.stderr)
+    return "harbor", env.config
+
+
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env-module",
@@ -116,7 +156,7 @@ def add_train_parser(sub: Any) -> None:
     actions = train.add_subparsers(dest="train_command", required=True)
     start = actions.add_parser("start", help="start a training run", formatter_class=DefaultsHelpFormatter)
     start.add_argument("name", help="the run's name (its workflow id)")
-    start.add_argument("--env", required=True, help="registered env")
+    add_env_flags(start)
     start.add_argument("--policy", default=None, help="a token-level policy, or a chat policy with a tokenizer")
     start.add_argument(
         "--tokenizer",
@@ -157,7 +197,6 @@ def add_train_parser(sub: Any) -> None:
     start.add_argument("--max-turns", type=int, default=None)
     start.add_argument("--temperature", type=float, default=None)
     start.add_argument("--max-tokens", type=int, default=None, help="per-turn generation cap")
-    start.add_argument("--env-config", default=None, help="JSON object passed to the env")
     start.add_argument("--api-url", default=None, help="run-api; default: the config's atropos.api_url")
     start.add_argument(
         "--sink",
@@ -167,7 +206,6 @@ def add_train_parser(sub: Any) -> None:
     )
     start.add_argument("--output", default=None, help="JSONL file in the results folder (--sink jsonl)")
     start.add_argument("--json", action="store_true")
-    add_env_module_flag(start)
     serve = actions.add_parser(
         "serve",
         help="the trainer door: trainers take and acknowledge runs' batches over HTTP",

@@ -22,7 +22,7 @@ from rich.console import Console
 from temporalio.client import Client
 
 from temporal_rollouts.cli.envs import note_unknown_env
-from temporal_rollouts.cli.parsers import json_flag
+from temporal_rollouts.cli.parsers import env_and_config
 from temporal_rollouts.cli.screen import Column, labelled, screen_width, table_lines, when
 from temporal_rollouts.client.connection import command_client
 from temporal_rollouts.client.records import describe_or_none, status_name
@@ -43,8 +43,10 @@ WATCH_EVERY_S = 2.0
 
 
 def feed_input(args: argparse.Namespace) -> FeedInput:
+    env, env_config = env_and_config(args)
     fields: dict[str, Any] = {
-        "env": args.env,
+        "env": env,
+        "env_config": env_config,
         "policy": args.policy,
         "tokenizer": args.tokenizer,
         "group_size": args.group_size,
@@ -58,8 +60,6 @@ def feed_input(args: argparse.Namespace) -> FeedInput:
         "sink": args.sink,
         "output": args.output,
     }
-    if args.env_config:
-        fields["env_config"] = json_flag("--env-config", args.env_config)
     if args.max_turns:
         fields["limits"] = {"max_turns": args.max_turns}
     sampling = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens)) if v is not None}

@@ -1,0 +1,188 @@
+"""Harbor tasks on real sandbox servers and item images: the verifier's own folders and its pristine root
+(against an agent that forges the tools the tests use, plants a reward or links the reward file), and
+the example tasks through the worker: 1.0 with the demo policy, 0 when the model does nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from envs.base import as_loaded
+from envs.harbor.env import HarborEnv, _pack
+from temporal_rollouts.core.images import BuiltImage, ImageSpec
+from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput
+from temporal_rollouts.core.settings import PoolOptions, Settings
+from temporal_rollouts.core.tasks import Item
+from temporal_rollouts.sandbox.backends.local import LocalBackend
+from temporal_rollouts.sandbox.handle import LeasedSlot
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
+from temporal_rollouts.sandbox_server.schema import Holder, VerifierMounts
+from tests.integration.test_image_rollouts import do_nothing_policy, rollout_results, run_failing  # noqa: F401
+from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
+from tests.support.sandbox import needs_bubblewrap, sandbox_settings
+from workflows.batch import BatchWorkflow
+
+pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
+
+IMAGE = """\
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+"""
+CHECK = """\
+# the honest check: the answer the agent wrote, judged by python3 from the image
+python3 -c 'import sys; sys.exit(open("/app/answer").read().strip() != "42")' 2>/dev/null \\
+    && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+FORGE = """\
+mkdir -p /usr/local/bin
+printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt; exit 0\\n' > /usr/local/bin/python3
+chmod +x /usr/local/bin/python3
+echo wrong > /app/answer
+"""
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("harbor") / "store"
+    yield folder
+    unmount_under(folder)
+
+
+@pytest.fixture(scope="module")
+async def image(store: Path, tmp_path_factory) -> BuiltImage:
+    context = write_context(tmp_path_factory.mktemp("harbor-image") / "harbor", IMAGE)
+    return await builder_on(store).ready(ImageSpec(context=str(context), name="harbor-verifier"))
+
+
+@pytest.fixture
+async def image_pool(store: Path, tmp_path: Path) -> AsyncIterator[SandboxPool]:
+    options = ServerOptions(limits=SlotLimits(disk_limit_mb=64, max_files=20_000))
+    backend = LocalBackend(
+        tmp_path / "data", sandbox_settings(options, slots_per_container=2), images=builder_on(store)
+    )
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as made:
+        try:
+            yield made
+        finally:
+            for info in backend.registry.load():
+                await backend.stop_container(info.container_id)
+
+
+async def slot_on(pool: SandboxPool, image: BuiltImage) -> LeasedSlot:
+    lease = await pool.acquire(Holder(workflow_id=f"h-{uuid.uuid4().hex[:6]}"), wait_s=60, image=image)
+    return LeasedSlot(pool, lease, uuid.uuid4().hex[:8])
+
+
+async def share_tests(slot: LeasedSlot, tmp_path: Path, script: str) -> str:
+    folder = tmp_path / f"tests-{uuid.uuid4().hex[:6]}"
+    folder.mkdir()
+    (folder / "test.sh").write_text(script)
+    archive = tmp_path / f"{folder.name}.tar.gz"
+    archive.write_bytes(_pack(folder))
+    await slot.share(folder.name, archive)
+    return folder.name
+
+
+async def test_a_forged_interpreter_wins_on_the_agents_root_and_loses_on_the_pristine_one(image_pool, image, tmp_path):
+    slot = await slot_on(image_pool, image)
+    assert (await slot.terminal(FORGE)).ok
+    tests = await share_tests(slot, tmp_path, CHECK)
+    await slot.stop_processes()
+    shared = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests), timeout=60)
+    pristine = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
+    assert shared.verifier_root == "shared" and shared.collected["reward.txt"].text.strip() == "1", (
+        "the attack is real: on the root the agent changed, its python3 writes the reward"
+    )
+    assert pristine.verifier_root == "pristine" and pristine.collected["reward.txt"].text.strip() == "0", pristine
+    assert (await slot.terminal("cat /app/answer; ls /usr/local/bin")).output.split() == ["wrong", "python3"], (
+        "the agent's root is as it left it; the pristine root's layer is gone"
+    )
+    assert (await slot.terminal("echo 42 > /app/answer")).ok
+    solved = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
+    assert solved.collected["reward.txt"].text.strip() == "1", "the agent's WORKDIR is carried into the pristine root"
+
+
+async def test_tests_are_hidden_read_only_and_a_planted_reward_is_never_read(image_pool, image, tmp_path):
+    slot = await slot_on(image_pool, image)
+    plant = "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && echo planted > /tests/test.sh"
+    assert (await slot.terminal(plant)).ok
+    script = (
+        "ls /logs/verifier; cat /tests/note.txt 2>/dev/null\n"
+        "echo tampered >> /tests/test.sh && echo WROTE-TESTS\n"
+        "touch /logs/verifier/test-stdout.txt && echo WROTE-LOGS\n"
+    )
+    tests = await share_tests(slot, tmp_path, script)
+    assert "planted" in (await slot.terminal("cat /tests/test.sh")).output, "the agent never sees the tests"
+    for pristine in (False, True):
+        ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=pristine), timeout=60)
+        assert "WROTE-TESTS" not in ran.output and "WROTE-LOGS" in ran.output, ran.output
+        assert ran.collected == {}, "the planted reward.txt is not in the verifier's fresh output folder"
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        ("ln -s /etc/hostname /logs/verifier/reward.txt", "not a regular file"),
+        ("mkfifo /logs/verifier/reward.txt", "not a regular file"),
+        ("head -c 100000 /dev/zero > /logs/verifier/reward.txt", "over"),
+    ],
+)
+async def test_a_reward_that_is_a_link_a_fifo_or_too_large_is_not_read(image_pool, image, tmp_path, make, problem):
+    slot = await slot_on(image_pool, image)
+    tests = await share_tests(slot, tmp_path, make + "\n")
+    ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
+    found = ran.collected["reward.txt"]
+    assert found.text is None and problem in (found.problem or ""), ran
+
+
+async def test_on_the_agents_root_a_linked_test_folder_fails_closed(image_pool, image, tmp_path):
+    slot = await slot_on(image_pool, image)
+    assert (await slot.terminal("rm -rf /logs && ln -s /app /logs")).ok
+    tests = await share_tests(slot, tmp_path, "echo 1 > /logs/verifier/reward.txt\n")
+    ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests), timeout=60)
+    assert not ran.ok and "link" in ran.output and ran.collected == {}, ran
+
+
+@pytest.mark.slow
+async def test_the_example_tasks_score_1_with_the_demo_policy_and_0_when_nothing_is_done(
+    client: Client,
+    settings: Settings,
+    do_nothing_policy: str,  # noqa: F811
+) -> None:
+    tasks = HarborEnv().item_count()
+    results = {}
+    for policy in (None, do_nothing_policy):
+        batch = BatchInput(env="harbor", num_items=tasks or 0, group_size=1, policy=policy)
+        done = await client.execute_workflow(
+            BatchWorkflow.run, batch, id=f"harbor-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
+        )
+        results[policy] = done
+        rollouts = await rollout_results(client, done.batch_id)
+        assert {r.stop_reason for r in rollouts} == {StopReason.COMPLETED}, [r.stop_detail for r in rollouts]
+        for rollout in rollouts:
+            assert rollout.verify_details["verifier_root"] == "pristine", rollout.verify_details
+            assert "notes" not in rollout.verify_details, "every example says it needs no network"
+    assert (results[None].completed, results[None].mean_score) == (tasks, 1.0), results[None].stop_details
+    assert (results[do_nothing_policy].completed, results[do_nothing_policy].mean_score) == (tasks, 0.0)
+
+
+async def test_a_task_whose_tests_write_no_reward_is_a_failure_not_a_score(
+    client: Client, settings: Settings, tmp_path: Path
+) -> None:
+    folder = tmp_path / "silent"
+    (folder / "tests").mkdir(parents=True)
+    write_context(folder / "environment", IMAGE)
+    (folder / "task.toml").write_text("[verifier]\ntimeout_sec = 30\n[agent]\ntimeout_sec = 60\n")
+    (folder / "instruction.md").write_text("Reply that you are done.\n")
+    (folder / "tests" / "test.sh").write_text("echo the tests crashed before writing a reward; exit 3\n")
+    (item,) = as_loaded(HarborEnv({"path": str(folder)}), [Item(id="silent")])
+    input = TrajectoryInput(env="harbor", env_config={"path": str(folder)}, item=item)
+    result = await run_failing(client, settings, input, f"harbor-{uuid.uuid4().hex[:8]}")
+    assert result.stop_reason is StopReason.ENV_ERROR and not result.stop_reason.scored
+    assert "wrote no reward" in result.stop_detail and "crashed before" in result.stop_detail
