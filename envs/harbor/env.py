@@ -184,8 +184,15 @@ class HarborEnv(Env):
         )
 
     def reference_solution(self, item: Item) -> list[list[ScriptedCall]] | None:
-        """`solution/solve.sh`, run as one terminal call that first puts the solution folder at /solution."""
+        """`solution/turns.json` where the task has one (this project's own: the tool calls to play, turn by
+        turn), else `solution/solve.sh`, run as one terminal call that first puts the solution folder at
+        /solution."""
         task = self.task(item)
+        if (turns := task.solution / "turns.json").is_file():
+            try:
+                return [[ScriptedCall.model_validate(call) for call in turn] for turn in json.loads(turns.read_text())]
+            except (ValueError, TypeError) as err:
+                raise BadItem(f"{turns}: not a list of turns of tool calls: {err}") from None
         if not (task.solution / "solve.sh").is_file():
             return None
         packed = base64.b64encode(_pack(task.solution)).decode()

@@ -11,7 +11,7 @@ from typing import Any
 from envs.base import Env, SlotHandle
 from envs.registry import register_env
 from envs.terminal_tasks import fingerprint
-from envs.terminal_tasks.loader import IMAGES_DIR, bundled_image_tasks, bundled_tasks
+from envs.terminal_tasks.loader import bundled_image_tasks, bundled_tasks
 from envs.terminal_tasks.model import TerminalTask
 from temporal_rollouts.core.errors import BadItem, TaskError
 from temporal_rollouts.core.images import ImageSpec
@@ -113,13 +113,13 @@ class TerminalTasksEnv(Env):
 
     def image(self, item: Item) -> ImageSpec | None:
         task = self.task(item)
-        return ImageSpec(context=str(IMAGES_DIR / task.image), name=task.id) if task.image else super().image(item)
+        return ImageSpec(context=task.context, name=task.id) if task.context else super().image(item)
 
 
 @register_env
 class ImageTasksEnv(TerminalTasksEnv):
     """Terminal tasks that need their own image: a package the sandbox host lacks, Python with pytest, a
-    service account only root could make. Each names a build context under `images/`; they run only where
+    service account only root could make. Each is built from its folder's `environment/`; they run only where
     item images do (`docs/images.md`)."""
 
     name = "image_tasks"

@@ -1,7 +1,7 @@
-"""The data model of one terminal task, as stored in `tasks/*.json`.
+"""The data model of one terminal task, as `loader` reads it from its Harbor task folder.
 
-Multi-line text (a check script, a file's content) may be written in JSON as a
-list of lines, each ending in a newline, so the bundled tasks stay readable.
+Multi-line text (a check script, a file's content) may also be given as a list of
+lines, each ending in a newline (tests build tasks so).
 """
 
 from __future__ import annotations
@@ -37,11 +37,10 @@ class TerminalTask(BaseModel):
         "tasks whose result is a running server or job rather than files.",
     )
     solution: tuple[tuple[ScriptedCall, ...], ...] = Field(description="Turns of tool calls that solve the task.")
-    image: str | None = Field(
+    context: str | None = Field(
         default=None,
-        pattern=r"^[a-z0-9][a-z0-9-]*$",
-        description="The task's image: a build context under `images/` (a folder with a Dockerfile); None runs "
-        "on the sandbox server's own root.",
+        description="The task's image: the absolute path of its build context (its folder's `environment/`); "
+        "None runs on the sandbox server's own root.",
     )
 
     @field_validator("check", mode="before")

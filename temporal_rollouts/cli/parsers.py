@@ -66,11 +66,12 @@ def env_and_config(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         raise InvalidInput(f"--tasks runs the env harbor, not {args.env!r}: drop --env")
     from envs.harbor import HarborEnv
 
-    env = HarborEnv({**config, "path": str(Path(args.tasks).resolve())})
+    config = {**config, "path": str(Path(args.tasks).resolve())}
+    env = HarborEnv(config)
     for task in env.check_all():
         for note in env.task_notes(task):
             print(f"harbor task {task.name}: {note}", file=sys.stderr)
-    return "harbor", env.config
+    return "harbor", config
 
 
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:

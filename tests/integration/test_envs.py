@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import shlex
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from envs.base import Env
 from envs.echo_chain import EchoChainEnv
 from envs.registry import get_env, register_env
 from envs.terminal_tasks import TerminalTask, bundled_tasks, load_tasks_from
+from envs.terminal_tasks.loader import TASKS_DIR
 from temporal_rollouts.core.errors import BadItem, ConfigError, UnknownEnv
 from temporal_rollouts.core.messages import Message
 from temporal_rollouts.core.tasks import Item, ScriptedCall
@@ -247,8 +247,10 @@ def test_task_json_accepts_lines_and_rejects_bad_paths(tmp_path):
         TerminalTask.model_validate({**task, "files": {"/etc/passwd": "x"}})
     with pytest.raises(ValueError, match="executable"):
         TerminalTask.model_validate({**task, "executable": ["missing.sh"]})
-    (tmp_path / "other-name.json").write_text(json.dumps(task))
-    with pytest.raises(ValueError, match="file name"):
+    shutil.copytree(TASKS_DIR / "csv-to-json", tmp_path / "renamed")
+    assert list(load_tasks_from(tmp_path)) == ["renamed"], "a task is named by its folder, as Harbor names it"
+    (tmp_path / "renamed" / "task.toml").write_text("[verifier]\ntimeout_sec = -5\n")
+    with pytest.raises(ValueError, match="renamed/task.toml: \\[verifier\\] timeout_sec"):
         load_tasks_from(tmp_path)
 
 

@@ -4,6 +4,7 @@ the example tasks through the worker: 1.0 with the demo policy, 0 when the model
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from temporalio.client import Client
 
 from envs.base import as_loaded
 from envs.harbor.env import HarborEnv, _pack
+from envs.terminal_tasks.loader import IMAGE_TASKS_DIR, TASKS_DIR
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput
 from temporal_rollouts.core.settings import PoolOptions, Settings
@@ -186,3 +188,28 @@ async def test_a_task_whose_tests_write_no_reward_is_a_failure_not_a_score(
     result = await run_failing(client, settings, input, f"harbor-{uuid.uuid4().hex[:8]}")
     assert result.stop_reason is StopReason.ENV_ERROR and not result.stop_reason.scored
     assert "wrote no reward" in result.stop_detail and "crashed before" in result.stop_detail
+
+
+@pytest.mark.slow
+async def test_our_own_tasks_as_harbor_folders_score_1_and_0_in_their_images_under_the_harbor_env(
+    client: Client,
+    settings: Settings,
+    tmp_path: Path,
+    do_nothing_policy: str,  # noqa: F811
+) -> None:
+    """The bundled terminal tasks are Harbor folders: the generic env runs them in the images their
+    `environment/` builds, verified by their `tests/test.sh` on the pristine root (a sample: one with an
+    executable file, one whose check rejects an edited file, one that needs its image's account)."""
+    for folder in (
+        TASKS_DIR / "fix-import-error",
+        TASKS_DIR / "fix-line-counter",
+        TASKS_DIR / "csv-to-json",
+        IMAGE_TASKS_DIR / "read-ledger-config",
+    ):
+        shutil.copytree(folder, tmp_path / folder.name)
+    for policy, score in ((None, 1.0), (do_nothing_policy, 0.0)):
+        batch = BatchInput(env="harbor", env_config={"path": str(tmp_path)}, num_items=4, group_size=1, policy=policy)
+        done = await client.execute_workflow(
+            BatchWorkflow.run, batch, id=f"harbor-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
+        )
+        assert (done.completed, done.failed, done.mean_score) == (4, 0, score), done.stop_details

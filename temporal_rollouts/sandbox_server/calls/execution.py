@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from temporal_rollouts.sandbox_server.calls.verifier import run_verifier
 from temporal_rollouts.sandbox_server.files.cache import SharedCache
 from temporal_rollouts.sandbox_server.volumes.disk_watch import DiskWatch
 from temporal_rollouts.sandbox_server.errors import LeaseLost, SandboxUnreachable
@@ -176,6 +177,8 @@ class CallRunner:
                     output = output.model_copy(update={"output": output.output + over_disk, "ok": False})
             elif isinstance(request.operation, StopProcessesOp):
                 output = await self._stop_processes(slot, request.call_id, sandbox.confined)
+            elif isinstance(request.operation, ExecOp) and request.operation.verifier is not None:
+                output = await run_verifier(request.call_id, request.operation, request.operation.verifier, context)
             else:
                 output = await run_operation(request.call_id, request.operation, context)
             if notices := slot.take_notices():

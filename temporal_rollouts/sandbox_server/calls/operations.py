@@ -86,9 +86,7 @@ async def _exec(call_id: str, op: ExecOp, slot: SlotContext) -> ToolOutput:
     if op.timeout_s <= 0:
         raise BadToolRequest("timeout_s must be positive")
     if op.verifier is not None:
-        from temporal_rollouts.sandbox_server.calls.verifier import run_verifier  # it builds on this module
-
-        return await run_verifier(call_id, op, op.verifier, slot)
+        raise BadToolRequest("a verifier command is run by `calls.verifier`, not as a plain command")
     if op.cache and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache")
     if op.read_only and isolation_mode(slot.sandbox.require_isolation) != "bubblewrap":

@@ -41,6 +41,8 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 async def run_verifier(call_id: str, op: ExecOp, mounts: VerifierMounts, slot: SlotContext) -> ToolOutput:
+    if op.timeout_s <= 0:
+        raise BadToolRequest("timeout_s must be positive")
     if isolation_mode(slot.sandbox.require_isolation) != "bubblewrap":
         raise BadToolRequest("a verifier command needs bubblewrap, and this server runs commands unisolated")
     if slot.volume is None:

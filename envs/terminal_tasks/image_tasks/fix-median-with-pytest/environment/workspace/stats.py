@@ -1,0 +1,7 @@
+"""Small statistics helpers."""
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle]

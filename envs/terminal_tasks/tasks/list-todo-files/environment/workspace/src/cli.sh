@@ -1,0 +1,3 @@
+#!/bin/bash
+# TODO: flags
+exec python3 -m app "$@"

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "Hello, ${1:-nobody}!"
