@@ -84,11 +84,24 @@ def format_rollout(record: RolloutRecord) -> str:
     for error in result.tool_errors:
         out.append(f"  turn {error.turn} {error.tool_name}({error.arguments}): {error.error}")
     out += _harness_lines(result)
-    if result.verify_details:
-        out.append(f"verifier     {json.dumps(result.verify_details, default=str)}")
+    out += _verifier_lines(result.verify_details)
     if result.timings:
         out.append("timings (s)  " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()))
     return "\n".join(out)
+
+
+VERIFIER_OUTPUT_LINES = 40
+
+
+def _verifier_lines(details: dict) -> list[str]:
+    """The verdict's details on one line, and what the verifier printed (its `output`) as the lines it printed."""
+    details = dict(details or {})
+    output = details.pop("output", None)
+    lines = [f"verifier     {json.dumps(details, default=str)}"] if details else []
+    if isinstance(output, str) and output.strip():
+        lines.append("verifier output (its end):")
+        lines += [f"  {line}" for line in output.rstrip().splitlines()[-VERIFIER_OUTPUT_LINES:]]
+    return lines
 
 
 def _harness_lines(result: RolloutResult) -> list[str]:
