@@ -4,6 +4,7 @@ the example tasks through the worker: 1.0 with the demo policy, 0 when the model
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -13,7 +14,7 @@ import pytest
 from temporalio.client import Client
 
 from envs.base import as_loaded
-from envs.harbor.env import HarborEnv, _pack
+from envs.harbor.env import EXAMPLES, HarborEnv, _pack
 from envs.terminal_tasks.loader import IMAGE_TASKS_DIR, TASKS_DIR
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput
@@ -213,3 +214,30 @@ async def test_our_own_tasks_as_harbor_folders_score_1_and_0_in_their_images_und
             BatchWorkflow.run, batch, id=f"harbor-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
         )
         assert (done.completed, done.failed, done.mean_score) == (4, 0, score), done.stop_details
+
+
+async def test_agent_code_a_test_runs_cannot_outwrite_the_reward_once_the_test_kills_all_but_itself(
+    image_pool, image, tmp_path
+):
+    """The example `write-greeting` runs the agent's script; a script that leaves a writer behind wins
+    against the same test without its kill step, and loses against the test as shipped."""
+    slot = await slot_on(image_pool, image)
+    writer = (  # greeting.sh prints the wrong line and leaves a writer of the reward behind
+        "cd /app && echo 'hello, harbor' > greeting.txt\n"
+        "cat > greeting.sh <<'SH'\n#!/bin/sh\n"
+        "(while :; do echo '{\"reward\": 1}' > /logs/verifier/.r && mv /logs/verifier/.r /logs/verifier/reward.json;"
+        " done) >/dev/null 2>&1 &\necho wrong\nSH\nchmod +x greeting.sh\n"
+    )
+    assert (await slot.terminal(writer)).ok
+    shipped = (EXAMPLES / "write-greeting" / "tests" / "test.sh").read_text().replace("/workspace", "/app")
+    without_kill = "\n".join(line for line in shipped.splitlines() if "kill" not in line and "keep" not in line)
+    without_kill = without_kill.replace("for entry in /proc/[0-9]*; do\n", "").replace("\ndone\n", "\n")
+    assert "kill" not in without_kill and "done" not in without_kill.split("case $((")[1]
+    await slot.stop_processes()
+    rewards = {}
+    for name, script in (("without-kill", without_kill + "\nsleep 0.5\n"), ("shipped", shipped)):
+        tests = await share_tests(slot, tmp_path, script)
+        ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
+        assert "reward.json" in ran.collected, (name, ran.output, script)
+        rewards[name] = json.loads(ran.collected["reward.json"].text)["reward"]
+    assert rewards == {"without-kill": 1, "shipped": 0.5}, rewards

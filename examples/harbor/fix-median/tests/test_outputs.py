@@ -1,22 +1,23 @@
+"""Each case calls the agent's `median` in a child process and compares what it prints: the agent's code
+never runs inside this process, so it cannot change how the tests end."""
+
+import subprocess
 import sys
 
-sys.path.insert(0, "/app")
-sys.dont_write_bytecode = True
+import pytest
 
-from stats import median  # noqa: E402
-
-
-def test_odd():
-    assert median([5, 1, 3]) == 3
+CASES = [([5, 1, 3], 3), ([10, 1, 4, 2], 3.0), ([7], 7), ([2.5, -1.0, 9.0, 0.5], 1.5)]
 
 
-def test_even():
-    assert median([10, 1, 4, 2]) == 3.0
+def median_of(values):
+    code = f"import sys; sys.path.insert(0, '/app'); from stats import median; print(repr(median({values!r})))"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=30, cwd="/tmp", check=False
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    return done.stdout.strip().splitlines()[-1]
 
 
-def test_one():
-    assert median([7]) == 7
-
-
-def test_unsorted_floats():
-    assert median([2.5, -1.0, 9.0, 0.5]) == 1.5
+@pytest.mark.parametrize(("values", "expected"), CASES)
+def test_median(values, expected):
+    assert median_of(values) == repr(expected)
