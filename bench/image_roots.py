@@ -12,7 +12,7 @@ Each variant runs `--commands` commands; the figures are the wall time per comma
 time the command's own processes (bwrap, podman, conmon, runc) used, from `RUSAGE_CHILDREN`.
 The `image` variant also times what a slot's first command pays once: the overlay mount.
 
-`--builds` first times the builds of the image tasks' contexts (`envs/terminal_tasks/images`) in
+`--builds` first times the builds of the image tasks' contexts (`envs/terminal_tasks/image_tasks/*/environment`) in
 a fresh store, one after the other (the base image imported, apt from the Debian mirror), then
 asks for each again: the second round is what a second batch over the same tasks pays (a key found).
 
@@ -54,7 +54,8 @@ from temporal_rollouts.sandbox_server.schema import ExecOp, Holder  # noqa: E402
 from bench.tools import round_trips  # noqa: E402
 
 FIGURES: dict[str, float] = {}
-TASK_IMAGES = Path(__file__).resolve().parent.parent / "envs" / "terminal_tasks" / "images"
+IMAGE_TASKS = Path(__file__).resolve().parent.parent / "envs" / "terminal_tasks" / "image_tasks"
+"""The image tasks (Harbor folders): each builds from its `environment/`."""
 
 
 def children_cpu_s() -> float:
@@ -88,7 +89,11 @@ def report(name: str, walls: list[float], cpu_s: float) -> None:
 
 async def time_builds(builder: ImageBuilder) -> None:
     """Each image task's build in this (fresh) store, then the same request again (found by its key)."""
-    specs = [ImageSpec(context=str(folder), name=folder.name) for folder in sorted(TASK_IMAGES.iterdir())]
+    specs = [
+        ImageSpec(context=str(folder / "environment"), name=folder.name)
+        for folder in sorted(IMAGE_TASKS.iterdir())
+        if (folder / "environment" / "Dockerfile").is_file()
+    ]
     for phase in ("build", "again"):
         for spec in specs:
             started = time.perf_counter()
@@ -99,8 +104,9 @@ async def time_builds(builder: ImageBuilder) -> None:
 
 
 async def time_slots(builder: ImageBuilder, data: Path, rounds: int) -> None:
-    """A fresh lease's first command and resident tool calls, on the host's root and on the `pytest` image."""
-    image = await builder.ready(ImageSpec(context=str(TASK_IMAGES / "pytest"), name="pytest"), "the benchmark")
+    """A fresh lease's first command and resident tool calls, on the host's root and on the pytest task's image."""
+    context = IMAGE_TASKS / "fix-median-with-pytest" / "environment"
+    image = await builder.ready(ImageSpec(context=str(context), name="pytest"), "the benchmark")
     backend = LocalBackend(data, SandboxSettings(slots_per_container=1), images=builder)
     async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=2)) as pool:
         try:
