@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temporal_rollouts.sandbox.images.dockerfile import base_images
+
 TASK_FILE = "task.toml"
 INSTRUCTION_FILE = "instruction.md"
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
@@ -155,8 +157,8 @@ def load_task(folder: Path) -> HarborTask:
     docker_image = environment.get("docker_image")
     if docker_image is not None and (not isinstance(docker_image, str) or not docker_image.strip()):
         raise fail("[environment] docker_image must be an image reference")
-    if docker_image is None and not (folder / "environment" / "Dockerfile").is_file():
-        raise fail("no environment/Dockerfile and no [environment] docker_image: the task has no image")
+    if docker_image is None:
+        _check_dockerfile(folder / "environment" / "Dockerfile", fail)
     mode = verifier.get("environment_mode")
     if mode not in (None, "shared", "separate"):
         raise fail(f"[verifier] environment_mode must be 'shared' or 'separate', not {mode!r}")
@@ -176,6 +178,17 @@ def load_task(folder: Path) -> HarborTask:
         shared_verifier=mode == "shared",
         notes=tuple(notes),
     )
+
+
+def _check_dockerfile(path: Path, fail: Any) -> None:
+    """The task's Dockerfile exists and starts from an image. Whether that base can be had is the build's
+    to say (`image_build_failed`, naming it): a Modal worker pulls from registries a local one cannot reach."""
+    if not path.is_file():
+        raise fail("no environment/Dockerfile and no [environment] docker_image: the task has no image")
+    try:
+        base_images(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise fail(f"environment/Dockerfile: {err}") from None
 
 
 def _instruction(folder: Path, fail: Any) -> str:

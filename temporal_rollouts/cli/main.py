@@ -47,11 +47,11 @@ def _batch_input(args: argparse.Namespace, settings: Settings) -> BatchInput:
     from temporal_rollouts.cli.envs import note_unknown_env
     from temporal_rollouts.client.batches import batch_input
 
-    env, env_config = parsers.env_and_config(args)
+    env, env_config, task_count = parsers.env_and_config(args)
     known = note_unknown_env(env, settings)  # unknown here: the worker checks it in the first step
     fields = {
         "env": env,
-        "num_items": args.items,
+        "num_items": args.items or task_count or defaults.BATCH_ITEMS,
         "group_size": args.group_size,
         "item_offset": args.offset,
         "cycle_items": args.cycle,
@@ -338,7 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a batch of rollouts.",
     )
     parsers.add_env_flags(batch)
-    batch.add_argument("--items", type=positive_int, default=defaults.BATCH_ITEMS, help="items of the env's task set")
+    batch.add_argument(
+        "--items",
+        type=positive_int,
+        default=None,
+        help=f"items of the env's task set (default {defaults.BATCH_ITEMS}; with --tasks, every task of the folder)",
+    )
     batch.add_argument(
         "--group-size",
         type=positive_int,

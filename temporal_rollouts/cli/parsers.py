@@ -47,9 +47,10 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
     add_env_module_flag(parser)
 
 
-def env_and_config(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """The env and its config the flags name. `--tasks` is checked here, every task of it, so a broken
-    `task.toml` is refused before anything starts; what the tasks ask for that is not honoured is printed."""
+def env_and_config(args: argparse.Namespace) -> tuple[str, dict[str, Any], int | None]:
+    """The env and its config the flags name, and with `--tasks` how many tasks the folder holds. `--tasks` is
+    checked here, every task of it, so a broken `task.toml` is refused before anything starts; what the tasks
+    ask for that is not honoured is printed."""
     import sys
     from pathlib import Path
 
@@ -61,17 +62,18 @@ def env_and_config(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     if args.tasks is None:
         if not args.env:
             raise InvalidInput("name the env: --env ENV, or --tasks PATH for a folder of Harbor tasks")
-        return args.env, config
+        return args.env, config, None
     if args.env not in (None, "harbor"):
         raise InvalidInput(f"--tasks runs the env harbor, not {args.env!r}: drop --env")
     from envs.harbor import HarborEnv
 
     config = {**config, "path": str(Path(args.tasks).resolve())}
     env = HarborEnv(config)
-    for task in env.check_all():
+    tasks = env.check_all()
+    for task in tasks:
         for note in env.task_notes(task):
             print(f"harbor task {task.name}: {note}", file=sys.stderr)
-    return "harbor", config
+    return "harbor", config, len(tasks)
 
 
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:

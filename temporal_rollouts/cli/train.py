@@ -43,7 +43,7 @@ WATCH_EVERY_S = 2.0
 
 
 def feed_input(args: argparse.Namespace) -> FeedInput:
-    env, env_config = env_and_config(args)
+    env, env_config, _ = env_and_config(args)
     fields: dict[str, Any] = {
         "env": env,
         "env_config": env_config,

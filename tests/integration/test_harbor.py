@@ -4,6 +4,7 @@ the example tasks through the worker: 1.0 with the demo policy, 0 when the model
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import uuid
@@ -17,7 +18,7 @@ from envs.base import as_loaded
 from envs.harbor.env import EXAMPLES, HarborEnv, _pack
 from envs.terminal_tasks.loader import IMAGE_TASKS_DIR, TASKS_DIR
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
-from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput
+from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult
 from temporal_rollouts.core.settings import PoolOptions, Settings
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.sandbox.backends.local import LocalBackend
@@ -28,7 +29,9 @@ from temporal_rollouts.sandbox_server.schema import Holder, VerifierMounts
 from tests.integration.test_image_rollouts import do_nothing_policy, rollout_results, run_failing  # noqa: F401
 from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
 from tests.support.sandbox import needs_bubblewrap, sandbox_settings
+from tests.support.processes import rollouts_process
 from workflows.batch import BatchWorkflow
+from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
 
@@ -161,7 +164,7 @@ async def test_the_example_tasks_score_1_with_the_demo_policy_and_0_when_nothing
     tasks = HarborEnv().item_count()
     results = {}
     for policy in (None, do_nothing_policy):
-        batch = BatchInput(env="harbor", num_items=tasks or 0, group_size=1, policy=policy)
+        batch = BatchInput(env="harbor", num_items=tasks or 0, group_size=2 if policy is None else 1, policy=policy)
         done = await client.execute_workflow(
             BatchWorkflow.run, batch, id=f"harbor-{uuid.uuid4().hex[:8]}", task_queue=settings.temporal.task_queue
         )
@@ -171,7 +174,7 @@ async def test_the_example_tasks_score_1_with_the_demo_policy_and_0_when_nothing
         for rollout in rollouts:
             assert rollout.verify_details["verifier_root"] == "pristine", rollout.verify_details
             assert "notes" not in rollout.verify_details, "every example says it needs no network"
-    assert (results[None].completed, results[None].mean_score) == (tasks, 1.0), results[None].stop_details
+    assert (results[None].completed, results[None].mean_score) == (2 * tasks, 1.0), results[None].stop_details
     assert (results[do_nothing_policy].completed, results[do_nothing_policy].mean_score) == (tasks, 0.0)
 
 
@@ -241,3 +244,29 @@ async def test_agent_code_a_test_runs_cannot_outwrite_the_reward_once_the_test_k
         assert "reward.json" in ran.collected, (name, ran.output, script)
         rewards[name] = json.loads(ran.collected["reward.json"].text)["reward"]
     assert rewards == {"without-kill": 1, "shipped": 0.5}, rewards
+
+
+@pytest.mark.slow
+async def test_a_harbor_rollout_forks_and_shows_its_task_and_what_its_tests_printed(
+    client: Client, settings: Settings
+) -> None:
+    env_config = {"path": str(TASKS_DIR)}
+    (item,) = as_loaded(HarborEnv(env_config), [Item(id="fix-import-error")])  # three turns in its image
+    source = TrajectoryResult.model_validate(
+        await client.execute_workflow(
+            TrajectoryWorkflow.run,
+            TrajectoryInput(env="harbor", env_config=env_config, item=item),
+            id=f"harbor-source-{uuid.uuid4().hex[:6]}",
+            task_queue=settings.temporal.task_queue,
+        )
+    )
+    assert (source.stop_reason, source.score, source.turns) == (StopReason.COMPLETED, 1.0, 4), source.stop_detail
+    done = await asyncio.to_thread(
+        rollouts_process, settings, "fork", source.rollout_id, "--at-turn", "2", "-n", "2", "--wait", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    forked = json.loads(done.stdout)
+    assert [r["score"] for r in forked["results"]] == [1.0, 1.0], forked
+    shown = await asyncio.to_thread(rollouts_process, settings, "show", forked["first"])
+    assert '"task": "fix-import-error"' in shown.stdout and '"verifier_root": "pristine"' in shown.stdout
+    assert "verifier output (its end):" in shown.stdout, shown.stdout

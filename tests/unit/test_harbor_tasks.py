@@ -134,6 +134,9 @@ def test_a_task_needs_an_image_tests_and_an_instruction(tmp_path: Path) -> None:
     (folder / "tests" / "test.sh").unlink()
     with pytest.raises(HarborTaskError, match="tests/test.sh"):
         load_task(folder)
+    make_task(tmp_path, "no-from").joinpath("environment", "Dockerfile").write_text("RUN true\n")
+    with pytest.raises(HarborTaskError, match="no-from/task.toml: environment/Dockerfile: .*no FROM"):
+        load_task(tmp_path / "no-from")
     make_task(tmp_path, "silent").joinpath("instruction.md").write_text("  \n")
     with pytest.raises(HarborTaskError, match="empty"):
         load_task(tmp_path / "silent")
@@ -166,8 +169,8 @@ def test_the_tasks_flag_checks_the_dataset_here_and_names_the_harbor_env(tmp_pat
     def flags(**given) -> argparse.Namespace:
         return argparse.Namespace(**{"env": None, "tasks": None, "env_config": None, **given})
 
-    env, config = env_and_config(flags(tasks=str(tmp_path), env_config='{"verifier": "shared"}'))
-    assert env == "harbor" and config == {"verifier": "shared", "path": str(tmp_path.resolve())}
+    env, config, count = env_and_config(flags(tasks=str(tmp_path), env_config='{"verifier": "shared"}'))
+    assert env == "harbor" and config == {"verifier": "shared", "path": str(tmp_path.resolve())} and count == 1
     assert "[agent] user" in capsys.readouterr().err
     with pytest.raises(InvalidInput, match="drop --env"):
         env_and_config(flags(tasks=str(tmp_path), env="terminal_tasks"))
@@ -256,3 +259,22 @@ def test_tests_pack_to_the_same_bytes_every_time_and_leave_links_out(tmp_path: P
 def test_verifier_mounts_refuse_paths_that_are_the_sandboxs_own_or_leave_their_place(fields) -> None:
     with pytest.raises(ValueError):
         VerifierMounts(**fields)
+
+
+def test_a_training_run_and_a_batch_take_a_harbor_dataset_by_one_flag(tmp_path: Path) -> None:
+    from temporal_rollouts.cli.main import _batch_input, build_parser
+    from temporal_rollouts.cli.train import feed_input
+    from temporal_rollouts.core.settings import Settings
+
+    make_task(tmp_path, "only")
+    parser = build_parser()
+    train = parser.parse_args(["train", "start", "run-1", "--tasks", str(tmp_path), "--policy", "http://p/v1"])
+    feed = feed_input(train)
+    assert (feed.env, feed.env_config) == ("harbor", {"path": str(tmp_path.resolve())})
+    batch = _batch_input(parser.parse_args(["batch", "--tasks", str(tmp_path / "only")]), Settings())
+    assert (batch.env, batch.env_config) == ("harbor", {"path": str((tmp_path / "only").resolve())})
+    assert batch.num_items == 1, "a dataset's batch runs every task of it unless --items says otherwise"
+    make_task(tmp_path, "second")
+    assert _batch_input(parser.parse_args(["batch", "--tasks", str(tmp_path)]), Settings()).num_items == 2
+    plain = _batch_input(parser.parse_args(["batch", "--env", "echo_chain"]), Settings())
+    assert plain.num_items == 4
