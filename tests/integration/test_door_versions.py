@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from temporal_rollouts.client.training import feed_status
 
 torch = pytest.importorskip("torch")
 
@@ -94,6 +97,10 @@ def largest_gap(batch: Batch, models: dict[int, object]) -> tuple[float, int]:
     return worst, checked
 
 
+TAKE_WITHIN_S = 240.0
+"""A batch of two groups of one-turn rollouts takes seconds; four minutes without one is a hang."""
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.xfail(
     reason="hung once in a clean-clone CI run beside three other test workers: after the weights of step 2 were "
@@ -126,9 +133,12 @@ async def test_every_trained_token_is_labelled_with_the_weights_that_made_it(
     trainer = DoorClient(door.url)
     seen_versions: set[int] = set()
     for step in range(STEPS + 1):
-        batch = None
+        batch, deadline = None, time.monotonic() + TAKE_WITHIN_S
         while batch is None:
             batch = await asyncio.to_thread(trainer.take, run, lease_s=300, trainer_version=step)
+            if batch is None and time.monotonic() > deadline:  # say where the run stands, not only that it hung
+                status = await feed_status(client, run)
+                pytest.fail(f"step {step}: no batch in {TAKE_WITHIN_S:.0f}s; the run: {status.model_dump_json()}")
             await asyncio.sleep(0 if batch else 0.5)
         gap, checked = largest_gap(batch, models)
         assert checked > 0 and gap <= TOLERANCE, f"step {step}: gap {gap:.1e} over {checked} tokens"
