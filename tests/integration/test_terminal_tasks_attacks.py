@@ -9,6 +9,8 @@ the session (see envs/terminal_tasks/README.md)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import shlex
 import shutil
@@ -160,6 +162,10 @@ async def test_every_process_of_the_slots_uid_is_stopped_before_a_check(backend:
             loop = "while :; do echo tick; sleep 0.1; done"
             ticker = subprocess.Popen([*drop, "bash", "-c", loop], stdout=out, start_new_session=True)
         try:
+            for _ in range(200):  # it runs as the slot's uid once it ticks (a loaded host may take a while)
+                if tick.stat().st_size:
+                    break
+                await asyncio.sleep(0.05)
             meta = await env.setup_workspace(item, slot_of(pool, lease, "setup"))
             verdict = await env.verify(item, slot_of(pool, lease, "verify", meta=meta), [])
             stopped = ticker.poll()

@@ -64,7 +64,9 @@ def test_every_flag_that_sets_an_input_field_defaults_to_the_fields_own_default(
     from temporal_rollouts.core.feed import FeedInput
     from temporal_rollouts.core.forks import ForkSpec
     from temporal_rollouts.core.inputs import field_default
+    from temporal_rollouts.cli.main import _batch_input
     from temporal_rollouts.core.records import BatchInput, RolloutLimits
+    from temporal_rollouts.core.settings import Settings
 
     parser = build_parser()
     batch = vars(parser.parse_args(["batch", "--env", "x"]))
@@ -72,7 +74,7 @@ def test_every_flag_that_sets_an_input_field_defaults_to_the_fields_own_default(
     fork = vars(parser.parse_args(["fork", "r", "--at-turn", "1"]))
     demo = vars(parser.parse_args(["demo"]))
     flags = [
-        (BatchInput, "num_items", batch["items"]),
+        (BatchInput, "num_items", _batch_input(parser.parse_args(["batch", "--env", "x"]), Settings()).num_items),
         (BatchInput, "group_size", batch["group_size"]),
         (BatchInput, "item_offset", batch["offset"]),
         (BatchInput, "max_concurrency", batch["max_concurrency"]),
@@ -91,3 +93,5 @@ def test_every_flag_that_sets_an_input_field_defaults_to_the_fields_own_default(
         assert value == field_default(model, field), (model.__name__, field, value)
     batch_help = " ".join(parser._subparsers._group_actions[0].choices["batch"].format_help().split())
     assert f"model turns per rollout (default {field_default(RolloutLimits, 'max_turns')})" in batch_help
+    assert f"(default {field_default(BatchInput, 'num_items')}; with --tasks, every task" in batch_help
+    assert batch["items"] is None, "left out, --items is resolved when the env is known (--tasks: every task)"
