@@ -270,3 +270,16 @@ async def test_a_harbor_rollout_forks_and_shows_its_task_and_what_its_tests_prin
     shown = await asyncio.to_thread(rollouts_process, settings, "show", forked["first"])
     assert '"task": "fix-import-error"' in shown.stdout and '"verifier_root": "pristine"' in shown.stdout
     assert "verifier output (its end):" in shown.stdout, shown.stdout
+
+
+async def test_on_the_servers_own_root_the_verifier_gets_its_folders_too(image_pool, tmp_path):
+    """A slot with no item image: its system folders are read-only to the agent already, so the root is
+    pristine as it is; the tests and the output folder are the verifier's as on an image."""
+    lease = await image_pool.acquire(Holder(workflow_id=f"h-{uuid.uuid4().hex[:6]}"), wait_s=60)
+    slot = LeasedSlot(image_pool, lease, uuid.uuid4().hex[:8])
+    assert (await slot.terminal("echo 42 > answer && ls /tests /logs 2>&1 | head -2")).ok
+    script = "cat /workspace/answer > /logs/verifier/reward.txt\necho x >> /tests/test.sh && echo WROTE-TESTS\n"
+    tests = await share_tests(slot, tmp_path, script)
+    ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
+    assert ran.verifier_root == "pristine" and "WROTE-TESTS" not in ran.output, ran
+    assert ran.collected["reward.txt"].text.strip() == "42", ran
