@@ -334,6 +334,8 @@ class DemoPolicySettings(BaseModel):
     """Port of the demo policy server."""
     api_key_env: str | None = None
     """Name of the environment variable holding the demo policy's key (sent as a bearer token); a `host` beyond loopback needs one, or the server refuses to start."""
+    harbor_tasks: list[str] = Field(default_factory=list)
+    """Folders of Harbor tasks (or task folders), absolute paths, whose solutions the demo policy plays besides those of `examples/harbor` and the bundled envs, so that `rollouts batch --tasks PATH --policy demo` checks your own tasks end to end (docs/harbor.md)."""
 
 
 class StorageSettings(BaseModel):

@@ -113,13 +113,15 @@ def conversation_key(first_user_message: str) -> str:
 class SolutionIndex:
     """First user message -> reference solution, over every registered env, built on first use: the bundled
     envs, installed packages' (entry points) and those of `env_modules` (modules or .py files, as the
-    workers' settings name them)."""
+    workers' settings name them), and the Harbor task folders of `harbor_tasks` (`demo_policy.harbor_tasks`)."""
 
-    def __init__(self, env_modules: Sequence[str] = ()) -> None:
+    def __init__(self, env_modules: Sequence[str] = (), harbor_tasks: Sequence[str] = ()) -> None:
         self._by_prompt: dict[str, Turns] | None = None
         self._longest_first: list[str] = []
         self._readers: list[Callable[[str], Turns | None]] = []
         self.env_modules = list(env_modules)
+        self.harbor_tasks = list(harbor_tasks)
+        """Folders of Harbor tasks whose solutions it knows besides `examples/harbor`'s (the env `harbor`'s default)."""
 
     def _build(self) -> dict[str, Turns]:
         import envs
@@ -128,9 +130,10 @@ class SolutionIndex:
         for problem in load_env_sources(self.env_modules):
             log.warning("demo policy: %s; its tasks will be unknown", problem.line())
         by_prompt: dict[str, Turns] = {}
-        for name in envs.env_names():
+        named = [(name, {}) for name in envs.env_names()] + [("harbor", {"path": path}) for path in self.harbor_tasks]
+        for name, config in named:
             try:
-                env = envs.get_env(name)
+                env = envs.get_env(name, config)
                 if callable(reader := getattr(env, "solution_for_prompt", None)):
                     self._readers.append(reader)
                     continue
@@ -142,7 +145,7 @@ class SolutionIndex:
                     if (turns := env.reference_solution(item)) is not None:
                         by_prompt[env.format_prompt(item).strip()] = turns
             except Exception:
-                log.exception("demo policy: cannot index env %r; its tasks will be unknown", name)
+                log.exception("demo policy: cannot index env %r %s; its tasks will be unknown", name, config or "")
         log.info("demo policy indexed %d prompts and %d prompt readers", len(by_prompt), len(self._readers))
         return by_prompt
 
@@ -384,16 +387,18 @@ def build_app(
     enable_control: bool = False,
     allowed_hosts: AllowedHosts | None = None,
     env_modules: Sequence[str] = (),
+    harbor_tasks: Sequence[str] = (),
     api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app; `app.state.policy` is the `DemoPolicy` behind it. The admin routes
     (/control, /stats/reset) exist only with `enable_control`. Requests addressed to another host
     than `allowed_hosts` (by default those of a loopback server) are refused (`sandbox_server.http.hosts`);
     with `api_key`, every route but /health needs it (`sandbox_server.http.keys`).
-    `env_modules`: modules or .py files whose envs it knows besides the bundled and installed ones."""
+    `env_modules`: modules or .py files whose envs it knows besides the bundled and installed ones;
+    `harbor_tasks`: folders of Harbor tasks whose solutions it knows too."""
     if isinstance(faults, dict):
         faults = Faults.model_validate(faults)
-    policy = DemoPolicy(faults, SolutionIndex(env_modules))
+    policy = DemoPolicy(faults, SolutionIndex(env_modules, harbor_tasks))
     routes = [
         Route("/v1/chat/completions", policy.chat_completions, methods=["POST"]),
         Route("/v1/models", policy.models, methods=["GET"]),
@@ -428,6 +433,7 @@ async def serve(
     enable_control: bool = False,
     allowed_hosts: Sequence[str] = (),
     env_modules: Sequence[str] = (),
+    harbor_tasks: Sequence[str] = (),
     api_key: str | None = None,
 ) -> None:
     """Serve until cancelled, in the running event loop; answers to the names of `host` and `allowed_hosts`,
@@ -438,6 +444,7 @@ async def serve(
         enable_control=enable_control,
         allowed_hosts=AllowedHosts.for_bind(host, allowed_hosts),
         env_modules=env_modules,
+        harbor_tasks=harbor_tasks,
         api_key=api_key,
     )
     await uvicorn.Server(_config(app, log_level, host=host, port=port)).serve()
@@ -536,6 +543,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="MODULE",
         help="know the tasks of this module's envs too (a module name or a .py file; repeatable)",
     )
+    parser.add_argument(
+        "--harbor-tasks",
+        action="append",
+        default=[],
+        dest="harbor_tasks",
+        metavar="PATH",
+        help="know the solutions of this folder of Harbor tasks too (an absolute path; repeatable)",
+    )
     add_key_argument(parser)
     for name, field in Faults.model_fields.items():
         kind = float if field.annotation in (float, float | None) else int
@@ -566,6 +581,7 @@ def main(argv: list[str] | None = None) -> None:
                 enable_control=args.enable_control,
                 allowed_hosts=args.allowed_hosts,
                 env_modules=args.env_modules,
+                harbor_tasks=args.harbor_tasks,
                 api_key=api_key,
             )
         )

@@ -110,10 +110,11 @@ def ensure_demo_policy(settings: Settings) -> bool:
         return False
     log_path = settings.data_dir / "demo_policy.log"
     env_modules = [arg for module in settings.env_modules for arg in ("--env-module", module)]
+    harbor = [arg for path in cfg.harbor_tasks for arg in ("--harbor-tasks", path)]
     key = ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []  # the child inherits the variable
     proc = start_detached(
         "temporal_rollouts.policy_servers.demo",
-        ["--host", cfg.host, "--port", str(cfg.port), *env_modules, *key],
+        ["--host", cfg.host, "--port", str(cfg.port), *env_modules, *harbor, *key],
         log_path,
     )
     wait_for_port(cfg.host, cfg.port, proc, "the demo policy server", log_path)

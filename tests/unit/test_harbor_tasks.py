@@ -278,3 +278,14 @@ def test_a_training_run_and_a_batch_take_a_harbor_dataset_by_one_flag(tmp_path: 
     assert _batch_input(parser.parse_args(["batch", "--tasks", str(tmp_path)]), Settings()).num_items == 2
     plain = _batch_input(parser.parse_args(["batch", "--env", "echo_chain"]), Settings())
     assert plain.num_items == 4
+
+
+def test_the_demo_policy_plays_the_solutions_of_the_harbor_folders_it_is_given(tmp_path: Path) -> None:
+    from temporal_rollouts.policy_servers.demo import SolutionIndex
+
+    folder = make_task(tmp_path, "own-task")
+    (folder / "solution").mkdir()
+    (folder / "solution" / "solve.sh").write_text("echo solved > /app/out\n")
+    assert SolutionIndex().lookup("Do own-task.") is None, "a folder it was not given is unknown to it"
+    [[call]] = SolutionIndex(harbor_tasks=[str(tmp_path)]).lookup("Do own-task.")
+    assert call.name == "terminal" and "bash /solution/solve.sh" in call.arguments["command"]
