@@ -19,16 +19,14 @@ from envs.harbor.env import EXAMPLES, HarborEnv, _pack
 from envs.terminal_tasks.loader import IMAGE_TASKS_DIR, TASKS_DIR
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
 from temporal_rollouts.core.records import BatchInput, StopReason, TrajectoryInput, TrajectoryResult
-from temporal_rollouts.core.settings import PoolOptions, Settings
+from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.core.tasks import Item
-from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.handle import LeasedSlot
 from temporal_rollouts.sandbox.pool import SandboxPool
-from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
 from temporal_rollouts.sandbox_server.schema import Holder, VerifierMounts
 from tests.integration.test_image_rollouts import do_nothing_policy, rollout_results, run_failing  # noqa: F401
-from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
-from tests.support.sandbox import needs_bubblewrap, sandbox_settings
+from tests.support.images import builder_on, image_slot_pool, needs_image_tools, unmount_under, write_context
+from tests.support.sandbox import needs_bubblewrap
 from tests.support.processes import rollouts_process
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -68,16 +66,8 @@ async def image(store: Path, tmp_path_factory) -> BuiltImage:
 
 @pytest.fixture
 async def image_pool(store: Path, tmp_path: Path) -> AsyncIterator[SandboxPool]:
-    options = ServerOptions(limits=SlotLimits(disk_limit_mb=64, max_files=20_000))
-    backend = LocalBackend(
-        tmp_path / "data", sandbox_settings(options, slots_per_container=2), images=builder_on(store)
-    )
-    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as made:
-        try:
-            yield made
-        finally:
-            for info in backend.registry.load():
-                await backend.stop_container(info.container_id)
+    async with image_slot_pool(store, tmp_path / "data") as made:
+        yield made
 
 
 async def slot_on(pool: SandboxPool, image: BuiltImage) -> LeasedSlot:

@@ -23,11 +23,9 @@ import pytest
 
 from temporal_rollouts.core.errors import BadToolRequest
 from temporal_rollouts.core.images import BuiltImage, ImageSpec
-from temporal_rollouts.sandbox.backends.local import LocalBackend
-from temporal_rollouts.core.settings import PoolOptions
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.sandbox_server.calls import transfer
-from temporal_rollouts.sandbox_server.config import ContainerConfig, ServerOptions, SlotLimits
+from temporal_rollouts.sandbox_server.config import ContainerConfig
 from temporal_rollouts.sandbox.requests import HealthQuery
 from temporal_rollouts.sandbox_server.schema import (
     ExecOp,
@@ -39,8 +37,8 @@ from temporal_rollouts.sandbox_server.schema import (
     WriteFileOp,
 )
 from temporal_rollouts.sandbox_server.slots.manager import SlotManager
-from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
-from tests.support.sandbox import needs_bubblewrap, sandbox_settings
+from tests.support.images import builder_on, image_slot_pool, needs_image_tools, unmount_under, write_context
+from tests.support.sandbox import needs_bubblewrap
 
 pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
 
@@ -76,16 +74,8 @@ async def attack_image(store: Path, tmp_path_factory) -> BuiltImage:
 
 @pytest.fixture
 async def pool(store: Path, tmp_path: Path) -> AsyncIterator[SandboxPool]:
-    options = ServerOptions(limits=SlotLimits(disk_limit_mb=64, max_files=20_000))
-    backend = LocalBackend(
-        tmp_path / "data", sandbox_settings(options, slots_per_container=2), images=builder_on(store)
-    )
-    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as made:
-        try:
-            yield made
-        finally:
-            for info in backend.registry.load():
-                await backend.stop_container(info.container_id)
+    async with image_slot_pool(store, tmp_path / "data") as made:
+        yield made
 
 
 async def run(pool: SandboxPool, lease, command: str, resident: bool = False) -> str:

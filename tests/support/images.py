@@ -7,17 +7,23 @@ after that each store imports it in seconds. `.ci/run` keeps that cache between 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from temporal_rollouts.core.settings import ImageSettings
+from temporal_rollouts.core.settings import ImageSettings, PoolOptions
+from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.images.base_images import default_cache
 from temporal_rollouts.sandbox.images.builder import ImageBuilder
 from temporal_rollouts.sandbox.images.store import ImageStore
+from temporal_rollouts.sandbox.pool import SandboxPool
+from temporal_rollouts.sandbox_server.config import ServerOptions, SlotLimits
+from tests.support.sandbox import sandbox_settings
 
 BASE = "docker.io/library/debian:bookworm-slim"
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap", "ip")
@@ -53,3 +59,17 @@ def write_context(folder: Path, dockerfile: str, files: dict[str, str] | None = 
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(content)
     return folder
+
+
+@contextlib.asynccontextmanager
+async def image_slot_pool(store: Path, data: Path) -> AsyncIterator[SandboxPool]:
+    """A local pool of one container with two slots that run item images from `store` (a volume of 64 MB and
+    20,000 files each), its server's data in `data`; every container it started is stopped at the end."""
+    options = ServerOptions(limits=SlotLimits(disk_limit_mb=64, max_files=20_000))
+    backend = LocalBackend(data, sandbox_settings(options, slots_per_container=2), images=builder_on(store))
+    async with SandboxPool(backend, PoolOptions(min_containers=0, max_containers=1)) as made:
+        try:
+            yield made
+        finally:
+            for info in backend.registry.load():
+                await backend.stop_container(info.container_id)
