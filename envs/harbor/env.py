@@ -145,7 +145,7 @@ class HarborEnv(Env):
         return self.task(item).limits()
 
     def slot_network(self, item: Item) -> bool:
-        return self.task(item).wants_internet and bool(self.config.get("internet", False))
+        return self._gets_network(self.task(item))
 
     async def setup_workspace(self, item: Item, slot: SlotHandle) -> dict[str, Any]:
         task = self.task(item)
@@ -203,9 +203,13 @@ class HarborEnv(Env):
 
     def task_notes(self, task: HarborTask) -> list[str]:
         notes = list(task.notes)
-        if task.wants_internet and not self.slot_network(Item(id=task.name)):
+        if task.wants_internet and not self._gets_network(task):
             notes.append(NO_INTERNET_NOTE)
         return notes
+
+    def _gets_network(self, task: HarborTask) -> bool:
+        """The task asks for a network and this dataset's sandboxes give one (`internet`)."""
+        return task.wants_internet and bool(self.config.get("internet", False))
 
 
 def read_reward(result: ToolOutput) -> tuple[dict[str, float], str | None]:

@@ -52,6 +52,7 @@ _ENVIRONMENT = {
     "allow_internet",
     "gpus",
 }
+_SECONDS = " of seconds"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([GMK])\s*$", re.IGNORECASE)
 
 
@@ -76,6 +77,8 @@ class HarborTask:
     shared_verifier: bool
     notes: tuple[str, ...] = field(default=())
     """Fields this project does not honour, one line each."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """`[metadata]` as the task gives it: kept, not interpreted here (an env may read its own keys)."""
 
     @property
     def environment(self) -> Path:
@@ -141,14 +144,6 @@ def load_task(folder: Path) -> HarborTask:
     if isinstance(solution, dict) and solution.get("env"):
         notes.append("[solution] env is not supported here and is ignored")
 
-    def seconds(table: dict[str, Any], name: str, section_name: str, default: float | None) -> float | None:
-        value = table.get(name, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise fail(f"[{section_name}] {name} must be a positive number of seconds, not {value!r}")
-        return float(value)
-
     os_name = str(environment.get("os", "linux")).lower()
     if os_name != "linux":
         raise fail(f"[environment] os = {os_name!r}: only linux tasks run here")
@@ -159,6 +154,9 @@ def load_task(folder: Path) -> HarborTask:
         raise fail("[environment] docker_image must be an image reference")
     if docker_image is None:
         _check_dockerfile(folder / "environment" / "Dockerfile", fail)
+    metadata = config.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise fail("[metadata] must be a table")
     mode = verifier.get("environment_mode")
     if mode not in (None, "shared", "separate"):
         raise fail(f"[verifier] environment_mode must be 'shared' or 'separate', not {mode!r}")
@@ -166,17 +164,19 @@ def load_task(folder: Path) -> HarborTask:
         name=folder.name,
         folder=folder.resolve(),
         instruction=_instruction(folder, fail),
-        agent_timeout_s=seconds(agent, "timeout_sec", "agent", None),
-        verifier_timeout_s=seconds(verifier, "timeout_sec", "verifier", DEFAULT_VERIFIER_TIMEOUT_S) or 0,
-        build_timeout_s=seconds(environment, "build_timeout_sec", "environment", DEFAULT_BUILD_TIMEOUT_S) or 0,
+        agent_timeout_s=_positive(agent, "timeout_sec", "agent", fail, _SECONDS),
+        verifier_timeout_s=_positive(verifier, "timeout_sec", "verifier", fail, _SECONDS) or DEFAULT_VERIFIER_TIMEOUT_S,
+        build_timeout_s=_positive(environment, "build_timeout_sec", "environment", fail, _SECONDS)
+        or DEFAULT_BUILD_TIMEOUT_S,
         docker_image=docker_image,
-        cpus=_positive(environment, "cpus", fail),
+        cpus=_positive(environment, "cpus", "environment", fail),
         memory_mb=_megabytes(environment, "memory", fail),
         storage_mb=_megabytes(environment, "storage", fail),
         wants_internet=_wants_internet(environment, fail),
         verifier_env=_verifier_env(verifier, notes, fail),
         shared_verifier=mode == "shared",
         notes=tuple(notes),
+        metadata=metadata,
     )
 
 
@@ -206,18 +206,19 @@ def _instruction(folder: Path, fail: Any) -> str:
     return text
 
 
-def _positive(table: dict[str, Any], name: str, fail: Any) -> float | None:
+def _positive(table: dict[str, Any], name: str, section: str, fail: Any, unit: str = "") -> float | None:
+    """`[section] name`, a finite positive number (`unit` names what it counts in the refusal), or None."""
     value = table.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise fail(f"[environment] {name} must be a positive number, not {value!r}")
+        raise fail(f"[{section}] {name} must be a positive number{unit}, not {value!r}")
     return float(value)
 
 
 def _megabytes(table: dict[str, Any], name: str, fail: Any) -> float | None:
     """`<name>_mb`, or the older `<name>` as "2G"/"512M"; both must agree when both are set."""
-    exact = _positive(table, f"{name}_mb", fail)
+    exact = _positive(table, f"{name}_mb", "environment", fail)
     older = table.get(name)
     if older is None:
         return exact

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tomllib
 from pathlib import Path
 
 from envs.harbor.task import HarborTaskError, load_task
@@ -41,14 +40,13 @@ def load_task_folder(folder: Path, *, own_image: bool = False) -> TerminalTask:
         files[relative] = path.read_text(encoding="utf-8")
         if os.access(path, os.X_OK):
             executable.append(relative)
-    metadata = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8")).get("metadata", {})
     return TerminalTask(
         id=folder.name,
         prompt=harbor.instruction.rstrip("\n"),
         files=files,
         executable=tuple(executable),
         check=(folder / "tests" / "check.sh").read_text(encoding="utf-8"),
-        check_in_session=bool(metadata.get("check_in_session", False)),
+        check_in_session=bool(harbor.metadata.get("check_in_session", False)),
         solution=json.loads((folder / "solution" / "turns.json").read_text(encoding="utf-8")),
         context=str(harbor.environment) if own_image else None,
     )
