@@ -273,3 +273,18 @@ async def test_on_the_servers_own_root_the_verifier_gets_its_folders_too(image_p
     ran = await slot.verifier("bash /tests/test.sh", VerifierMounts(tests=tests, pristine=True), timeout=60)
     assert ran.verifier_root == "pristine" and "WROTE-TESTS" not in ran.output, ran
     assert ran.collected["reward.txt"].text.strip() == "42", ran
+
+
+async def test_an_agent_that_fills_its_volume_leaves_the_verifier_room_or_a_clear_refusal(image_pool, image, tmp_path):
+    """Bytes: the volume keeps room for the verifier's few files, and the tests run. Every inode: the
+    verifier cannot make its folders, and says so as its answer (never a server error retried as one)."""
+    slot = await slot_on(image_pool, image)
+    tests = await share_tests(slot, tmp_path, "echo 1 > /logs/verifier/reward.txt\n")
+    mounts = VerifierMounts(tests=tests, pristine=True)
+    assert not (await slot.terminal("dd if=/dev/zero of=/app/fill bs=1M count=200", timeout=120)).ok
+    assert (await slot.verifier("bash /tests/test.sh", mounts, timeout=60)).collected["reward.txt"].text == "1\n"
+    assert (await slot.terminal("rm /app/fill")).ok
+    inodes = "mkdir /app/f && cd /app/f && i=0; while touch $i 2>/dev/null; do i=$((i+1)); done; echo $i"
+    assert "limit of" in (await slot.terminal(inodes, timeout=120)).output
+    refused = await slot.verifier("bash /tests/test.sh", mounts, timeout=60)
+    assert not refused.ok and "no room in the slot" in refused.output and refused.collected == {}, refused

@@ -19,6 +19,7 @@ for it, and the folder is removed when it ends.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import stat
@@ -50,30 +51,19 @@ async def run_verifier(call_id: str, op: ExecOp, mounts: VerifierMounts, slot: S
     if mounts.tests is not None and slot.cache is None:
         raise BadToolRequest("this sandbox has no shared cache for the tests")
     entry = slot.cache.path(mounts.tests) if mounts.tests is not None and slot.cache is not None else None
-    owner = slot.owner
     scratch = slot.volume.path / f"verifier-{uuid.uuid4().hex[:12]}"
     output_dir = scratch / "output"
-    os.mkdir(scratch, 0o711)  # the slot's uid passes through to its output folder, and sees nothing else here
     try:
-        os.mkdir(output_dir, 0o700)
-        if owner is not None:
-            os.chown(output_dir, *owner)
-        folders = {"output": output_dir}
-        if entry is not None:  # a copy of the server's, readable by the slot's uid, bound read-only
-            await asyncio.to_thread(_copy_readable, entry, scratch / "tests")
-            folders["tests"] = scratch / "tests"
-        if slot.root is not None:  # bwrap runs as the slot's uid there, and must reach them by path
-            folders = await asyncio.to_thread(slot.root.expose, folders)
+        try:
+            folders, root, verifier_root = await _prepare(slot, mounts, entry, scratch)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            full = "the verifier has no room in the slot: its volume is full (the agent's files fill it)"
+            return ToolOutput(call_id=call_id, ok=False, output=f"{full}: {os.strerror(err.errno)}")
+        if root is None and slot.root is not None and (problem := _mount_points(slot, mounts, slot.owner)):
+            return ToolOutput(call_id=call_id, ok=False, output=problem, verifier_root=verifier_root)
         binds = [(folders["tests"], mounts.tests_at)] if "tests" in folders else []
-        root, verifier_root = None, "shared"
-        if slot.root is not None:
-            if mounts.pristine:
-                root = await asyncio.to_thread(slot.root.mount_pristine, scratch / "layer")
-                verifier_root = "pristine" if root is not None else "shared"
-            if root is None and (problem := _mount_points(slot, mounts, owner)):
-                return ToolOutput(call_id=call_id, ok=False, output=problem, verifier_root=verifier_root)
-        elif mounts.pristine:
-            verifier_root = "pristine"
         result = await run_command(
             op.command,
             slot.sandbox,
@@ -103,6 +93,27 @@ async def run_verifier(call_id: str, op: ExecOp, mounts: VerifierMounts, slot: S
         collected=collected,
         verifier_root=verifier_root,
     )
+
+
+async def _prepare(
+    slot: SlotContext, mounts: VerifierMounts, entry: Path | None, scratch: Path
+) -> tuple[dict[str, Path], Path | None, str]:
+    """The verifier's folders in `scratch` (an output folder of the slot's uid, a readable copy of the tests),
+    placed where the slot's uid reaches them, and its root: (folders by name, the pristine root or None,
+    which root it runs on)."""
+    os.mkdir(scratch, 0o711)  # the slot's uid passes through to its output folder, and sees nothing else here
+    os.mkdir(scratch / "output", 0o700)
+    if (owner := slot.owner) is not None:
+        os.chown(scratch / "output", *owner)
+    folders = {"output": scratch / "output"}
+    if entry is not None:  # a copy of the server's, readable by the slot's uid, bound read-only
+        await asyncio.to_thread(_copy_readable, entry, scratch / "tests")
+        folders["tests"] = scratch / "tests"
+    if slot.root is None:  # the server's own root: its system folders are read-only to a slot already
+        return folders, None, "pristine" if mounts.pristine else "shared"
+    folders = await asyncio.to_thread(slot.root.expose, folders)  # bwrap runs as the slot's uid and opens by path
+    root = await asyncio.to_thread(slot.root.mount_pristine, scratch / "layer") if mounts.pristine else None
+    return folders, root, "pristine" if root is not None else "shared"
 
 
 def _copy_readable(source: Path, target: Path) -> None:
