@@ -83,23 +83,25 @@ def unit_of(module: str) -> str:
     return max((unit for unit in UNITS if module == unit or module.startswith(unit + ".")), key=len)
 
 
+@cache
 def project_modules() -> dict[str, Path]:
+    """Every module of the project by its dotted name (parsed once per session, `tree_of`: the checks
+    below walk these trees many times)."""
     found = {}
-    for path in sorted(REPO.rglob("*.py")):
-        rel = path.relative_to(REPO)
-        if rel.parts[0] not in PROJECT_ROOTS and rel.name != "worker.py":
-            continue
-        if rel.parts[0] == "worker.py" or (rel.parts[0] in PROJECT_ROOTS and len(rel.parts) >= 1):
-            parts = list(rel.with_suffix("").parts)
+    for root in PROJECT_ROOTS:
+        paths = [REPO / f"{root}.py"] if root == "worker" else sorted((REPO / root).rglob("*.py"))
+        for path in paths:
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
     return found
 
 
+@cache
 def imports_of(module: str, path: Path) -> list[tuple[str, bool]]:
     """(imported project module, only under TYPE_CHECKING) for every import in the file."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = tree_of(path)
     typing_only: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -242,6 +244,7 @@ class ClassFacts:
     """An exception: its attributes are the data it carries, for whoever catches it."""
 
 
+@cache
 def class_facts() -> dict[str, ClassFacts]:
     """Every project class by its full name, with what its body declares and what its methods assign."""
     modules, spaces = project_modules(), namespaces()
@@ -266,6 +269,7 @@ def class_facts() -> dict[str, ClassFacts]:
     return facts
 
 
+@cache
 def namespaces() -> dict[str, dict[str, str]]:
     """Per module, the project classes it can name: its own and those it imports (re-exports followed)."""
     modules = project_modules()
