@@ -87,19 +87,6 @@ class DoorRollouts:
         return out
 
 
-def trainable_policy():
-    """SmolLM2 as TRL will train it: the GGUF's weights de-quantized to float32 (`load_policy`), moved into a
-    model built from the same config. transformers marks a model loaded from a GGUF as quantized (its quantizer
-    stays attached), and Trainer refuses to fine-tune a quantized model without adapters, though these weights
-    are plain float32 tensors that our own trainer trains."""
-    from transformers import AutoModelForCausalLM
-
-    loaded = load_policy()
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    return model.eval()
-
-
 def score_reward(completions: list, score: list[float], **kwargs: Any) -> list[float]:
     """The env's score of each rollout (verified in its sandbox), handed to TRL as its reward."""
     return [float(s) for s in score]
@@ -205,7 +192,7 @@ def train(args: argparse.Namespace, out: Path, stack: Stack) -> dict:
         rollouts = DoorRollouts(door, run)
         callback = PublishAndAcknowledge(rollouts, stack.server_url, stack.key, out)
         trainer = GRPOTrainer(
-            model=trainable_policy(),
+            model=load_policy(),  # plain float32 (smollm2.converted): Trainer fine-tunes it as it is
             reward_funcs=score_reward,
             args=trl_config(args, out),
             train_dataset=prompts,

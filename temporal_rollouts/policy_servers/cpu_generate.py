@@ -253,7 +253,7 @@ def load_sampler(
     if tokenizer_dir is not None:
         tokenizer = AutoTokenizer.from_pretrained(smollm2.export_tokenizer(tokenizer_dir, gguf))
     else:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = smollm2.load_tokenizer(gguf)
     model = smollm2.load_model(gguf)
     sampler = TokenSampler(model, tokenizer, str(gguf), weight_version)
     if weights is not None:

@@ -69,8 +69,8 @@ def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
 def save_weights(model: torch.nn.Module, folder: Path) -> Path:
     """Write `model`'s weights as `folder/model.safetensors`, which `read_state_dict` reads back.
 
-    transformers' `save_pretrained` refuses a model de-quantized from a GGUF, so the state
-    dict is written with safetensors' `save_model` (tied tensors stored once). The file is
+    A checkpoint is the weights alone (the config stays the model's), written with safetensors'
+    `save_model`, which stores tied tensors once. The file is
     written beside the folder and moved in place, so a server never sees half a checkpoint;
     a folder of the same name (an earlier run's) is replaced.
     """
