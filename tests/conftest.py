@@ -9,10 +9,16 @@ folder inside the controller's and sends the controller what it left there.
 How the suite runs in parallel, and what a test shares with others on the host (`host_lock`):
 tests/support/parallel.py and tests/README.md."""
 
+import os
 import sys
 from collections.abc import Iterator
 
-import pytest
+# One torch thread in every process the tests start (servers, trainers, this one): the test workers
+# share two cores, and torch's idle threads spin. Three processes of two threads each on two cores
+# took 7x the CPU and the wall time of the same work with one thread each (tests/README.md).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
 
 from tests.support import parallel
 from tests.support.servers.fixtures import (  # noqa: F401  (fixtures, shared by every module)

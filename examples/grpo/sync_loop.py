@@ -36,7 +36,7 @@ import httpx
 import torch
 
 from envs import get_env
-from examples.grpo.trainer import load_policy, save_and_publish, train_step
+from examples.grpo.trainer import THREADS_HELP, default_threads, load_policy, save_and_publish, train_step
 from temporal_rollouts.client.batches import start_batch
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits, Sampling
 from temporal_rollouts.core.settings import Settings
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, for the server and the trainer each")
+    parser.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

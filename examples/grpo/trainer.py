@@ -243,6 +243,16 @@ def save_and_publish(
     return folder
 
 
+THREADS_HELP = "torch threads, for the server and the trainer each (default: $OMP_NUM_THREADS, else 2)"
+
+
+def default_threads() -> int:
+    """torch's threads per process: $OMP_NUM_THREADS where the machine's owner set it (a machine that runs
+    other work beside the trainer: torch's idle threads spin, and on busy cores that multiplies the CPU a
+    step costs), else 2."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 2)
+
+
 def load_policy(weights: Path | None = None):
     """The model the CPU policy server serves (float32, eval mode), with `weights` if given."""
     model = smollm2.load_model(smollm2.require_gguf())
@@ -338,7 +348,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-token-len", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=0.2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=default_threads(), help="torch threads (default: $OMP_NUM_THREADS, else 2)"
+    )
     parser.add_argument("--stats", type=Path, default=None, help="append each step's stats here")
     args = parser.parse_args(argv)
     if args.door:

@@ -46,7 +46,7 @@ from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from examples.grpo.sync_loop import Stack, interrupt_on_signals  # noqa: E402
-from examples.grpo.trainer import load_policy, save_and_publish  # noqa: E402
+from examples.grpo.trainer import THREADS_HELP, default_threads, load_policy, save_and_publish  # noqa: E402
 from temporal_rollouts.door.client import Batch, DoorClient  # noqa: E402
 
 IGNORE_INDEX = -100
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups-per-step", type=int, default=2, help="tasks per step (TRL's prompts)")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
     parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, for the server and the trainer each")
+    parser.add_argument("--threads", type=int, default=default_threads(), help=THREADS_HELP)
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -301,7 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the folder update_weights_from_disk may load checkpoints from (default: none, updates refused)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's, which $OMP_NUM_THREADS sets; "
+        "use 1 where busy processes share the cores, as torch's idle threads spin)",
+    )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
