@@ -24,6 +24,8 @@ import pytest
 
 from tests.support.tempdir import HOST_TEMP
 
+TESTS = Path(__file__).resolve().parents[1]
+
 LOCKS = "rollouts-test-locks"
 
 
@@ -53,11 +55,29 @@ def lock_names(item: pytest.Item) -> list[str]:
     return [mark.args[0] for mark in item.iter_markers("host_lock")]
 
 
+LONGEST_FIRST = (
+    "integration/test_training_feed.py",
+    "integration/test_atropos_env.py",
+    "integration/test_swe_smith.py",
+    "integration/test_harbor.py",
+    "e2e/test_train_with_atropos.py",
+    "e2e/test_readme_commands.py",
+    "integration/test_harness.py",
+    "integration/test_crash.py",
+    "integration/test_trl_door.py",
+)
+"""The modules that took longest (3 to 9 minutes each in a 4-worker run on two cores, `--durations`),
+longest first: they start before every other module, so none of them starts last and leaves three
+workers idle at the end."""
+
+
 def slow_modules_first(items: list[pytest.Item]) -> None:
-    """Modules with a slow test go first (in place, keeping the order within a module): xdist hands
-    modules out in collection order, and the longest ones must not start last."""
+    """The longest modules (`LONGEST_FIRST`), then the other modules with a slow test, then the rest (in
+    place, keeping the order within a module). xdist hands modules out in this order (pyproject.toml's
+    `--no-loadscope-reorder`; its default would order them by their number of tests)."""
     has_slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in has_slow)
+    rank = {TESTS / name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(item.path, len(rank)), item.path not in has_slow))
 
 
 def in_worker(config: pytest.Config) -> bool:
