@@ -12,6 +12,7 @@ Left unset, it does not move with the working directory either (`default_data_di
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -419,7 +420,7 @@ class Settings(BaseSettings):
     max_batch_concurrency: int = Field(default=2_000, ge=1, le=MAX_BATCH_CONCURRENCY)
     """A batch asking for more rollouts at once (`max_concurrency`) than this is refused before it starts; past what the workers and sandboxes can serve, more only queues in Temporal. Above 2,000 the Temporal server's own limits bind too: `limit.numPendingChildExecutions.error` (2,000 by default) refuses more children, and a batch whose history passes `limit.historyCount.suggestContinueAsNew` (4,096 events by default, 20,000 on the embedded server and in the compose stack; about 10 per rollout) stops starting rollouts until the running ones end and it continues as new; for more at once, raise those on the server or run several batches."""
     env_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Modules whose envs this process loads besides the bundled ones and the installed packages' entry points (group `temporal_rollouts.envs`), for env code that is not packaged: module names on the import path, or `.py` files (relative to the config file's folder when a file is in use, else to the working directory). In `ROLLOUTS_ENV_MODULES`: comma-separated. `--env-module` adds to them. Every worker, the CLI and the demo policy load the same list (docs/write-an-env.md)."""
+    """Modules whose envs this process loads besides the bundled ones and the installed packages' entry points (group `temporal_rollouts.envs`), for env code that is not packaged: module names on the import path, or `.py` files (relative to the config file's folder when a file is in use, else to the working directory). In `ROLLOUTS_ENV_MODULES`: comma-separated, or a JSON list. `--env-module` adds to them. Every worker, the CLI and the demo policy load the same list (docs/write-an-env.md)."""
     default_policy: str = DEMO_POLICY
     """Policy used when a batch names none: a name from `policies`, `demo`, or a base URL."""
     policies: dict[str, PolicyEndpoint] = Field(default_factory=dict)
@@ -456,6 +457,14 @@ class Settings(BaseSettings):
     @field_validator("env_modules", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
+        """`a.b, c.py` from the environment, or a JSON list there, as every other list setting takes."""
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"env_modules: {value!r} is neither a JSON list nor names separated by commas"
+                ) from err
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

@@ -15,7 +15,7 @@ import pytest
 
 import envs
 from envs import registry, sources
-from temporal_rollouts.core.errors import UnknownEnv
+from temporal_rollouts.core.errors import ConfigError, UnknownEnv
 from temporal_rollouts.core.settings import Settings
 
 ENV_CODE = """
@@ -142,6 +142,17 @@ def test_env_modules_come_from_a_comma_separated_variable_and_files_become_absol
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROLLOUTS_ENV_MODULES", "my_pkg.envs, mine/add.py,")
     assert Settings().env_modules == ["my_pkg.envs", str(tmp_path / "mine" / "add.py")]
+
+
+def test_env_modules_also_come_as_a_json_list_and_an_empty_one_names_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROLLOUTS_ENV_MODULES", '["my_pkg.envs", "mine/add.py"]')
+    assert Settings().env_modules == ["my_pkg.envs", str(tmp_path / "mine" / "add.py")]
+    monkeypatch.setenv("ROLLOUTS_ENV_MODULES", "[]")
+    assert Settings().env_modules == []
+    monkeypatch.setenv("ROLLOUTS_ENV_MODULES", '["unclosed"')
+    with pytest.raises(ConfigError, match="ROLLOUTS_ENV_MODULES: .*neither a JSON list nor names separated by commas"):
+        Settings()
 
 
 def test_a_config_files_env_module_is_relative_to_the_file(tmp_path, monkeypatch) -> None:
