@@ -40,7 +40,7 @@ demo: $(VENV)/.installed
 
 # The whole suite; CI (.ci/run) runs this.
 test: $(VENV)/.installed-test $(SWE_WHEELS)
-	$(BIN)/pytest -q -n $(TEST_WORKERS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --durations=25
 
 # The edit loop: every test not marked slow (the unit tier and the quick integration tests).
 test-fast: $(VENV)/.installed-test $(SWE_WHEELS)
