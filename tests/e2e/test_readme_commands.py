@@ -170,30 +170,51 @@ def test_cancel_resume_and_view_as_the_readme_shows_them(machine: Machine) -> No
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert machine.rollouts_json("status", batch)["completed"] == 2, "resume finished what the cancel stopped"
 
-    port = free_port()
-    view = subprocess.Popen(
-        [str(ROLLOUTS), "view", "--port", str(port)],
-        cwd=machine.home,
-        env=machine.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    view, port, listed = view_listing(machine)
     try:
         import httpx
 
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                listed = httpx.get(f"http://127.0.0.1:{port}/api/batches", timeout=5).raise_for_status().json()
-                break
-            except httpx.HTTPError:
-                assert view.poll() is None and time.monotonic() < deadline
-                time.sleep(0.3)
         assert batch in {b["batch_id"] for b in listed}
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
     finally:
         view.terminate()
         view.wait(30)
+
+
+UVICORN_STARTUP_FAILURE = 3
+"""uvicorn's exit code when it cannot bind its port."""
+
+
+def view_listing(machine: Machine, tries: int = 3) -> tuple[subprocess.Popen, int, list[dict]]:
+    """`rollouts view` on a free port, once it lists the batches: the process, its port and the listing. A
+    port another worker's server took between `free_port` and the view's bind (a foreign server answered
+    404 there once) is given up for another."""
+    import httpx
+
+    for _ in range(tries):
+        port = free_port()
+        view = subprocess.Popen(
+            [str(ROLLOUTS), "view", "--port", str(port)],
+            cwd=machine.home,
+            env=machine.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while view.poll() is None:
+            try:
+                return (
+                    view,
+                    port,
+                    httpx.get(f"http://127.0.0.1:{port}/api/batches", timeout=5).raise_for_status().json(),
+                )
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    view.terminate()
+                    raise AssertionError(f"rollouts view did not list the batches within 60 s: {view.communicate()[0]}")
+                time.sleep(0.3)
+        assert view.returncode == UVICORN_STARTUP_FAILURE, view.communicate()[0]
+    raise AssertionError(f"rollouts view found no free port in {tries} tries")
 
 
 def test_a_training_run_started_watched_and_stopped_as_the_readme_shows(machine: Machine) -> None:
