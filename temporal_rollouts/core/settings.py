@@ -462,9 +462,7 @@ class Settings(BaseSettings):
             try:
                 return json.loads(value)
             except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"env_modules: {value!r} is neither a JSON list nor names separated by commas"
-                ) from err
+                raise ValueError("neither a JSON list nor names separated by commas") from err
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
