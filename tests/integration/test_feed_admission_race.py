@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -133,8 +134,21 @@ async def status(feed: WorkflowHandle) -> FeedStatus:
 
 
 async def finish_group(client: Client, run: str, group: int) -> None:
+    """Finish a group's rollouts, waiting for each to exist: the feed counts a group as started before
+    its rollouts' starts reach the server, so a query may already count one whose rollouts are not yet there."""
     for index in range(GROUP_SIZE):
-        await client.get_workflow_handle(f"{run}/g{group}/r{index}").signal(HeldRollout.finish)
+        handle = client.get_workflow_handle(f"{run}/g{group}/r{index}")
+
+        async def signalled() -> bool:
+            try:
+                await handle.signal(HeldRollout.finish)
+            except RPCError as error:
+                if error.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                return False
+            return True
+
+        await wait_until(signalled)
 
 
 async def test_a_queue_read_before_a_post_never_lets_a_second_batch_queue_in_run_api(run_api) -> None:
