@@ -37,7 +37,6 @@ from tests.support import REPO
 from tests.support.compose import load_compose
 from tests.support.processes import stop_process
 from tests.support.sandbox import executions_under
-from tests.support.sandbox_process import free_port_on
 from tests.support.servers.process import HOST, free_port
 from workflows.batch import BatchWorkflow
 
@@ -157,7 +156,7 @@ def create_bucket(stack: Stack) -> None:
 def start_sandboxes(stack: Stack) -> None:
     for index, name in enumerate(SANDBOXES):
         host = f"127.0.0.{index + 2}"
-        port = free_port_on(host)
+        port = free_port(host)
         service = SERVICES[name]
         root = stack.tmp / name
         root.mkdir()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import envs
 from temporal_rollouts.core.tasks import Item
 from temporal_rollouts.policy_servers.demo import MODEL_ID, BackgroundServer, conversation_key, start_in_thread
 from tests.support import REPO
+from tests.support.servers.process import free_port
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{8}$")
 EXTRAS = {
@@ -275,9 +275,7 @@ async def test_hundreds_of_concurrent_requests_wait_together(server, client):
 
 
 def test_command_line_entry_point_with_fault_flags():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [
         sys.executable,
         "-m",

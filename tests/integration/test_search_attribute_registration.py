@@ -12,6 +12,7 @@ from temporal_rollouts.core import search_attributes as sa
 from temporal_rollouts.core.records import BatchInput
 from temporal_rollouts.core.settings import Settings
 from temporal_rollouts.runtime.temporal import temporal_binary
+from tests.support.servers.process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,10 @@ pytestmark = pytest.mark.slow
 async def test_a_batch_on_an_older_server_registers_the_policy_attribute(tmp_path) -> None:
     older = [key for key in sa.ALL if key is not sa.POLICY]
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(), search_attributes=older, data_converter=pydantic_data_converter
+        port=free_port(),
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=older,
+        data_converter=pydantic_data_converter,
     )
     try:
         settings = Settings(data_dir=tmp_path, temporal={"address": env.client.service_client.config.target_host})

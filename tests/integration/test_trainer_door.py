@@ -33,6 +33,7 @@ from temporal_rollouts.runtime.temporal import SUGGEST_CONTINUE_AS_NEW, fast_ste
 from temporal_rollouts.storage.feed_groups import FeedGroupStore
 from temporal_rollouts.storage.objects import object_client
 from tests.support.servers.door import DoorProcess
+from tests.support.servers.process import free_port
 from tests.support.waiting import wait_until
 from workflows.feed import TrainingFeedWorkflow
 
@@ -321,6 +322,7 @@ async def test_the_ledger_and_the_trainer_go_on_across_continue_as_new(tmp_path:
     """On a server that suggests continue-as-new every 120 events, a run whose trainer takes and acknowledges
     eight batches spans several runs: the numbers go on, nothing is handed out twice or lost."""
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
         search_attributes=search_attributes.ALL,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimit
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from tests.support import TEMPLATES
 from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.servers.process import free_port
 from tests.support.waiting import batch_id, wait_until
 from workflows.batch import BatchWorkflow
 from workflows.feed import TrainingFeedWorkflow
@@ -33,9 +33,8 @@ pytestmark = pytest.mark.slow
 
 
 def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nothing listens on (this worker's own range: no other worker's server takes it)."""
+    return free_port()
 
 
 async def test_a_running_rollout_shows_no_stop_reason_and_no_score_yet(

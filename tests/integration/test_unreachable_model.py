@@ -15,14 +15,15 @@ import pytest
 from rich.console import Console
 from temporalio.client import Client
 
-from temporal_rollouts.runtime.exit_codes import status_exit_code
 from temporal_rollouts.cli.progress import format_status, print_summary, watch
 from temporal_rollouts.client.batches import batch_status
+from temporal_rollouts.client.records import waiting_on_retries
 from temporal_rollouts.core.records import BatchInput, BatchResult
 from temporal_rollouts.core.settings import ChatPolicy, Settings
-from temporal_rollouts.client.records import waiting_on_retries
+from temporal_rollouts.runtime.exit_codes import status_exit_code
 from temporal_rollouts.runtime.logs import OneLineFormatter
 from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.servers.process import free_port
 from tests.support.waiting import batch_id, wait_until
 from workflows.batch import BatchWorkflow
 
@@ -36,9 +37,8 @@ STALLED_BOUND_S = 2 * STALL_TIMEOUT_S + 12.0
 
 
 def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nothing listens on (this worker's own range: no other worker's server takes it)."""
+    return free_port()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -30,10 +29,10 @@ from temporal_rollouts.core.feed import FeedInput, FeedStatus
 from temporal_rollouts.core.records import BatchInput, BatchResult, RolloutLimits
 from temporal_rollouts.core.settings import ChatPolicy, Settings
 from temporal_rollouts.core.trees import RolloutTreeResult
+from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.feed_groups import FeedGroupStore
 from temporal_rollouts.storage.objects import object_client
 from temporal_rollouts.storage.transcripts import TranscriptStore
-from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.view.app import create_app
 from temporal_rollouts.view.figures import Counts, batch_figures
 from tests.support import TEMPLATES
@@ -722,9 +721,7 @@ async def test_a_batch_whose_every_turn_fails_shows_why_within_a_refresh(
 ) -> None:
     """Not just "running": the batch's row is marked, and its figures name the retried step, its error and
     its attempt, from Temporal's pending-activity information, at the next refresh."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
+    closed = free_port()  # nothing listens there
     handle = await project_client.start_workflow(
         BatchWorkflow.run,
         BatchInput(env="echo_chain", num_items=1, group_size=1, policy=f"http://127.0.0.1:{closed}/v1"),

@@ -25,6 +25,7 @@ from temporal_rollouts.runtime.temporal import (
     fast_step_flags,
     temporal_binary,
 )
+from temporal_rollouts.runtime.worker import Parts, polling_worker
 from temporal_rollouts.sandbox.backends.local import LocalBackend
 from temporal_rollouts.sandbox.pool import SandboxPool
 from temporal_rollouts.storage.transcripts import TranscriptStore
@@ -32,13 +33,14 @@ from tests.support.images import unmount_under
 from tests.support.processes import kill_servers_under
 from tests.support.sandbox import local_backend
 from tests.support.servers.demo_policy import DemoPolicyProcess
+from tests.support.servers.process import free_port
 from tests.support.servers.run_api import RunApiProcess
-from temporal_rollouts.runtime.worker import Parts, polling_worker
 
 
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_binary(),
         dev_server_extra_args=FAST_STEP_FLAGS,
         search_attributes=search_attributes.ALL,
@@ -55,6 +57,7 @@ async def continue_as_new_server(
     """A dev server of its own that suggests continue-as-new every `after_events` events, a client and
     settings for it, and a worker polling it (the session's parts): for runs that must span several runs."""
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_binary(),
         search_attributes=search_attributes.ALL,
         dev_server_extra_args=fast_step_flags({SUGGEST_CONTINUE_AS_NEW: after_events}),

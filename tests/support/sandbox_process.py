@@ -5,7 +5,6 @@ environment variable, on a given loopback address and port."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,20 +13,15 @@ from pathlib import Path
 import httpx
 
 from tests.support import REPO
+from tests.support.servers.process import free_port
 
 TOKEN_ENV = "SANDBOX_TOKEN"
-
-
-def free_port_on(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class SandboxProcess:
     def __init__(self, root: Path, container_id: str, token: str, host: str = "127.0.0.1", slots: int = 2) -> None:
         self.root, self.container_id, self.token, self.host, self.slots = root, container_id, token, host, slots
-        self.port = free_port_on(host)
+        self.port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 import socket
 import subprocess
 from pathlib import Path
@@ -12,11 +15,37 @@ from tests.support import REPO
 
 HOST = "127.0.0.1"
 
+PORTS_PER_WORKER = 1000
+FIRST_PORT = 20000
+"""Ports handed out lie below the kernel's ephemeral range (32768 up), each xdist worker in its own
+thousand: a port asked of the kernel (bind to 0) is free only until someone binds it, and under
+parallel workers another worker's server or any outgoing connection could take it first."""
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+
+def _worker_ports() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    start = FIRST_PORT + (index % 12) * PORTS_PER_WORKER
+    return range(start, start + PORTS_PER_WORKER)
+
+
+_PORTS = _worker_ports()
+_next_port = itertools.cycle(random.sample(_PORTS, len(_PORTS)))
+"""This process's ports in a shuffled cycle: no port twice in a thousand, and another process of the
+same worker (a helper a test runs) most likely starts elsewhere in the cycle."""
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing on `host` holds now, from this worker's own range."""
+    for _ in range(len(_PORTS)):
+        port = next(_next_port)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on {host} in {_PORTS}")
 
 
 class LoopbackServer:
