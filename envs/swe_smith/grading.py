@@ -10,11 +10,12 @@ and of the container's cache, which only setup and grading commands see (read-on
 
     /cache/repo-<digest>/repo.git   the bare repository, every commit (the fix included)
     /cache/wheels-<digest>/wheels/  the grader's wheels
+    /cache/wheels-<digest>/site/    the same wheels installed, as pip puts them in site-packages
 
 Grading is one command, and it works in that command's own /tmp, a tmpfs no other process of the
 slot can see (the agent's commands and its stateful terminal each have their own): a fresh
-checkout of base_commit from the cache, a venv with the wheels, `pip install -e .` of that pristine
-checkout, then the agent's changes to source files copied onto it (`grader.changes`) and the tests
+checkout of base_commit from the cache, a venv with the installed wheels copied in, `pip install
+-e .` of that pristine checkout, then the agent's changes to source files copied onto it (`grader.changes`) and the tests
 run there with everything pinned (`grader.pytest_run`). Every folder above the checkout is the
 grader's, so nothing the agent planted in or around its repository is seen, and none of the
 agent's code runs before the tests import it. That code can still do anything once imported:
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 
 from envs.swe_smith.grader import source_files
 from envs.swe_smith.grader.report import INSTALLED_LINE, NOT_INSTALLED_LINE
+from envs.swe_smith.transfer import SITE_NAME
 
 SETUP_FOLDER = ".swe"
 BASE_MARKER = ".git/swe-base-commit"
@@ -98,9 +100,14 @@ def grade_script(
     if any(SOURCE_END in text for text in (*files.values(), *sources.values())):
         raise ValueError(f"a test id or grader file holds {SOURCE_END}, which ends the text the command writes")
     pip = '"$G/venv/bin/python" -I -m pip install -q --no-cache-dir --find-links "$G/wheels"'
+    site = f'"${{SANDBOX_CACHE:-/cache}}"/{shlex.quote(wheels)}/{SITE_NAME}/.'
+    purelib = '"$G/venv/bin/python" -I -c \'import sysconfig; print(sysconfig.get_path("purelib"))\''
+    # The wheels come installed in the cache entry (`transfer`), and are copied as they are: pip
+    # ran over the same wheels at every grading before.
     install = (
         'set -eu\npython3 -m venv --without-pip --system-site-packages "$G/venv"\n'
-        f'{pip} --no-index "$G"/wheels/*.whl\ncd "$G/repo"\n{pip} {index}--no-build-isolation -e .\n'
+        f'cp -R {site} "$({purelib})"\n'
+        f'cd "$G/repo"\n{pip} {index}--no-build-isolation -e .\n'
     )
     run = (
         "python3 -I -S -c 'import sys; sys.path.insert(0, sys.argv[1]); from grader.grade import main; "

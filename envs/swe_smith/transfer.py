@@ -3,7 +3,9 @@
 The worker finds the repository under `repo_base_url` (a `<repo>.bundle`, or a git repository
 it bundles) and turns it into a bare repository; that and the wheelhouse become two entries
 of the container's shared, read-only cache (`LeasedSlot.share`, streamed, binary), each put
-once per container and named by the digest of its content. Setup and grading commands name
+once per container and named by the digest of its content. The wheels' entry also holds them
+installed (`site/`, by the worker's own pip, once per process), which each grading copies into
+its venv instead of running pip over the same wheels every time. Setup and grading commands name
 the entries they read (`exec(..., cache=[...])`); the agent's commands see none of them. A
 remote `repo_base_url` (a URL) is not cached: the slot fetches the commit itself, with the
 network on.
@@ -20,6 +22,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -30,6 +33,9 @@ from temporal_rollouts.core.errors import ConfigError, TaskError
 
 BUNDLE_NAME = "repo.bundle"
 WHEELS_NAME = "wheels"
+SITE_NAME = "site"
+WHEELS_LAYOUT = b"wheels+site/1"
+"""Part of the wheels entry's digest: an entry of another layout (wheels alone) gets another name."""
 REPOSITORY_NAME = "repo.git"
 DIGEST_CHARS = 20
 BUNDLES: ScratchCache[Path] = ScratchCache("bundle", capacity=32)
@@ -90,7 +96,8 @@ def _repository_entry(bundle: str, work: Path) -> tuple[str, Path]:
 
 
 def wheels_entry(wheelhouse: str) -> tuple[str, Path]:
-    """(name, tar.gz) of the container cache entry for the grader's wheels: `wheels/*.whl`."""
+    """(name, tar.gz) of the container cache entry for the grader's wheels: `wheels/*.whl`, and
+    `site/`, the same wheels installed (pure Python: what pip would put in a venv's site-packages)."""
     wheels = Path(wheelhouse)
     stamps = tuple(sorted((p.name, p.stat().st_mtime_ns) for p in wheels.glob("*.whl"))) if wheels.is_dir() else ()
     if not stamps:
@@ -102,14 +109,39 @@ def wheels_entry(wheelhouse: str) -> tuple[str, Path]:
 
 
 def _wheels_entry(wheelhouse: str, stamps: tuple, folder: Path) -> tuple[str, Path]:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(WHEELS_LAYOUT + b"\0")
     for name, _ in stamps:
         digest.update(name.encode() + b"\0" + Path(wheelhouse, name).read_bytes())
+    wheels = [os.path.join(wheelhouse, name) for name, _ in stamps]
+    site = folder / SITE_NAME
+    _install(wheels, site)
     archive = folder / "entry.tar.gz"
     with tarfile.open(archive, mode="w:gz") as tar:
-        for name, _ in stamps:
-            tar.add(os.path.join(wheelhouse, name), arcname=f"{WHEELS_NAME}/{name}")
+        for path in wheels:
+            tar.add(path, arcname=f"{WHEELS_NAME}/{os.path.basename(path)}")
+        tar.add(site, arcname=SITE_NAME)
+    shutil.rmtree(site)
     return f"wheels-{digest.hexdigest()[:DIGEST_CHARS]}", archive
+
+
+def _install(wheels: list[str], site: Path) -> None:
+    """Install the wheels into the folder `site` with this Python's pip (`--target`: nothing it writes
+    names an interpreter but its scripts, left out), then compile them. The bytecode is checked by its
+    source's hash, not its time, which the cache does not keep; it is named for this Python's version,
+    and a slot's Python of another version ignores it and compiles its own."""
+    pip = [sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-index", "--no-deps"]
+    pip += ["--no-cache-dir", "--disable-pip-version-check", "--no-compile", "--target", str(site), *wheels]
+    compile_all = [sys.executable, "-m", "compileall", "-q", "--invalidation-mode", "checked-hash", str(site)]
+    for argv in (pip, compile_all):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ConfigError(
+                f"installing the grader's wheels with {sys.executable} failed (the worker's Python needs pip): "
+                f"{(done.stderr or done.stdout)[-800:]}"
+            )
+    shutil.rmtree(site / "bin", ignore_errors=True)
+    for direct_url in site.glob("*.dist-info/direct_url.json"):
+        direct_url.unlink()  # the worker's own paths to the wheels: nothing the grader needs
 
 
 async def share_entries(slot: SlotHandle, bundle: Path | None, wheelhouse: str) -> tuple[str | None, str]:

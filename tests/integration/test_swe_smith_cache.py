@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -188,3 +189,22 @@ async def test_concurrent_setups_of_one_repository_both_succeed(backend: LocalBa
         assert not (await client.send(CacheQuery(name="never-put"))).present
         await pool.release(one)
         await pool.release(two)
+
+
+def test_the_wheels_entry_holds_the_wheels_installed_with_bytecode_checked_by_hash(tmp_path: Path) -> None:
+    """The grader copies `site/` into its venv rather than running pip over the wheels each time: every
+    wheel is installed there, its bytecode valid whatever times the cache gives the files, and nothing
+    names the worker's paths or holds its scripts."""
+    wheelhouse = get_env("swe_smith").settings.wheelhouse
+    name, archive = wheels_entry(wheelhouse)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    site = tmp_path / "site"
+    wheels = sorted(p.name for p in (tmp_path / "wheels").glob("*.whl"))
+    assert wheels == sorted(p.name for p in Path(wheelhouse).glob("*.whl"))
+    installed = sorted(p.name.split("-")[0].lower() for p in site.glob("*.dist-info"))
+    assert installed == sorted(wheel.split("-")[0].lower() for wheel in wheels)
+    assert not (site / "bin").exists() and not list(site.glob("*.dist-info/direct_url.json"))
+    compiled = list(site.glob("_pytest/**/*.pyc"))
+    assert compiled and all(int.from_bytes(p.read_bytes()[4:8], "little") & 0b11 == 0b11 for p in compiled)
+    assert name.startswith("wheels-")
