@@ -17,6 +17,11 @@ from collections.abc import Iterator
 # share two cores, and torch's idle threads spin. Three processes of two threads each on two cores
 # took 7x the CPU and the wall time of the same work with one thread each (tests/README.md).
 os.environ["OMP_NUM_THREADS"] = "1"
+# Bytecode is written, whatever the machine's environment says: otherwise every process the tests
+# start compiles the project's modules again (about 0.35 s of CPU for a worker's imports), and each
+# test worker re-rewrites every test module's asserts (tests/README.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
 
