@@ -778,6 +778,7 @@ class TrainingFeedWorkflow:
             await workflow.wait_condition(
                 lambda: (
                     bool(state.inbox)
+                    or bool(state.trees)
                     or self._stop_now
                     or (waiter is not None and waiter.done())
                     or self._door_changes != door_seen

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from temporal_rollouts.core.feed import FeedInput, FeedStatus
@@ -320,6 +321,12 @@ async def test_a_branching_feed_posts_each_group_as_one_tree(client: Client, set
     )
     done = await until(handle, lambda s: s.phase == "done", timeout_s=400)
     assert (done.figures.groups_posted, done.figures.dropped) == (2, {}), done.figures
+    # A finished tree wakes the run at once: no timer fired (its wait for news ends by CHECK_ROLLOUTS_S
+    # otherwise, 2 minutes for every tree).
+    fired = [
+        e.event_id async for e in handle.fetch_history_events() if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+    ]
+    assert fired == [], f"the run waited out a timer instead of hearing its trees (events {fired})"
     assert done.figures.rollouts_started == 8, "two roots a group, each branching into two after turn 1"
     groups = read_groups(Path(done.output))
     assert len(groups) == 2
