@@ -41,9 +41,17 @@ def run_rollouts_cli(settings: Settings, *args: str) -> str:
     return done.stdout
 
 
+FAILOVER_STICKY_S = 5.0
+"""The sticky-queue timeout of a worker that tests kill (`worker.sticky_queue_timeout_s`, 60 s by default):
+a workflow task already waiting on a SIGKILLed worker's sticky queue goes to the shared queue after this
+long. The failover is the same; the default made every kill cost its rollouts (and the pool's reaper)
+a minute of waiting."""
+
+
 class WorkerProcess:
     def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.settings = settings
+        worker = settings.worker.model_copy(update={"sticky_queue_timeout_s": FAILOVER_STICKY_S})
+        self.settings = settings.model_copy(update={"worker": worker})
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.kills = 0
