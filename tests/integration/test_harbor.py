@@ -31,7 +31,8 @@ from tests.support.processes import rollouts_process
 from workflows.batch import BatchWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
-pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
+# slow: the module builds the tasks' images first
+pytestmark = [pytest.mark.slow, needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
 
 IMAGE = """\
 FROM debian:bookworm-slim
@@ -145,7 +146,6 @@ async def test_on_the_agents_root_a_linked_test_folder_fails_closed(image_pool, 
     assert not ran.ok and "link" in ran.output and ran.collected == {}, ran
 
 
-@pytest.mark.slow
 async def test_the_example_tasks_score_1_with_the_demo_policy_and_0_when_nothing_is_done(
     client: Client,
     settings: Settings,
@@ -184,7 +184,6 @@ async def test_a_task_whose_tests_write_no_reward_is_a_failure_not_a_score(
     assert "wrote no reward" in result.stop_detail and "crashed before" in result.stop_detail
 
 
-@pytest.mark.slow
 async def test_our_own_tasks_as_harbor_folders_score_1_and_0_in_their_images_under_the_harbor_env(
     client: Client,
     settings: Settings,
@@ -236,7 +235,6 @@ async def test_agent_code_a_test_runs_cannot_outwrite_the_reward_once_the_test_k
     assert rewards == {"without-kill": 1, "shipped": 0.5}, rewards
 
 
-@pytest.mark.slow
 async def test_a_harbor_rollout_forks_and_shows_its_task_and_what_its_tests_printed(
     client: Client, settings: Settings
 ) -> None:

@@ -20,7 +20,8 @@ from temporal_rollouts.core.images import ImageSpec
 from tests.support.images import builder_on, needs_image_tools, unmount_under, write_context
 from tests.support.sandbox import processes_running, unique_sleep
 
-pytestmark = [needs_image_tools, pytest.mark.timeout(600)]
+# slow: each test builds an image (5-25 s)
+pytestmark = [pytest.mark.slow, needs_image_tools, pytest.mark.timeout(600)]
 
 APT_JQ = (
     "FROM debian:bookworm-slim\n"

@@ -22,6 +22,7 @@ from tests.support.images import builder_on, needs_image_tools, write_context
 from tests.support.servers.process import free_port
 
 pytestmark = [
+    pytest.mark.slow,  # builds an image and pushes it: about a minute
     needs_image_tools,
     pytest.mark.skipif(shutil.which("docker-registry") is None, reason="needs Debian's docker-registry"),
     pytest.mark.timeout(900),

@@ -40,7 +40,8 @@ from temporal_rollouts.sandbox_server.slots.manager import SlotManager
 from tests.support.images import builder_on, image_slot_pool, needs_image_tools, unmount_under, write_context
 from tests.support.sandbox import needs_bubblewrap
 
-pytestmark = [needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
+# slow: the module builds its images first
+pytestmark = [pytest.mark.slow, needs_image_tools, needs_bubblewrap, pytest.mark.timeout(900)]
 
 HOST_PROBE = Path("/run/rollouts-test-host-probe")
 """A host file an image's link names: a slot must never read it."""

@@ -152,6 +152,7 @@ FLOOD_INODES = (
 )
 
 
+@pytest.mark.slow  # fills a small disk: 12-14 s
 async def test_an_inode_flood_stays_in_its_slot(data_disk):
     """The issue's inode flood: every inode of the data folder's filesystem went to one slot; neighbours'
     writes failed, a fresh server's `echo` answered 500 and the slot could never be reset."""
@@ -168,6 +169,7 @@ async def test_an_inode_flood_stays_in_its_slot(data_disk):
         await handed_on_empty(client, attacker)
 
 
+@pytest.mark.slow  # fills a small disk: 12-14 s
 async def test_a_disk_flood_stays_in_its_slot(data_disk):
     """A one-shot command wrote 1.8 GiB into a 100 MiB slot until the filesystem was full."""
     backend = LocalBackend(data_disk, sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3))
@@ -188,6 +190,7 @@ BACKGROUND_WRITER = (
 )
 
 
+@pytest.mark.slow  # fills a small disk: 12-14 s
 async def test_a_background_writer_in_the_terminal_is_stopped_at_the_limit(data_disk):
     """A job the stateful terminal left running kept writing after its call returned: 1.23 GB in 12 s."""
     backend = LocalBackend(data_disk, sandbox_settings(SERVER, slots_per_container=SLOTS, sweep_interval_s=0.3))
@@ -330,6 +333,7 @@ async def test_a_restarted_server_keeps_a_leased_workspace_and_leaves_no_mount_b
 CHECKED = SERVER.model_copy(update={"slot_volume": "checked"})
 
 
+@pytest.mark.slow  # fills a small disk: 12-14 s
 async def test_a_checked_slot_that_filled_the_shared_disk_is_reset_and_handed_on(data_disk):
     """Where no filesystem per slot can be mounted the slots share the data folder's disk: the issue's reset
     failed (`mkdir` ENOSPC after the workspace was moved aside), the moved-aside tree was deleted only
