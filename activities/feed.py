@@ -161,19 +161,14 @@ class FeedActivities:
             ):
                 env_id = input.env_id
                 while True:
-                    view = await _look(api, input, env_id)
+                    view, registered = await _look(api, input, env_id)
                     # the served weights as a number of trainer steps; None (a chat policy, the weights the server
                     # started with, which no trainer published, the server down) leaves admission to run-api's
                     # figures alone
                     served = await server.served_version() if server else None
                     view.policy_version = numeric_version(served) if served != FIRST_WEIGHTS else None
                     env_id = view.env_id
-                    passed = (
-                        input.after_step is None
-                        or view.current_step > input.after_step
-                        or (view.policy_version is not None and view.policy_version != input.after_version)
-                    )
-                    if passed or time.monotonic() >= deadline:
+                    if registered or trainer_moved(input, view) or time.monotonic() >= deadline:
                         return view
                     activity.heartbeat(view.current_step)
                     await asyncio.sleep(POLL_S)
@@ -292,7 +287,22 @@ class FeedActivities:
             return closed
 
 
-async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> TrainerView:
+def trainer_moved(query: TrainerQuery, view: TrainerView) -> bool:
+    """What a wait for the trainer (`after_step`) ends on, besides this run registering (again): the trainer
+    passed that step, the policy server serves other weights, or run-api restarted (its step went back, or
+    this run's registration changed), where the run's view of the queue is wrong until it takes this one."""
+    if query.after_step is None:
+        return True
+    return (
+        view.current_step != query.after_step
+        or (view.policy_version is not None and view.policy_version != query.after_version)
+        or (query.env_id is not None and view.env_id != query.env_id)
+    )
+
+
+async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> tuple[TrainerView, bool]:
+    """run-api's view, and whether this run registered with it now (the first time, or again after a
+    restarted run-api lost the registration: its queue then starts empty)."""
     info = await api.trainer_info()
     status = await api.status()
     view = TrainerView(
@@ -302,16 +312,17 @@ async def _look(api: TrajectoryApi, query: TrainerQuery, env_id: int | None) -> 
         max_token_len=int(info.get("max_token_len", -1)),
     )
     if not view.registered:
-        return view
+        return view, False
     if env_id is not None:
         seen = await api.env_status(env_id)
         if seen is not None:
-            return view.model_copy(update={"env_id": env_id, "queued": int(seen.get("self_queue_size", 0))})
+            return view.model_copy(update={"env_id": env_id, "queued": int(seen.get("self_queue_size", 0))}), False
     limit = query.max_token_length or max(view.max_token_len, 1)
     registered = await api.register_env(query.run, limit, query.group_size, query.env_weight)
-    if registered.get("status") == "success":
-        view.env_id = int(registered["env_id"])
-    return view
+    if registered.get("status") != "success":
+        return view, False
+    view.env_id = int(registered["env_id"])
+    return view, True
 
 
 def version_client(endpoint: ChatPolicy | GeneratePolicy) -> GenerateClient | None:
