@@ -436,6 +436,23 @@ CLONED_IDS = [
 ]
 
 
+def test_a_clone_runs_right_after_its_template_and_a_failing_testcase_anywhere() -> None:
+    """A clone does what its template does: run before it, it changed what the tests in between saw (six's
+    `test_lazy`, which checks that `html.parser` is not imported yet, failed an honest fix)."""
+    run = [f"t.py::test_{n}" for n in range(6)]
+    clone = canary.Canary("t.py::test_clone", "t.py::test_3")
+    failing = canary.Canary("t.py::TestA::test_b", None)
+    places = set()
+    for seed in range(40):
+        ordered = canary.run_order(run, clone, random.Random(seed))
+        assert ordered == [*run[:4], clone.nodeid, *run[4:]]
+        with_failing = canary.run_order(run, failing, random.Random(seed))
+        assert sorted(with_failing) == sorted([*run, failing.nodeid]) and [i for i in with_failing if i in run] == run
+        places.add(with_failing.index(failing.nodeid))
+    assert len(places) > 3, "the failing TestCase's place is drawn"
+    assert canary.run_order(run, None, random.Random(0)) == run
+
+
 def test_canaries_of_one_grading_are_all_different(tmp_path: Path) -> None:
     repo = checkout(tmp_path / "repo", CLONED)
     words = canary.name_words(CLONED_IDS)

@@ -78,9 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     canary_codes: list[str] = []
     template_codes: list[str] = []
     for run, planted_canary in zip(runs, canaries, strict=True):
-        ids = list(run)
-        if planted_canary is not None:
-            ids.insert(rng.randrange(len(ids) + 1), planted_canary.nodeid)
+        ids = canary.run_order(run, planted_canary, rng)
         found, said = run_chunk([*hidden, *pytest_argv(args.python, repo, config, ids)], repo, env, args.timeout_s, ids)
         if planted_canary is not None:
             canary_codes.append(found.pop(planted_canary.nodeid))
