@@ -56,9 +56,9 @@ def lock_names(item: pytest.Item) -> list[str]:
 
 
 LONGEST_FIRST = (
-    "integration/test_training_feed.py",
     "integration/test_atropos_env.py",
     "integration/test_swe_smith.py",
+    "integration/test_training_feed.py",
     "integration/test_harbor.py",
     "e2e/test_train_with_atropos.py",
     "e2e/test_readme_commands.py",
@@ -66,7 +66,7 @@ LONGEST_FIRST = (
     "integration/test_crash.py",
     "integration/test_trl_door.py",
 )
-"""The modules that took longest (3 to 9 minutes each in a 4-worker run on two cores, `--durations`),
+"""The modules that took longest (1.5 to 5 minutes each in a 4-worker run on two cores, `--durations`),
 longest first: they start before every other module, so none of them starts last and leaves three
 workers idle at the end."""
 
