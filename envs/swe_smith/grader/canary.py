@@ -27,7 +27,8 @@ agent's copy in /workspace. So now:
   failing TestCase anywhere. A clone does what its template does, so run before it, it would change
   what the tests between them see (six's `test_lazy` failed an honest fix: a clone of a test that
   imports `html.parser` had run before it); right after its template it changes nothing the template
-  did not change already.
+  did not change already. What is left: a template whose last assertion flips when it runs a second
+  time (a counter it raises) lets its clone pass, which voids an honest grade.
 - **Nothing the tests can read tells which it is**: the grader's files (the graded ids, the base
   tree, its own code), the agent's /workspace and the container's cache are out of the tests' sight
   (`pytest_run.hidden_from_tests`), and the grader checks, before it takes the agent's changes, that
