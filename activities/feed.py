@@ -288,9 +288,10 @@ class FeedActivities:
 
 
 def trainer_moved(query: TrainerQuery, view: TrainerView) -> bool:
-    """What a wait for the trainer (`after_step`) ends on, besides this run registering (again): the trainer
-    passed that step, the policy server serves other weights, or run-api restarted (its step went back, or
-    this run's registration changed), where the run's view of the queue is wrong until it takes this one."""
+    """What a wait for the trainer (`after_step`) ends on, besides this run registering (again, `_look`): the
+    trainer passed that step, the policy server serves other weights, or run-api restarted (its step went
+    back, or it holds no registration of this run any more), where the run's view of the queue is wrong
+    until it takes this one."""
     if query.after_step is None:
         return True
     return (

@@ -66,7 +66,7 @@ LONGEST_FIRST = (
     "integration/test_crash.py",
     "integration/test_trl_door.py",
 )
-"""The modules that took longest (1.5 to 5 minutes each in a 4-worker run on two cores, `--durations`),
+"""The modules that took longest (1.5 to 5 minutes each, the TRL door's 1.3, in a 4-worker run on two cores, `--durations`),
 longest first: they start before every other module, so none of them starts last and leaves three
 workers idle at the end."""
 
